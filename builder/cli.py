@@ -1,0 +1,69 @@
+"""`builder` / `python -m builder`: one subcommand per pipeline stage.
+
+Each stage module exposes `register(subparsers, common)`; it adds its parser and sets
+`func(args) -> int` as the handler. `common` is the parent parser holding the shared options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import traceback
+
+from builder import __version__
+from builder.errors import BuilderError
+
+# Stage modules, in pipeline order. Each defines register(subparsers, common).
+COMMAND_MODULES = [
+    "builder.matrix_cmd",
+]
+
+
+def common_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--matrix", default=os.environ.get("BUILDER_MATRIX", "matrix.yaml"), metavar="FILE",
+        help="the version matrix (default: %(default)s)",
+    )
+    common.add_argument(
+        "--select", action="append", default=[], metavar="KEY=VALUE",
+        help="only variants whose KEY equals VALUE (repeatable; all must match), e.g. "
+        "--select flavor=slim --select python=3.11; KEY is torch, python, accelerator, flavor, "
+        "id or default (default=true picks the matrix's default selection)",
+    )
+    common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="builder",
+        description="Build vetted PyTorch + CUDA images from matrix.yaml: validate → lock → render "
+        "→ plan → build → smoke → sbom → publish.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    common = common_parser()
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub, common)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except BuilderError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        if exc.hint:
+            print(f"\n{exc.hint}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

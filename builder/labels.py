@@ -1,0 +1,31 @@
+"""The contract between the build and later stages: label keys and the in-image facts file.
+
+Every image carries its facts twice: as OCI/project labels (readable without running it) and in
+`FACTS_PATH` inside the image (readable by the smoke suite from within).
+"""
+
+PREFIX = "io.torch-images."
+
+# Project labels (value: string). `dropped` is a comma-separated list of what slim removed.
+TORCH = PREFIX + "torch"
+PYTHON = PREFIX + "python"
+ACCELERATOR = PREFIX + "accelerator"  # "cpu" | "cuda"
+CUDA = PREFIX + "cuda"  # "13.2" ("" on cpu)
+CUDNN = PREFIX + "cudnn"
+NCCL = PREFIX + "nccl"
+TRITON = PREFIX + "triton"
+FLAVOR = PREFIX + "flavor"  # "devel" | "runtime" | "slim"
+MIN_DRIVER = PREFIX + "min-driver"
+VARIANT = PREFIX + "variant"
+CONTENT_HASH = PREFIX + "content-hash"
+LOCK_HASH = PREFIX + "lock-hash"
+DROPPED = PREFIX + "dropped"
+
+OCI = "org.opencontainers.image."
+
+# Inside every image.
+HOME = "/opt/torch-images"
+FACTS_PATH = HOME + "/image.json"  # JSON: see builder.render.image_facts()
+SMOKE_DIR = HOME  # the smoke package lives at /opt/torch-images/smoke; run with -w HOME
+VENV = "/opt/venv"
+USER_UID = 1000

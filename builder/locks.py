@@ -1,0 +1,281 @@
+"""Resolve each variant to a hash-pinned lock and derive its facts from what was resolved.
+
+`locks/<id>.txt` is a pip requirements file (every line `==` and `--hash=sha256:`), and
+`locks/<id>.json` holds the facts read off the resolved distributions (CUDA runtime, cuDNN,
+NCCL, triton …) plus the hash of the inputs, so unchanged variants are not resolved again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from builder import proc
+from builder.errors import BuilderError, ConfigError
+from builder.matrix import Matrix, Variant
+
+LOCK_FORMAT = 1
+PLATFORM = "x86_64-manylinux_2_28"  # glibc of Debian 12 and Ubuntu 22.04+; the cuDNN wheels need ≥ 2.27
+CA_CANDIDATES = ("/etc/ssl/certs/ca-certificates.crt",)
+
+# Minimum Linux driver per CUDA release (NVIDIA's CUDA toolkit release notes, table 3), and the
+# floor of each major under minor-version compatibility for minors not listed.
+MIN_DRIVER = {
+    "11.8": "520.61.05", "12.0": "525.60.13", "12.1": "530.30.02", "12.2": "535.54.03",
+    "12.3": "545.23.06", "12.4": "550.54.14", "12.5": "555.42.02", "12.6": "560.28.03",
+    "12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06",
+}
+MINOR_COMPAT_FLOOR = {"11": "450.80.02", "12": "525.60.13", "13": "580.65.06"}
+
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
+
+
+@dataclass(frozen=True)
+class Lock:
+    variant_id: str
+    text: str
+    facts: dict[str, Any]
+
+    @property
+    def pins(self) -> dict[str, str]:
+        return parse_pins(self.text)
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse_pins(text: str) -> dict[str, str]:
+    """`name==version` of every requirement line, names normalised (PEP 503)."""
+    pins = {}
+    for line in text.splitlines():
+        match = _PIN.match(line.strip())
+        if match:
+            pins[normalize(match.group(1))] = match.group(2)
+    return pins
+
+
+def lock_paths(locks_dir: Path, variant: Variant) -> tuple[Path, Path]:
+    return locks_dir / f"{variant.id}.txt", locks_dir / f"{variant.id}.json"
+
+
+def requirements(variant: Variant, toolkit_cuda: str | None = None) -> list[str]:
+    """What the variant asks for. A CUDA 13 devel variant adds the toolkit wheels, every
+    component pinned to torch's CUDA minor (a floating component breaks ptxas)."""
+    reqs = [f"torch=={variant.torch}", *variant.packages]
+    if toolkit_cuda:
+        reqs += [f"{name}=={toolkit_cuda}.*" for name in TOOLKIT_WHEELS]
+    return reqs
+
+
+TOOLKIT_WHEELS = ("nvidia-cuda-nvcc", "nvidia-cuda-runtime", "nvidia-cuda-cccl", "nvidia-nvvm",
+                  "nvidia-cuda-crt")
+
+
+def inputs_hash(variant: Variant, reqs: Iterable[str]) -> str:
+    """Everything resolution depends on; a lock whose recorded hash matches is reused."""
+    payload = {
+        "format": LOCK_FORMAT, "requirements": sorted(reqs), "python": variant.python,
+        "platform": PLATFORM, "find_links": list(variant.find_links),
+        "index_url": variant.index_url,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def uv_env() -> dict[str, str]:
+    env = {}
+    if "SSL_CERT_FILE" not in os.environ:
+        for ca in CA_CANDIDATES:
+            if os.path.exists(ca):
+                env["SSL_CERT_FILE"] = ca
+    return env
+
+
+def resolve(variant: Variant, reqs: list[str], *, upgrade: bool = False) -> str:
+    """Run `uv pip compile` for the variant's python and platform (not the host's)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        req_in = Path(tmp) / "requirements.in"
+        req_in.write_text("\n".join(reqs) + "\n")
+        out = Path(tmp) / "lock.txt"
+        argv = ["uv", "pip", "compile", "--no-config", "--native-tls", "--quiet",
+                "--python-version", variant.python, "--python-platform", PLATFORM,
+                "--generate-hashes", "--no-header", "--no-annotate", "--emit-find-links",
+                "--emit-index-url", str(req_in), "-o", str(out)]
+        for link in variant.find_links:
+            argv += ["--find-links", link]
+        if variant.index_url:
+            argv += ["--index-url", variant.index_url]
+        if upgrade:
+            argv.append("--upgrade")
+        try:
+            proc.run(argv, env=uv_env(), timeout=600)
+        except BuilderError as exc:
+            raise ConfigError(f"cannot resolve {variant.id}: {exc}", hint=exc.hint) from None
+        return out.read_text()
+
+
+# ---------------------------------------------------------------- facts from resolved wheels
+
+
+def _find(pins: Mapping[str, str], *names: str) -> str | None:
+    """The first pinned version among names, also with a -cuXX suffix (CUDA 12 names)."""
+    for name in names:
+        for key, version in pins.items():
+            if key == name or re.fullmatch(re.escape(name) + r"-cu[0-9]+", key):
+                return version
+    return None
+
+
+def major_minor(version: str | None) -> str | None:
+    return ".".join(version.split(".")[:2]) if version else None
+
+
+def min_driver(cuda: str | None) -> tuple[str | None, str | None]:
+    """(minimum driver, where the figure comes from) for CUDA major.minor."""
+    if not cuda:
+        return None, None
+    if cuda in MIN_DRIVER:
+        return MIN_DRIVER[cuda], "release notes"
+    floor = MINOR_COMPAT_FLOOR.get(cuda.split(".")[0])
+    return (floor, "minor-version compatibility") if floor else (None, None)
+
+
+def derive_facts(variant: Variant, text: str) -> dict[str, Any]:
+    """Versions read off the resolved distributions, never from a torch→CUDA table."""
+    pins = parse_pins(text)
+    cuda_full = _find(pins, "nvidia-cuda-runtime")
+    cuda = major_minor(cuda_full)
+    driver, basis = min_driver(cuda)
+    cudnn_full = _find(pins, "nvidia-cudnn")
+    return {
+        "variant": variant.id,
+        "torch": pins.get("torch"),
+        "python": variant.python,
+        "accelerator": variant.accelerator,
+        "flavor": variant.flavor,
+        "cuda": cuda,
+        "cuda_full": cuda_full,
+        "cudnn": ".".join(cudnn_full.split(".")[:3]) if cudnn_full else None,
+        "nccl": _find(pins, "nvidia-nccl"),
+        "triton": pins.get("triton"),
+        "min_driver": driver,
+        "min_driver_basis": basis,
+        "packages": len(pins),
+    }
+
+
+def check_facts(variant: Variant, facts: Mapping[str, Any], matrix: Matrix) -> list[str]:
+    """Problems only visible once resolved (the matrix file cannot know the wheel's CUDA)."""
+    problems = []
+    if variant.accelerator == "cuda" and not facts["cuda"]:
+        problems.append(f"{variant.id}: torch {variant.torch} resolved without CUDA libraries")
+    if variant.accelerator == "cpu" and facts["cuda"]:
+        problems.append(f"{variant.id}: accelerator cpu resolved CUDA {facts['cuda']} libraries")
+    if variant.cuda and facts["cuda"] != variant.cuda:
+        problems.append(f"{variant.id}: declares cuda {variant.cuda} but the wheels bring "
+                        f"{facts['cuda']}")
+    if variant.flavor == "devel" and facts["cuda"] and matrix.toolkit_for(facts["cuda"]) is None:
+        problems.append(f"{variant.id}: no toolkit source for CUDA {facts['cuda']} in `toolkits` "
+                        "(devel images need an nvcc of the same major.minor as torch's CUDA)")
+    return problems
+
+
+# ---------------------------------------------------------------- the lock stage
+
+
+def read_lock(locks_dir: Path, variant: Variant) -> Lock | None:
+    txt, js = lock_paths(locks_dir, variant)
+    if not (txt.exists() and js.exists()):
+        return None
+    meta = json.loads(js.read_text())
+    return Lock(variant.id, txt.read_text(), meta["facts"])
+
+
+def require_lock(locks_dir: Path, variant: Variant) -> Lock:
+    lock = read_lock(locks_dir, variant)
+    if lock is None:
+        raise ConfigError(f"no lock for {variant.id} in {locks_dir}/", hint="run: builder lock")
+    return lock
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def lock_variant(matrix: Matrix, variant: Variant, locks_dir: Path, *, upgrade: bool = False,
+                 memo: dict[str, str] | None = None) -> tuple[Lock, bool]:
+    """Resolve one variant unless its recorded inputs are unchanged. Returns (lock, resolved?)."""
+    memo = {} if memo is None else memo
+    txt_path, json_path = lock_paths(locks_dir, variant)
+    existing = json.loads(json_path.read_text()) if json_path.exists() else None
+    reqs = requirements(variant)
+    text = _resolve_memo(variant, reqs, upgrade, memo)
+    facts = derive_facts(variant, text)
+    if variant.flavor == "devel" and facts["cuda"]:
+        toolkit = matrix.toolkit_for(facts["cuda"]) or {}
+        if toolkit.get("wheels"):
+            reqs = requirements(variant, toolkit_cuda=facts["cuda"])
+            text = _resolve_memo(variant, reqs, upgrade, memo)
+            facts = derive_facts(variant, text)
+    problems = check_facts(variant, facts, matrix)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    key = inputs_hash(variant, reqs)
+    if existing and existing.get("inputs_hash") == key and txt_path.exists() and not upgrade \
+            and txt_path.read_text() == text:
+        return Lock(variant.id, text, existing["facts"]), False
+    _atomic_write(txt_path, text)
+    _atomic_write(json_path, json.dumps(
+        {"format": LOCK_FORMAT, "inputs_hash": key, "requirements": reqs, "facts": facts},
+        indent=2, sort_keys=True) + "\n")
+    return Lock(variant.id, text, facts), True
+
+
+def _resolve_memo(variant: Variant, reqs: list[str], upgrade: bool, memo: dict[str, str]) -> str:
+    key = inputs_hash(variant, reqs)
+    if key not in memo:
+        memo[key] = resolve(variant, reqs, upgrade=upgrade)
+    return memo[key]
+
+
+def is_current(locks_dir: Path, variant: Variant) -> bool:
+    """True when the recorded inputs hash matches the variant as the matrix now describes it.
+
+    A devel lock may carry toolkit pins; its hash is checked against the requirements it
+    recorded, so adding or removing packages in the matrix still shows as a change.
+    """
+    _, json_path = lock_paths(locks_dir, variant)
+    if not json_path.exists():
+        return False
+    meta = json.loads(json_path.read_text())
+    recorded = meta.get("requirements", [])
+    base = requirements(variant)
+    if recorded[: len(base)] != base:
+        return False
+    return meta.get("inputs_hash") == inputs_hash(variant, recorded)
+
+
+def lock_all(matrix: Matrix, variants: list[Variant], locks_dir: Path, *, upgrade: bool = False,
+             progress: Callable[[str], None] = print) -> list[tuple[Lock, bool]]:
+    memo: dict[str, str] = {}
+    results = []
+    for variant in variants:
+        if not upgrade and is_current(locks_dir, variant):
+            results.append((require_lock(locks_dir, variant), False))
+            progress(f"  up-to-date  {variant.id}")
+            continue
+        lock, changed = lock_variant(matrix, variant, locks_dir, upgrade=upgrade, memo=memo)
+        progress(f"  {'locked' if changed else 'unchanged':10}  {variant.id}  "
+                 f"cuda={lock.facts['cuda']} cudnn={lock.facts['cudnn']} nccl={lock.facts['nccl']}")
+        results.append((lock, changed))
+    return results

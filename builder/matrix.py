@@ -1,0 +1,426 @@
+"""Read matrix.yaml once into frozen variants; every problem names file:line: field.path.
+
+Expansion follows GitHub Actions matrix rules: the product of `axes`, minus `exclude`, then each
+`include` entry is merged into every combination whose original axis values it does not
+overwrite, or becomes a new combination when it fits none.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from builder.errors import ConfigError
+
+SCHEMA_PATH = Path(__file__).parent / "schema" / "matrix.schema.json"
+AXES = ("torch", "python", "accelerator", "flavor")
+SELECT_KEYS = (*AXES, "id", "default")
+Path_ = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Problem:
+    line: int
+    path: Path_
+    message: str
+
+    def format(self, file: str) -> str:
+        where = format_path(self.path)
+        return f"{file}:{self.line}: {where + ': ' if where else ''}{self.message}"
+
+
+def format_path(path: Path_) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+class MatrixError(ConfigError):
+    def __init__(self, file: str, problems: Sequence[Problem]) -> None:
+        self.problems = sorted(problems, key=lambda p: (p.line, format_path(p.path)))
+        lines = [p.format(file) for p in self.problems]
+        super().__init__(
+            f"{file} is invalid ({len(lines)} problem{'s' * (len(lines) != 1)}):\n  "
+            + "\n  ".join(lines)
+        )
+
+
+@dataclass(frozen=True)
+class Base:
+    image: str
+    python_from: str = "apt"
+
+    @property
+    def bootstrap_suite(self) -> str | None:
+        """`mmdebstrap:bookworm` → "bookworm": built locally rather than pulled."""
+        return self.image.split(":", 1)[1] if self.image.startswith("mmdebstrap:") else None
+
+
+@dataclass(frozen=True)
+class Variant:
+    torch: str
+    python: str
+    accelerator: str
+    flavor: str
+    base: Base
+    packages: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+    index_url: str | None = None
+    cuda: str | None = None  # declared CUDA (with an index); otherwise what the wheel brings
+    default: bool = False
+
+    @property
+    def torch_public(self) -> str:
+        """The torch version without its local part: 2.13.0+cpu → 2.13.0."""
+        return self.torch.split("+", 1)[0]
+
+    @property
+    def id(self) -> str:
+        accel = f"cuda{self.cuda}" if self.cuda else self.accelerator
+        return f"{self.torch_public}-py{self.python}-{accel}-{self.flavor}"
+
+    def value(self, key: str) -> str:
+        if key == "id":
+            return self.id
+        if key == "default":
+            return "true" if self.default else "false"
+        return str(getattr(self, key))
+
+    def matches(self, selector: Mapping[str, str]) -> bool:
+        return all(self.value(k) == str(v) for k, v in selector.items())
+
+
+@dataclass(frozen=True)
+class Alias:
+    tag: str
+    selector: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: Path
+    registry: str
+    repository: str
+    bases: Mapping[str, Base]
+    toolkits: Mapping[str, Mapping[str, Any]]
+    variants: tuple[Variant, ...]
+    aliases: tuple[Alias, ...] = ()
+    lines: Mapping[Path_, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def image_name(self) -> str:
+        return f"{self.registry}/{self.repository}"
+
+    def select(self, selectors: Iterable[str] = ()) -> list[Variant]:
+        """Variants matching every KEY=VALUE selector."""
+        wanted = parse_selectors(selectors)
+        return [v for v in self.variants if v.matches(wanted)]
+
+    def variant(self, variant_id: str) -> Variant:
+        for v in self.variants:
+            if v.id == variant_id:
+                return v
+        raise ConfigError(f"no variant `{variant_id}` in {self.path}", hint=suggest(
+            variant_id, [v.id for v in self.variants]))
+
+    def toolkit_for(self, cuda: str) -> Mapping[str, Any] | None:
+        """The toolkit source for CUDA major.minor: an exact key, else `major.*`."""
+        return self.toolkits.get(cuda) or self.toolkits.get(cuda.split(".")[0] + ".*")
+
+
+def parse_selectors(selectors: Iterable[str]) -> dict[str, str]:
+    wanted: dict[str, str] = {}
+    for item in selectors:
+        key, sep, value = item.partition("=")
+        if not sep or key not in SELECT_KEYS:
+            raise ConfigError(
+                f"--select {item!r}: expected KEY=VALUE with KEY one of {', '.join(SELECT_KEYS)}"
+            )
+        wanted[key] = value
+    return wanted
+
+
+def suggest(word: str, choices: Iterable[str]) -> str | None:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"did you mean `{close[0]}`?" if close else None
+
+
+# ---------------------------------------------------------------- YAML with line numbers
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+def _compose(text: str, file: str) -> yaml.Node | None:
+    try:
+        return yaml.compose(text, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else 1
+        raise MatrixError(file, [Problem(line, (), f"not valid YAML: {exc}")]) from None
+
+
+def _walk(node: yaml.Node, path: Path_, lines: dict[Path_, int], problems: list[Problem]) -> Any:
+    """Turn a composed node into plain data, recording each path's line and YAML traps."""
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        out: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key_node.tag != "tag:yaml.org,2002:str":
+                problems.append(_number_trap(key_node, path + (key,)))
+            if key in out:
+                problems.append(Problem(key_node.start_mark.line + 1, path + (key,),
+                                        "duplicate key (YAML keeps only the last one)"))
+            out[key] = _walk(value_node, path + (key,), lines, problems)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_walk(item, path + (i,), lines, problems) for i, item in enumerate(node.value)]
+    return _scalar(node)
+
+
+def _scalar(node: yaml.ScalarNode) -> Any:
+    loader = _Loader("")
+    return loader.construct_object(node, deep=True)
+
+
+def _number_trap(node: yaml.Node, path: Path_) -> Problem:
+    shown = _scalar(node)
+    return Problem(node.start_mark.line + 1, path,
+                   f'{shown} is a number; write "{node.value}" (quoted) so YAML keeps it a string')
+
+
+def load_yaml(path: Path) -> tuple[Any, dict[Path_, int], list[Problem]]:
+    file = str(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {file}: {exc.strerror}") from None
+    node = _compose(text, file)
+    if node is None:
+        raise MatrixError(file, [Problem(1, (), "the file is empty")])
+    lines: dict[Path_, int] = {}
+    problems: list[Problem] = []
+    data = _walk(node, (), lines, problems)
+    return data, lines, problems
+
+
+# ---------------------------------------------------------------- schema checks
+
+
+@cache
+def schema() -> dict[str, Any]:
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+def _line_of(lines: Mapping[Path_, int], path: Path_) -> int:
+    while path not in lines and path:
+        path = path[:-1]
+    return lines.get(path, 1)
+
+
+def schema_problems(data: Any, lines: Mapping[Path_, int], raw: Mapping[Path_, str]) -> list[Problem]:
+    validator = jsonschema.Draft202012Validator(schema())
+    problems = []
+    for err in validator.iter_errors(data):
+        path: Path_ = tuple(err.absolute_path)
+        problems.extend(_explain(err, path, lines, raw))
+    return problems
+
+
+def _explain(err: jsonschema.ValidationError, path: Path_, lines: Mapping[Path_, int],
+             raw: Mapping[Path_, str]) -> list[Problem]:
+    line = _line_of(lines, path)
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        allowed = list(err.schema.get("properties", {}))
+        out = []
+        for key in err.instance:
+            if key not in allowed:
+                hint = suggest(key, allowed)
+                msg = f"unknown key `{key}`" + (f"; {hint}" if hint else
+                                                f"; allowed: {', '.join(allowed)}")
+                out.append(Problem(_line_of(lines, path + (key,)), path + (key,), msg))
+        return out
+    if err.validator == "type" and isinstance(err.instance, int | float) and "string" in str(
+            err.validator_value):
+        text = raw.get(path, str(err.instance))
+        return [Problem(line, path, f'{err.instance} is a number; write "{text}" (quoted)')]
+    if err.validator == "pattern":
+        return [Problem(line, path, f"{json.dumps(err.instance)} is not allowed here (letters, "
+                        "digits and . _ - : / only, in the documented shape)")]
+    if err.validator == "enum":
+        choices = ", ".join(map(str, err.validator_value))
+        return [Problem(line, path, f"{json.dumps(err.instance)} is not one of: {choices}")]
+    return [Problem(line, path, err.message)]
+
+
+def _raw_scalars(path: Path) -> dict[Path_, str]:
+    """The source text of every scalar (so `3.10` can be quoted back to the user)."""
+    node = yaml.compose(path.read_text(), Loader=_Loader)
+    out: dict[Path_, str] = {}
+
+    def visit(n: yaml.Node, p: Path_) -> None:
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                visit(v, p + (k.value,))
+        elif isinstance(n, yaml.SequenceNode):
+            for i, item in enumerate(n.value):
+                visit(item, p + (i,))
+        else:
+            out[p] = n.value
+
+    if node is not None:
+        visit(node, ())
+    return out
+
+
+# ---------------------------------------------------------------- expansion
+
+
+def expand(axes: Mapping[str, Sequence[Any]], include: Sequence[Mapping[str, Any]],
+           exclude: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
+    """GitHub Actions matrix semantics. Returns the combinations and, for each, the index of
+    the include entry that created it (-1 for combinations from the axes)."""
+    keys = list(axes)
+    combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*axes.values())]
+    combos = [c for c in combos if not any(_subset(e, c) for e in exclude)]
+    originals = [dict(c) for c in combos]
+    added: list[dict[str, Any]] = []
+    origin = [-1] * len(combos)
+    for index, entry in enumerate(include):
+        merged = False
+        # Only combinations from the axes take merges; those added by include never do.
+        for combo, original in zip(combos, originals, strict=True):
+            if all(original[k] == v for k, v in entry.items() if k in original):
+                combo.update(entry)
+                merged = True
+        if not merged:
+            added.append(dict(entry))
+            origin.append(index)
+    return combos + added, origin
+
+
+def _subset(selector: Mapping[str, Any], combo: Mapping[str, Any]) -> bool:
+    return all(combo.get(k) == v for k, v in selector.items())
+
+
+# ---------------------------------------------------------------- semantic checks and build
+
+
+def load(path: str | Path = "matrix.yaml") -> Matrix:
+    """Parse, validate and expand a matrix file, or raise MatrixError listing every problem."""
+    path = Path(path)
+    file = str(path)
+    data, lines, problems = load_yaml(path)
+    if not isinstance(data, dict):
+        raise MatrixError(file, [Problem(1, (), "the top level must be a mapping of keys")])
+    problems += schema_problems(data, lines, _raw_scalars(path))
+    if problems:
+        raise MatrixError(file, problems)
+    matrix, problems = _build(path, data, lines)
+    if problems:
+        raise MatrixError(file, problems)
+    return matrix
+
+
+def _build(path: Path, data: dict[str, Any], lines: dict[Path_, int]) -> tuple[Matrix, list[Problem]]:
+    problems: list[Problem] = []
+    bases = {py: Base(**spec) for py, spec in data["bases"].items()}
+    combos, origin = expand(data["axes"], data.get("include", []), data.get("exclude", []))
+    defaults = data.get("default", [])
+    variants: list[Variant] = []
+    seen: dict[str, Path_] = {}
+    for combo, index in zip(combos, origin, strict=True):
+        where: Path_ = ("include", index) if index >= 0 else ("axes",)
+        missing = [k for k in AXES if k not in combo]
+        if missing:
+            problems.append(Problem(_line_of(lines, where), where,
+                                    f"a new variant needs {', '.join(AXES)}; missing: "
+                                    + ", ".join(missing)))
+            continue
+        variant, variant_problems = _variant(combo, data, bases, defaults, where, lines)
+        problems += variant_problems
+        if variant is None:
+            continue
+        if variant.id in seen:
+            problems.append(Problem(_line_of(lines, where), where,
+                                    f"duplicate variant `{variant.id}` (also from "
+                                    f"{format_path(seen[variant.id])})"))
+            continue
+        seen[variant.id] = where
+        variants.append(variant)
+    problems += _selector_problems(data, lines, variants)
+    aliases = tuple(
+        Alias(a["tag"], {k: v for k, v in a.items() if k != "tag"}) for a in data.get("aliases", [])
+    )
+    matrix = Matrix(
+        path=path, registry=data["registry"], repository=data["repository"], bases=bases,
+        toolkits=data.get("toolkits", {}), variants=tuple(variants), aliases=aliases, lines=lines,
+    )
+    return matrix, problems
+
+
+def _variant(combo: dict[str, Any], data: dict[str, Any], bases: Mapping[str, Base],
+             defaults: Sequence[Mapping[str, Any]], where: Path_, lines: Mapping[Path_, int]
+             ) -> tuple[Variant | None, list[Problem]]:
+    line = _line_of(lines, where)
+    problems = []
+    base = bases.get(combo["python"])
+    if base is None:
+        problems.append(Problem(line, where, f"python {combo['python']} has no entry in `bases` "
+                                f"(known: {', '.join(bases)})"))
+    cpu_build = "+cpu" in combo["torch"] or bool(combo.get("index_url", "").endswith("/cpu"))
+    if combo["accelerator"] == "cuda" and cpu_build:
+        problems.append(Problem(line, where, f"accelerator cuda cannot use the CPU build "
+                                f"torch {combo['torch']}"))
+    if combo["accelerator"] == "cpu" and not cpu_build:
+        problems.append(Problem(line, where, f"accelerator cpu needs a CPU build of torch: a "
+                                f"`+cpu` version or a CPU `index_url`, not torch {combo['torch']} "
+                                "(PyPI's default wheels are CUDA builds)"))
+    if combo["accelerator"] == "cpu" and combo.get("cuda"):
+        problems.append(Problem(line, where, "`cuda` makes no sense with accelerator cpu"))
+    if combo.get("cuda") and not combo.get("index_url"):
+        problems.append(Problem(line, where, "an explicit `cuda` needs the `index_url` that "
+                                "serves that CUDA build (e.g. https://download.pytorch.org/whl/cu126)"))
+    if problems or base is None:
+        return None, problems
+    packages = tuple(dict.fromkeys([*data.get("packages", []), *combo.get("packages", [])]))
+    variant = Variant(
+        torch=combo["torch"], python=combo["python"], accelerator=combo["accelerator"],
+        flavor=combo["flavor"], base=base, packages=packages,
+        find_links=tuple(combo.get("find_links", [])), index_url=combo.get("index_url"),
+        cuda=combo.get("cuda"),
+    )
+    is_default = any(variant.matches(s) for s in defaults)
+    return Variant(**{**variant.__dict__, "default": is_default}), []
+
+
+def _selector_problems(data: dict[str, Any], lines: Mapping[Path_, int],
+                       variants: Sequence[Variant]) -> list[Problem]:
+    problems = []
+    for key in ("default", "exclude", "aliases"):
+        for i, selector in enumerate(data.get(key, [])):
+            criteria = {k: v for k, v in selector.items() if k != "tag"}
+            hits = [v for v in variants if v.matches(criteria)]
+            path: Path_ = (key, i)
+            if key == "exclude":
+                continue  # excluding what the axes never made is harmless
+            if not hits:
+                problems.append(Problem(_line_of(lines, path), path, "selects no variant"))
+            elif key == "aliases" and len(hits) > 1:
+                problems.append(Problem(_line_of(lines, path), path,
+                                        f"alias `{selector['tag']}` selects {len(hits)} variants "
+                                        f"({', '.join(v.id for v in hits[:4])}…); add keys until "
+                                        "it selects one"))
+    return problems

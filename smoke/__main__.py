@@ -1,0 +1,3 @@
+from smoke.runner import main
+
+raise SystemExit(main())
