@@ -20,6 +20,7 @@ from typing import Any
 from builder import proc
 from builder.errors import BuilderError, ConfigError
 from builder.matrix import Matrix, Variant
+from builder.state import atomic_write
 
 LOCK_FORMAT = 1
 PLATFORM = "x86_64-manylinux_2_28"  # glibc of Debian 12 and Ubuntu 22.04+; the cuDNN wheels need ≥ 2.27
@@ -205,13 +206,6 @@ def require_lock(locks_dir: Path, variant: Variant) -> Lock:
     return lock
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def lock_variant(matrix: Matrix, variant: Variant, locks_dir: Path, *, upgrade: bool = False,
                  memo: dict[str, str] | None = None) -> tuple[Lock, bool]:
     """Resolve one variant unless its recorded inputs are unchanged. Returns (lock, resolved?)."""
@@ -219,11 +213,13 @@ def lock_variant(matrix: Matrix, variant: Variant, locks_dir: Path, *, upgrade: 
     txt_path, json_path = lock_paths(locks_dir, variant)
     existing = json.loads(json_path.read_text()) if json_path.exists() else None
     reqs = requirements(variant)
-    text = _resolve_memo(variant, reqs, upgrade, memo)
+    text = base_text = _resolve_memo(variant, reqs, upgrade, memo)
     facts = derive_facts(variant, text)
+    with_toolkit = False
     if variant.flavor == "devel" and facts["cuda"]:
         toolkit = matrix.toolkit_for(facts["cuda"]) or {}
         if toolkit.get("wheels"):
+            with_toolkit = True
             reqs = requirements(variant, toolkit_cuda=facts["cuda"])
             text = _resolve_memo(variant, reqs, upgrade, memo)
             facts = derive_facts(variant, text)
@@ -234,8 +230,10 @@ def lock_variant(matrix: Matrix, variant: Variant, locks_dir: Path, *, upgrade: 
     if existing and existing.get("inputs_hash") == key and txt_path.exists() and not upgrade \
             and txt_path.read_text() == text:
         return Lock(variant.id, text, existing["facts"]), False
-    _atomic_write(txt_path, text)
-    _atomic_write(json_path, json.dumps(
+    if with_toolkit:
+        atomic_write(base_lock_path(locks_dir, variant), base_text)
+    atomic_write(txt_path, text)
+    atomic_write(json_path, json.dumps(
         {"format": LOCK_FORMAT, "inputs_hash": key, "requirements": reqs, "facts": facts},
         indent=2, sort_keys=True) + "\n")
     return Lock(variant.id, text, facts), True
@@ -279,3 +277,13 @@ def lock_all(matrix: Matrix, variants: list[Variant], locks_dir: Path, *, upgrad
                  f"cuda={lock.facts['cuda']} cudnn={lock.facts['cudnn']} nccl={lock.facts['nccl']}")
         results.append((lock, changed))
     return results
+
+
+def base_lock_path(locks_dir: Path, variant: Variant) -> Path:
+    """A devel variant with toolkit wheels also records the runtime resolution it builds on."""
+    return locks_dir / f"{variant.id}.base.txt"
+
+
+def read_base_lock(locks_dir: Path, variant: Variant) -> Lock | None:
+    path = base_lock_path(locks_dir, variant)
+    return Lock(variant.id, path.read_text(), {}) if path.exists() else None

@@ -9,20 +9,22 @@ written to disk, and only in-image paths are recorded.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import io
 import posixpath
 import re
-import tarfile
+import socket
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from builder import engine
 from builder.errors import EngineError
 
-# Large reads: tarfile's stream mode skips unwanted members by reading `bufsize` at a time.
-_BUFSIZE = 4 << 20
-_SITE_RE = re.compile(r"^(?P<site>(?:.*/)?lib/python(?P<py>\d+\.\d+)/(?:site|dist)-packages)/(?P<rel>.+)$")
+_BUFSIZE = 4 << 20  # one reusable read buffer
+_SITE_RE = re.compile(
+    r"^(?P<site>(?:.*/)?lib/python(?P<py>\d+(?:\.\d+)?)/(?:site|dist)-packages)/(?P<rel>.+)$"
+)
 _DIST_INFO_RE = re.compile(r"^(?P<dir>[^/]+\.dist-info)/(?P<file>METADATA|RECORD)$")
 _COPYRIGHT_RE = re.compile(r"^usr/share/doc/(?P<pkg>[^/]+)/copyright$")
 _SO_RE = re.compile(r"\.so(\.\d+)*$")
@@ -30,6 +32,10 @@ _OS_RELEASE = ("etc/os-release", "usr/lib/os-release")
 _DPKG_STATUS = "var/lib/dpkg/status"
 _DPKG_STATUS_D = re.compile(r"^var/lib/dpkg/status\.d/[^/]+$")
 _MAX_TEXT = 4 << 20  # a METADATA or copyright file larger than this is not text we want
+
+
+class Readable(Protocol):
+    def readinto(self, b: Any, /) -> int | None: ...
 
 
 @dataclass
@@ -101,9 +107,51 @@ def collect(image_ref: str) -> ImageFacts:
     )
 
 
-def _export_stream(container: str) -> io.RawIOBase:
-    """The container's filesystem as a tar byte stream, straight from the engine API."""
-    import docker  # the SDK streams the export over the socket; the CLI would need a pipe
+def _export_stream(container: str) -> Readable:
+    """The container's filesystem as a tar byte stream, straight from the engine API.
+
+    http.client over the unix socket decodes the chunked body with `readinto` (no copies): about
+    310 MB/s here, against 240 MB/s for a `docker export` pipe and 190 MB/s for docker-py.
+    """
+    address = engine.engine_address()
+    if not address.startswith("unix://"):
+        return _sdk_export_stream(container)
+    conn = _UnixHTTPConnection(address.removeprefix("unix://"))
+    try:
+        conn.request("GET", f"/containers/{container}/export")
+        response = conn.getresponse()
+    except OSError as exc:
+        raise EngineError(f"cannot export container `{container}` via {address}: {exc}") from exc
+    if response.status != 200:
+        detail = response.read(2000).decode(errors="replace")
+        raise EngineError(f"cannot export container `{container}`: HTTP {response.status} {detail}")
+    return response
+
+
+class _BigBufferResponse(http.client.HTTPResponse):
+    """Reads the socket in 1 MiB pieces (the default 8 KiB means a syscall per few members)."""
+
+    def __init__(self, sock: socket.socket, *args: Any, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self.fp = sock.makefile("rb", buffering=1 << 20)
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    response_class = _BigBufferResponse
+
+    def __init__(self, socket_path: str) -> None:
+        super().__init__("localhost", timeout=600)
+        self._socket_path = socket_path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._socket_path)
+
+
+def _sdk_export_stream(container: str) -> Readable:
+    """docker-py for remote engines (tcp/ssh DOCKER_HOST)."""
+    import docker
 
     try:
         api = docker.APIClient(base_url=engine.engine_address(), version="auto", timeout=600)
@@ -113,12 +161,11 @@ def _export_stream(container: str) -> io.RawIOBase:
 
 
 class _ChunkReader(io.RawIOBase):
-    """A read-only file object over an iterator of byte chunks (what tarfile's `r|` mode needs)."""
+    """A file object with `readinto` over an iterator of byte chunks."""
 
     def __init__(self, chunks: Iterable[bytes]) -> None:
         self._chunks: Iterator[bytes] = iter(chunks)
         self._buf = memoryview(b"")
-        self.total = 0
 
     def readable(self) -> bool:
         return True
@@ -132,25 +179,131 @@ class _ChunkReader(io.RawIOBase):
         n = min(len(b), len(self._buf))
         b[:n] = self._buf[:n]
         self._buf = self._buf[n:]
-        self.total += n
         return n
 
 
-def read_tar_stream(stream: io.RawIOBase | io.BufferedIOBase) -> ImageContents:
+class _TarReader:
+    """Just enough of ustar/GNU/PAX to walk a `docker export` stream once, skipping fast.
+
+    tarfile's stream mode copies every byte several times (about 40% slower here); this reads
+    into one reusable buffer and hands out only the members asked for.
+    """
+
+    def __init__(self, stream: Readable) -> None:
+        self._stream = stream
+        self._scratch = bytearray(_BUFSIZE)
+        self._view = memoryview(self._scratch)
+        self.total = 0
+
+    def _readinto(self, view: memoryview) -> None:
+        got = 0
+        while got < len(view):
+            n = self._stream.readinto(view[got:])
+            if not n:
+                raise EOFError("truncated tar stream")
+            got += n
+        self.total += got
+
+    def read(self, size: int) -> bytes:
+        buf = bytearray(size)
+        self._readinto(memoryview(buf))
+        return bytes(buf)
+
+    def chunks(self, size: int) -> Iterator[memoryview]:
+        """The next `size` bytes in pieces (valid until the next call), then the padding."""
+        left = size
+        while left:
+            view = self._view[: min(left, _BUFSIZE)]
+            self._readinto(view)
+            left -= len(view)
+            yield view
+        if pad := -size % 512:
+            self._readinto(self._view[:pad])
+
+    def skip(self, size: int) -> None:
+        for _ in self.chunks(size):
+            pass
+
+    def data(self, size: int) -> bytes:
+        return b"".join(bytes(c) for c in self.chunks(size))
+
+    def members(self) -> Iterator[tuple[str, str, str, int]]:
+        """(type flag, name, link name, size); the caller must consume or skip each body."""
+        pax: dict[str, str] = {}
+        long_name = long_link = ""
+        while True:
+            try:
+                header = self.read(512)
+            except EOFError:
+                return
+            if header == _ZERO_BLOCK:
+                return
+            kind = chr(header[156]) if header[156] else "0"
+            size = int(pax["size"]) if "size" in pax else _number(header[124:136])
+            if kind in "xg":
+                records = _parse_pax(self.data(size))
+                if kind == "x":
+                    pax = records
+                continue
+            if kind in "LK":
+                value = self.data(size).rstrip(b"\0").decode("utf-8", "surrogateescape")
+                long_name, long_link = (value, long_link) if kind == "L" else (long_name, value)
+                continue
+            name = pax.get("path") or long_name or _header_name(header)
+            link = pax.get("linkpath") or long_link or _cstr(header[157:257])
+            pax, long_name, long_link = {}, "", ""
+            yield kind, name, link, size
+
+
+_ZERO_BLOCK = bytes(512)
+
+
+def _cstr(field: bytes) -> str:
+    return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _header_name(header: bytes) -> str:
+    name = _cstr(header[0:100])
+    if header[257:262] == b"ustar" and (prefix := _cstr(header[345:500])):
+        name = f"{prefix}/{name}"
+    return name
+
+
+def _number(field: bytes) -> int:
+    if field[0] & 0x80:  # GNU base-256 for sizes over 8 GiB
+        return int.from_bytes(field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip()
+    return int(text, 8) if text else 0
+
+
+def _parse_pax(data: bytes) -> dict[str, str]:
+    records: dict[str, str] = {}
+    while data:
+        length, _, rest = data.partition(b" ")
+        n = int(length)
+        record = rest[: n - len(length) - 2]  # minus "<len> " and the trailing newline
+        key, _, value = record.partition(b"=")
+        records[key.decode()] = value.decode("utf-8", "surrogateescape")
+        data = data[n:]
+    return records
+
+
+def read_tar_stream(stream: Readable) -> ImageContents:
     """Read the needed members from an uncompressed tar stream of a root filesystem."""
     out = ImageContents()
     links: dict[str, str] = {}  # os-release is usually a symlink
     texts: dict[str, str] = {}
     dists: dict[str, PythonDist] = {}
-    with tarfile.open(fileobj=stream, mode="r|", bufsize=_BUFSIZE) as tar:
-        for member in tar:
-            name = member.name.removeprefix("./").lstrip("/")
-            if member.issym() and name in _OS_RELEASE:
-                links[name] = posixpath.normpath(posixpath.join(posixpath.dirname(name),
-                                                                member.linkname)).lstrip("/")
-            if not member.isfile():
-                continue
-            _read_member(tar, member, name, out, texts, dists)
+    tar = _TarReader(stream)
+    for kind, raw_name, linkname, size in tar.members():
+        name = raw_name.removeprefix("./").lstrip("/")
+        if kind == "2" and name in _OS_RELEASE:
+            target = posixpath.join(posixpath.dirname(name), linkname)
+            links[name] = posixpath.normpath(target).lstrip("/")
+        if kind not in "07":
+            tar.skip(size)
+            continue
+        _read_member(tar, name, size, out, texts, dists)
     for path in _OS_RELEASE:
         text = texts.get(path) or texts.get(links.get(path, ""))
         if text:
@@ -158,38 +311,42 @@ def read_tar_stream(stream: io.RawIOBase | io.BufferedIOBase) -> ImageContents:
             break
     out.dists = sorted(dists.values(), key=lambda d: (d.site, d.dist_info))
     out.native_libs.sort(key=lambda lib: lib.path)
-    out.bytes_read = getattr(stream, "total", 0)
+    out.bytes_read = tar.total
     return out
 
 
 def _read_member(
-    tar: tarfile.TarFile, member: tarfile.TarInfo, name: str, out: ImageContents,
+    tar: _TarReader, name: str, size: int, out: ImageContents,
     texts: dict[str, str], dists: dict[str, PythonDist],
 ) -> None:
     if name in _OS_RELEASE:
-        texts[name] = _text(tar, member)
+        texts[name] = _text(tar, size)
     elif name == _DPKG_STATUS or _DPKG_STATUS_D.match(name):
-        out.dpkg_status.append(_text(tar, member))
-    elif m := _COPYRIGHT_RE.match(name):
-        if member.size <= _MAX_TEXT:
-            out.copyrights[m["pkg"]] = _text(tar, member)
+        out.dpkg_status.append(_text(tar, size))
+    elif (m := _COPYRIGHT_RE.match(name)) and size <= _MAX_TEXT:
+        out.copyrights[m["pkg"]] = _text(tar, size)
     elif m := _SITE_RE.match(name):
-        _read_site_member(tar, member, m, out, dists)
+        _read_site_member(tar, size, m, out, dists)
+    else:
+        tar.skip(size)
 
 
 def _read_site_member(
-    tar: tarfile.TarFile, member: tarfile.TarInfo, m: re.Match[str], out: ImageContents,
+    tar: _TarReader, size: int, m: re.Match[str], out: ImageContents,
     dists: dict[str, PythonDist],
 ) -> None:
     site, rel = "/" + m["site"], m["rel"]
-    if d := _DIST_INFO_RE.match(rel):
+    if (d := _DIST_INFO_RE.match(rel)) and size <= _MAX_TEXT:
         key = f"{site}/{d['dir']}"
         dist = dists.setdefault(key, PythonDist(site=site, dist_info=d["dir"], python=m["py"]))
-        if member.size <= _MAX_TEXT:
-            setattr(dist, d["file"].lower(), _text(tar, member))
+        setattr(dist, d["file"].lower(), _text(tar, size))
     elif is_bundled_native_lib(rel):
-        sha, size = _sha256(tar, member)
-        out.native_libs.append(NativeLib(f"{site}/{rel}", site, rel, sha, size))
+        digest = hashlib.sha256()
+        for chunk in tar.chunks(size):
+            digest.update(chunk)
+        out.native_libs.append(NativeLib(f"{site}/{rel}", site, rel, digest.hexdigest(), size))
+    else:
+        tar.skip(size)
 
 
 def is_bundled_native_lib(rel: str) -> bool:
@@ -200,18 +357,8 @@ def is_bundled_native_lib(rel: str) -> bool:
     return rel.startswith("nvidia/") or rel.startswith("torch/lib/")
 
 
-def _text(tar: tarfile.TarFile, member: tarfile.TarInfo) -> str:
-    fh = tar.extractfile(member)
-    return fh.read().decode("utf-8", errors="replace") if fh else ""
-
-
-def _sha256(tar: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[str, int]:
-    fh = tar.extractfile(member)
-    digest = hashlib.sha256()
-    if fh is not None:
-        while chunk := fh.read(_BUFSIZE):
-            digest.update(chunk)
-    return digest.hexdigest(), member.size
+def _text(tar: _TarReader, size: int) -> str:
+    return tar.data(size).decode("utf-8", errors="replace")
 
 
 def parse_os_release(text: str) -> dict[str, str]:

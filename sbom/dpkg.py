@@ -103,7 +103,7 @@ def resolve_depends(packages: list[DebPackage]) -> dict[str, list[str]]:
 
 
 def copyright_licenses(text: str, limit: int = 12) -> list[str]:
-    """License short names from a machine-readable (DEP-5) copyright file, in order, deduplicated."""
+    """License short names from a DEP-5 copyright file, in order, deduplicated."""
     found: list[str] = []
     for line in text.splitlines():
         if line.startswith("License:"):

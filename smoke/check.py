@@ -29,7 +29,8 @@ def test_hooks(name: str) -> None:
     if _hooked("SMOKE_TEST_HANG", name):
         print(f"SMOKE_TEST_HANG: {name} hangs now (with a grandchild)", flush=True)
         # A grandchild in the same process group, like spawn workers: the timeout must kill it too.
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)",
+                          "smoke-test-hang-grandchild"])
         while True:
             time.sleep(60)
     if _hooked("SMOKE_TEST_CRASH", name):

@@ -1,4 +1,4 @@
-"""The image's promised facts: /opt/torch-images/image.json, or a locks/<variant>.json outside Docker."""
+"""The image's promised facts: /opt/torch-images/image.json, or locks/<variant>.json outside it."""
 
 from __future__ import annotations
 

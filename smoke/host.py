@@ -46,9 +46,9 @@ def _gpus_from_smi() -> tuple[list[dict[str, Any]], str | None]:
     gpus = []
     for row in rows:
         if with_cap:
-            index, name, cap, memory, driver = (row + [""] * 5)[:5]
+            index, name, cap, memory, _driver = (row + [""] * 5)[:5]
         else:
-            index, name, memory, driver = (row + [""] * 4)[:4]
+            index, name, memory, _driver = (row + [""] * 4)[:4]
             cap = None
         gpus.append({
             "index": int(index) if index.isdigit() else None,

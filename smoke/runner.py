@@ -1,4 +1,4 @@
-"""The parent process of the smoke suite: runs each check in its own subprocess, never imports torch.
+"""The smoke suite's parent process: runs each check in its own subprocess; never imports torch.
 
 `python -m smoke [--require-gpu] [--facts FILE] [--report FILE|-] [--checks a,b]
 [--timeout-scale X] [--venv DIR --lock FILE]`; exit 0 when the overall status is pass.
@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -20,7 +21,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from smoke import (
-    DEGRADED, ERROR, FAIL, OK_STATUSES, SCHEMA_VERSION, SKIP, SUBSTITUTED, __version__,
+    DEGRADED,
+    ERROR,
+    FAIL,
+    OK_STATUSES,
+    SCHEMA_VERSION,
+    SKIP,
+    SUBSTITUTED,
+    __version__,
 )
 from smoke.checks import CHECKS, GPU_CHECKS, timeout_for
 from smoke.facts import DEFAULT_FACTS, load_facts
@@ -53,7 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="image id recorded in the report ($SMOKE_IMAGE_ID)")
     p.add_argument("--image-digest", default=os.environ.get("SMOKE_IMAGE_DIGEST"),
                    help="registry digest recorded in the report ($SMOKE_IMAGE_DIGEST)")
-    p.add_argument("--python", metavar="PATH", help="interpreter for the checks (default: this one)")
+    p.add_argument("--python", metavar="PATH",
+                   help="interpreter for the checks (default: this one)")
     p.add_argument("--venv", type=Path, metavar="DIR",
                    help="outside Docker: create DIR from --lock and run the checks with it")
     p.add_argument("--lock", type=Path, metavar="FILE", help="hash-pinned requirements for --venv")
@@ -112,10 +121,8 @@ def child_env(name: str, ctx: dict[str, Any], result_path: Path) -> dict[str, st
 
 
 def kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def tail(path: Path) -> str:
@@ -200,7 +207,8 @@ def overall(checks: list[dict[str, Any]]) -> str:
 
 
 def now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    # timezone.utc, not dt.UTC: the suite runs on the image's Python, which may predate 3.11.
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")  # noqa: UP017
 
 
 def build_report(

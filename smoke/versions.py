@@ -19,7 +19,7 @@ _MAJOR_FLOOR = {"11": "450.80.02", "12": "525.60.13", "13": "580.65.06"}
 
 
 def numeric(version: str | None) -> tuple[int, ...]:
-    """`"2.15.0+cu132"` → (2, 15, 0); `"535.104.05"` → (535, 104, 5). Stops at the first non-number."""
+    """`"2.15.0+cu132"` → (2, 15, 0); `"535.104.05"` → (535, 104, 5); stops at a non-number."""
     parts: list[int] = []
     for piece in re.split(r"[.+]", (version or "").strip()):
         match = re.match(r"\d+", piece)
@@ -38,7 +38,7 @@ def same_prefix(expected: str, actual: str | None, parts: int) -> bool:
 
 
 def torch_matches(expected: str, actual: str) -> bool:
-    """A local tag in the facts (`+cpu`) must match exactly; without one, compare public versions."""
+    """A local tag in the facts (`+cpu`) must match exactly; else compare public versions."""
     if "+" in expected:
         return expected == actual
     return actual.split("+", 1)[0] == expected

@@ -15,7 +15,10 @@ def result(
     status: str, message: str, metrics: dict[str, Any] | None = None,
     warnings: list[str] | None = None,
 ) -> dict[str, Any]:
-    return {"status": status, "message": message, "metrics": metrics or {}, "warnings": warnings or []}
+    return {
+        "status": status, "message": message, "metrics": metrics or {},
+        "warnings": warnings or [],
+    }
 
 
 def facts(ctx: dict[str, Any]) -> dict[str, Any]:

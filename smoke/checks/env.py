@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import sys
+from pathlib import Path
 from typing import Any
 
 from smoke import FAIL, PASS, SKIP
@@ -67,9 +68,9 @@ def mismatches(promised: dict[str, Any], actual: dict[str, Any]) -> list[str]:
 
 
 def shadowing() -> list[str]:
-    """cuDNN/NCCL loaded from outside the wheels (site-packages/nvidia), e.g. via LD_LIBRARY_PATH."""
+    """cuDNN/NCCL loaded from outside the wheels (site-packages/nvidia), e.g. LD_LIBRARY_PATH."""
     try:
-        maps = open("/proc/self/maps").read()
+        maps = Path("/proc/self/maps").read_text()
     except OSError:
         return []
     paths = {line.split()[-1] for line in maps.splitlines() if "/lib" in line}
@@ -98,7 +99,8 @@ def run(ctx: dict[str, Any]) -> dict[str, Any]:
     warnings = shadowing() + [w for w in [shm_warning(ctx)] if w]
     metrics = {"actual": actual, "driver": host(ctx).get("driver")}
     if not promised:
-        return result(SKIP, "no facts file: versions not compared (pass --facts)", metrics, warnings)
+        message = "no facts file: versions not compared (pass --facts)"
+        return result(SKIP, message, metrics, warnings)
     problems = mismatches(promised, actual)
     driver = driver_check(ctx, promised)
     if driver:

@@ -1,4 +1,4 @@
-"""`nccl_allreduce`: an all-reduce across all visible GPUs (NCCL), or across 2 CPU processes (gloo)."""
+"""`nccl_allreduce`: all-reduce across all visible GPUs (NCCL), or 2 CPU processes (gloo)."""
 
 from __future__ import annotations
 

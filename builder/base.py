@@ -1,0 +1,82 @@
+"""`builder base`: make each variant's base image available in the engine.
+
+A normal ref is pulled when it is not already there. `mmdebstrap:<suite>` is bootstrapped into a
+local image, reused while suite, package list and day are unchanged (so security updates arrive
+at least daily). The base's image id goes into each variant's content hash.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import tempfile
+from pathlib import Path
+
+from builder import engine, proc
+from builder.errors import EngineError
+from builder.matrix import Base
+
+BOOTSTRAP_PACKAGES = ("ca-certificates",)
+KEY_LABEL = "io.torch-images.base-key"
+SOURCE_DATE_EPOCH = "1704067200"  # fixed: same packages → byte-identical rootfs
+
+
+def bootstrap_key(suite: str, day: dt.date | None = None) -> str:
+    day = day or dt.datetime.now(dt.UTC).date()
+    payload = f"{suite}|{','.join(BOOTSTRAP_PACKAGES)}|{day.isoformat()}"
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def local_ref(base: Base) -> str:
+    suite = base.bootstrap_suite
+    return f"torch-images-base:{suite}" if suite else base.image
+
+
+def ensure(base: Base, *, progress=print) -> str:
+    """Make the base exist locally; returns its digest (see `digest_of`)."""
+    engine.ensure_engine()
+    suite = base.bootstrap_suite
+    if suite:
+        return _bootstrap(suite, progress)
+    info = engine.inspect_image(base.image)
+    if info is None:
+        progress(f"pulling base {base.image}")
+        result = engine.docker("pull", base.image, check=False, timeout=1800)
+        if result.returncode != 0:
+            raise EngineError(
+                f"cannot pull base image `{base.image}`: {result.stderr.strip()[-300:]}",
+                hint="on a machine that cannot reach the registry, use `mmdebstrap:<suite>` "
+                "in matrix.yaml `bases`",
+            )
+        info = engine.inspect_image(base.image)
+    return digest_of(info)
+
+
+def digest_of(info: dict) -> str:
+    """The registry digest of a pulled base, else a digest of its filesystem layers.
+
+    Layers, not the image id: a re-bootstrapped base with the same packages has the same layers
+    (mmdebstrap is reproducible under SOURCE_DATE_EPOCH) but a new id, and must not rebuild all.
+    """
+    if info.get("RepoDigests"):
+        return info["RepoDigests"][0].split("@", 1)[1]
+    layers = "\n".join(info["RootFS"]["Layers"])
+    return "sha256:" + hashlib.sha256(layers.encode()).hexdigest()
+
+
+def _bootstrap(suite: str, progress) -> str:
+    ref = f"torch-images-base:{suite}"
+    key = bootstrap_key(suite)
+    info = engine.inspect_image(ref)
+    if info and (info["Config"].get("Labels") or {}).get(KEY_LABEL) == key:
+        return digest_of(info)
+    progress(f"bootstrapping {ref} with mmdebstrap (about 20 s)")
+    with tempfile.TemporaryDirectory() as tmp:
+        tar = Path(tmp) / "base.tar"
+        proc.run(["mmdebstrap", "--variant=minbase", f"--include={','.join(BOOTSTRAP_PACKAGES)}",
+                  suite, str(tar)], timeout=1200, env={"SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH})
+        engine.docker("import", "--change", f"LABEL {KEY_LABEL}={key}",
+                      "--change", 'CMD ["bash"]', str(tar), ref)
+    info = engine.inspect_image(ref)
+    assert info is not None
+    return digest_of(info)

@@ -1,0 +1,125 @@
+"""`builder validate | lock | render | plan`: the stages before any image exists."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from builder import base, engine, locks, matrix, plan, render
+from builder.errors import BuilderError, ConfigError
+from builder.output import emit_json, step, table
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("validate", parents=[common], help="check matrix.yaml and list its variants",
+                       description="Validate the matrix against its JSON schema and the semantic "
+                       "rules (duplicates, YAML number traps, impossible combinations, missing "
+                       "locks' CUDA toolkit). Lists every problem as FILE:LINE: FIELD: reason; "
+                       "exit 1 when there is any.")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("lock", parents=[common], help="resolve variants into hash-pinned locks",
+                       description="Resolve each selected variant for its own python and platform "
+                       "into locks/<id>.txt (every pin == with --hash) and locks/<id>.json (facts "
+                       "derived from the resolved wheels). Only variants whose inputs changed are "
+                       "resolved again.")
+    p.add_argument("--locks", default="locks", type=Path, help="lock folder (default: locks)")
+    p.add_argument("--upgrade", action="store_true", help="re-resolve to the newest allowed pins")
+    p.set_defaults(func=cmd_lock)
+
+    p = sub.add_parser("render", parents=[common], help="write each variant's Dockerfile",
+                       description="Render templates/ into DIR/<id>/Dockerfile with the lock it "
+                       "installs (pure and offline; byte-for-byte deterministic).")
+    p.add_argument("--out", default="out", type=Path, help="output folder (default: out)")
+    p.add_argument("--locks", default="locks", type=Path)
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("plan", parents=[common], help="tags, content hash and build state",
+                       description="For each selected variant: tags, content hash and state "
+                       "(`build`, or `up-to-date` when an image with that hash exists locally or "
+                       "in the registry). --json output is the CI job matrix.")
+    p.add_argument("--locks", default="locks", type=Path)
+    p.add_argument("--offline", action="store_true", help="do not ask the registry")
+    p.set_defaults(func=cmd_plan)
+
+
+def load_selected(args: argparse.Namespace) -> tuple[matrix.Matrix, list[matrix.Variant]]:
+    m = matrix.load(args.matrix)
+    variants = m.select(args.select)
+    if not variants:
+        raise ConfigError(f"--select {' '.join(args.select)} matches no variant in {args.matrix}")
+    return m, variants
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    m, variants = load_selected(args)
+    problems = []
+    for v in variants:
+        lock = locks.read_lock(Path("locks"), v)
+        if lock:
+            problems += locks.check_facts(v, lock.facts, m)
+    if args.json:
+        emit_json({"valid": not problems, "problems": problems,
+                   "variants": [v.id for v in variants]})
+    else:
+        for problem in problems:
+            print(f"{args.matrix}: {problem}")
+        print(f"{args.matrix}: {len(variants)} variants"
+              f"{', all valid' if not problems else ''}; default: "
+              + ", ".join(v.id for v in variants if v.default))
+    return 1 if problems else 0
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    m, variants = load_selected(args)
+    start = time.monotonic()
+    results = locks.lock_all(m, variants, args.locks, upgrade=args.upgrade, progress=step)
+    changed = sum(1 for _, c in results if c)
+    if args.json:
+        emit_json([{"id": lock.variant_id, "changed": c, "facts": lock.facts}
+                   for lock, c in results])
+    step(f"locked {len(results)} variants ({changed} changed) in {time.monotonic() - start:.1f} s")
+    return 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    m, variants = load_selected(args)
+    for v in variants:
+        rendered = render.render(m, v, locks.require_lock(args.locks, v),
+                                 locks.read_base_lock(args.locks, v))
+        target = render.write(rendered, args.out)
+        if not args.json:
+            step(f"  {target}/Dockerfile")
+    if args.json:
+        emit_json([str(args.out / v.id / "Dockerfile") for v in variants])
+    return 0
+
+
+def known_base_digests(variants: list[matrix.Variant]) -> dict[str, str | None]:
+    """Digests of bases already in the engine; a missing base is unknown (→ build)."""
+    digests: dict[str, str | None] = {}
+    try:
+        engine.ensure_engine()
+    except BuilderError:
+        return digests
+    for v in variants:
+        if v.base.image not in digests:
+            info = engine.inspect_image(base.local_ref(v.base))
+            digests[v.base.image] = base.digest_of(info) if info else None
+    return digests
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    m, variants = load_selected(args)
+    planned = plan.make_plan(m, variants, args.locks, known_base_digests(variants),
+                             check_registry=not args.offline)
+    if args.json:
+        emit_json({"include": [p.as_json(m) for p in planned]})
+        return 0
+    table(["variant", "tags", "hash", "state"],
+          [(p.variant.id, ", ".join(p.tags), p.content_hash[:12],
+            p.state + (f" ({p.where})" if p.where else "")) for p in planned])
+    todo = sum(p.state == "build" for p in planned)
+    step(f"{todo} of {len(planned)} variants to build")
+    return 0

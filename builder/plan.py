@@ -1,0 +1,170 @@
+"""`builder plan`: per variant its tags, content hash and whether it needs building.
+
+content hash = sha256 over the rendered Dockerfile and ignore file, every file copied in (lock
+parts, facts, the smoke package) and the base image digest. A variant is `up-to-date` when an
+image with that hash label exists locally or the registry has its `build-<hash>` tag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from builder import labels, locks
+from builder.matrix import Matrix, Variant
+from builder.render import SMOKE_DIR, Rendered, render
+
+HASH_TAG_PREFIX = "build-"
+
+
+@dataclass(frozen=True)
+class PlannedVariant:
+    variant: Variant
+    rendered: Rendered
+    content_hash: str
+    lock_hash: str
+    base_digest: str | None
+    tags: tuple[str, ...]
+    state: str = "build"  # "build" | "up-to-date"
+    where: str = ""  # "local" | "registry" when up-to-date
+
+    @property
+    def floating_tag(self) -> str:
+        return self.tags[0]
+
+    @property
+    def hash_tag(self) -> str:
+        return HASH_TAG_PREFIX + self.content_hash[:20]
+
+    def as_json(self, matrix: Matrix) -> dict[str, Any]:
+        v = self.variant
+        return {
+            "id": v.id, "torch": v.torch, "python": v.python, "accelerator": v.accelerator,
+            "flavor": v.flavor, "default": v.default, "tags": list(self.tags),
+            "image": f"{matrix.image_name}:{self.floating_tag}",
+            "content_hash": self.content_hash, "lock_hash": self.lock_hash,
+            "base": v.base.image, "base_digest": self.base_digest, "state": self.state,
+            "where": self.where, "facts": self.rendered.facts,
+        }
+
+
+def tag_for(variant: Variant, facts: Mapping[str, Any]) -> str:
+    """`2.9.1-py3.11-cuda12.8-cudnn9-runtime`, or `2.13.0-py3.11-cpu-runtime`."""
+    if facts.get("cuda"):
+        accel = f"cuda{facts['cuda']}-cudnn{str(facts['cudnn']).split('.')[0]}"
+    else:
+        accel = "cpu"
+    return f"{variant.torch_public}-py{variant.python}-{accel}-{variant.flavor}"
+
+
+def tags_for(matrix: Matrix, variant: Variant, facts: Mapping[str, Any]) -> tuple[str, ...]:
+    aliases = [a.tag for a in matrix.aliases if variant.matches(a.selector)]
+    return (tag_for(variant, facts), *aliases)
+
+
+def smoke_files_hash() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(SMOKE_DIR.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(SMOKE_DIR)).encode() + b"\0")
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def content_hash(rendered: Rendered, base_digest: str | None, smoke_hash: str) -> str:
+    digest = hashlib.sha256()
+    for name, text in sorted({"Dockerfile": rendered.dockerfile,
+                              "Dockerfile.dockerignore": rendered.dockerignore,
+                              **rendered.files}.items()):
+        digest.update(name.encode() + b"\0" + text.encode() + b"\0")
+    digest.update(f"base={base_digest}\0smoke={smoke_hash}".encode())
+    return digest.hexdigest()
+
+
+def plan_variant(matrix: Matrix, variant: Variant, locks_dir: Path, base_digest: str | None,
+                 smoke_hash: str) -> PlannedVariant:
+    lock = locks.require_lock(locks_dir, variant)
+    rendered = render(matrix, variant, lock, locks.read_base_lock(locks_dir, variant))
+    return PlannedVariant(
+        variant=variant, rendered=rendered,
+        content_hash=content_hash(rendered, base_digest, smoke_hash),
+        lock_hash=hashlib.sha256(lock.text.encode()).hexdigest(),
+        base_digest=base_digest, tags=tags_for(matrix, variant, rendered.facts),
+    )
+
+
+def make_plan(matrix: Matrix, variants: Iterable[Variant], locks_dir: Path,
+              base_digests: Mapping[str, str | None], *, check_registry: bool = True
+              ) -> list[PlannedVariant]:
+    """Plan the variants; `base_digests` maps base image refs to digests (None: unknown)."""
+    from builder import engine  # only needed when an engine is there to ask
+
+    smoke_hash = smoke_files_hash()
+    local = local_content_hashes(engine) if engine_available(engine) else set()
+    planned = []
+    for variant in variants:
+        p = plan_variant(matrix, variant, locks_dir, base_digests.get(variant.base.image),
+                         smoke_hash)
+        if p.content_hash in local:
+            p = _with_state(p, "up-to-date", "local")
+        elif check_registry and registry_has(matrix.registry, matrix.repository, p.hash_tag):
+            p = _with_state(p, "up-to-date", "registry")
+        planned.append(p)
+    return planned
+
+
+def _with_state(p: PlannedVariant, state: str, where: str) -> PlannedVariant:
+    return PlannedVariant(p.variant, p.rendered, p.content_hash, p.lock_hash, p.base_digest,
+                          p.tags, state, where)
+
+
+def engine_available(engine) -> bool:
+    try:
+        engine.ensure_engine()
+        return True
+    except Exception:
+        return False
+
+
+def local_content_hashes(engine) -> set[str]:
+    """Content-hash labels of every local image, in one engine call."""
+    result = engine.docker("images", "--filter", f"label={labels.CONTENT_HASH}",
+                           "--format", "{{.ID}}", check=False)
+    ids = sorted(set(result.stdout.split()))
+    if not ids:
+        return set()
+    fmt = "{{index .Config.Labels \"" + labels.CONTENT_HASH + "\"}}"
+    out = engine.docker("image", "inspect", "--format", fmt, *ids, check=False)
+    return set(out.stdout.split())
+
+
+def registry_has(registry: str, repository: str, tag: str, timeout: float = 3.0) -> bool:
+    """One manifest HEAD; an unreachable registry counts as `no` (the plan says build)."""
+    url = f"{registry_url(registry)}/v2/{repository}/manifests/{tag}"
+    request = urllib.request.Request(url, method="HEAD", headers={"Accept": ", ".join(
+        MANIFEST_TYPES)})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
+
+
+def registry_url(registry: str) -> str:
+    """Loopback registries speak plain http (as Docker allows); everything else https."""
+    host = registry.split(":")[0]
+    scheme = "http" if host in ("localhost", "127.0.0.1") else "https"
+    return f"{scheme}://{registry}"

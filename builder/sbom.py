@@ -1,0 +1,124 @@
+"""`builder sbom` and `builder audit`: CycloneDX SBOMs of built images, diffs, vulnerabilities.
+
+    builder sbom IMAGE -o FILE [--format json|xml] [--reproducible]
+    builder sbom diff OLD NEW [--json]          (OLD/NEW: SBOM files)
+    builder audit IMAGE|SBOM [--json] [--write-into SBOM]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from builder.errors import BuilderError
+
+
+def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser(
+        "sbom", parents=[common], help="write an image's CycloneDX 1.6 SBOM, or diff two SBOMs",
+        description="Read the image's filesystem (dpkg, Python dist-info, bundled native "
+        "libraries) into a validated CycloneDX 1.6 SBOM. `builder sbom diff OLD NEW` compares "
+        "two SBOM files.",
+    )
+    p.add_argument("target", nargs="+", metavar="IMAGE | diff OLD NEW")
+    p.add_argument("-o", "--output", metavar="FILE", help="SBOM file (default: stdout)")
+    p.add_argument("--format", choices=("json", "xml"), default="json")
+    p.add_argument("--reproducible", action="store_true",
+                   help="serial number from the image id, timestamp from its created label "
+                   "(also on when SOURCE_DATE_EPOCH is set)")
+    p.set_defaults(func=run_sbom)
+
+    a = subparsers.add_parser(
+        "audit", parents=[common], help="known vulnerabilities of an image or SBOM",
+        description="Check Python packages with pip-audit and Debian packages against the "
+        "security suite. Exit 0: all sources answered, nothing found; 1: vulnerabilities; "
+        "6: a source was unreachable or failed (its packages are unknown, not clean).",
+    )
+    a.add_argument("target", metavar="IMAGE|SBOM")
+    a.add_argument("--write-into", metavar="SBOM", type=Path,
+                   help="add the findings to this SBOM's `vulnerabilities` (re-validated)")
+    a.add_argument("--debian-security-suite", default="bookworm-security", metavar="SUITE")
+    a.add_argument("--debian-mirror", default=None, metavar="URL",
+                   help="debian-security mirror (default: http://deb.debian.org/debian-security)")
+    a.set_defaults(func=run_audit)
+
+
+def run_sbom(args: argparse.Namespace) -> int:
+    if args.target[0] == "diff":
+        return _run_diff(args)
+    if len(args.target) != 1:
+        raise BuilderError("`builder sbom` takes one image", hint="or: builder sbom diff OLD NEW")
+    import sbom
+
+    start = time.monotonic()
+    doc = sbom.generate(args.target[0], reproducible=args.reproducible)
+    if args.output in (None, "-"):
+        from sbom.validate import render
+
+        sys.stdout.write(render(doc, args.format))
+    else:
+        sbom.write(doc, Path(args.output), args.format)
+    count = sum(1 for _ in _iter(doc))
+    print(f"sbom: {args.target[0]} → {args.output or 'stdout'} ({count} components, "
+          f"{time.monotonic() - start:.1f} s)", file=sys.stderr)
+    return 0
+
+
+def _iter(doc: dict[str, Any]) -> Any:
+    from sbom.diff import iter_components
+
+    return iter_components(doc)
+
+
+def _run_diff(args: argparse.Namespace) -> int:
+    from sbom.diff import diff_sboms, format_diff
+
+    if len(args.target) != 3:
+        raise BuilderError("usage: builder sbom diff OLD NEW (two SBOM files)")
+    result = diff_sboms(_load(Path(args.target[1])), _load(Path(args.target[2])))
+    print(json.dumps(result, indent=2) if args.json else format_diff(result))
+    return 0
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BuilderError(f"no SBOM file `{path}`") from None
+    except json.JSONDecodeError as exc:
+        raise BuilderError(f"`{path}` is not JSON: {exc}") from None
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    import sbom
+    from sbom.audit import DEBIAN_SECURITY_MIRROR, add_to_sbom
+
+    target = Path(args.target)
+    doc = _load(target) if target.suffix == ".json" and target.exists() else None
+    doc = doc if doc is not None else sbom.generate(args.target)
+    report = sbom.audit(doc, debian_security_suite=args.debian_security_suite,
+                        debian_mirror=args.debian_mirror or DEBIAN_SECURITY_MIRROR)
+    if args.write_into:
+        base = _load(args.write_into) if args.write_into.exists() else doc
+        sbom.write(add_to_sbom(base, report), args.write_into)
+    print(json.dumps(report, indent=2) if args.json else format_audit(report))
+    if report["vulnerabilities"]:
+        return 1
+    return 0 if report["ok"] else 6
+
+
+def format_audit(report: dict[str, Any]) -> str:
+    lines = []
+    for name, status in sorted(report["sources"].items()):
+        detail = f" ({status['detail']})" if status.get("detail") else ""
+        lines.append(f"{name}: {status['status']}, {status['checked']} checked{detail}")
+    for v in report["vulnerabilities"]:
+        fix = f" → fixed in {', '.join(v['fix_versions'])}" if v.get("fix_versions") else ""
+        lines.append(f"  ! {v['name']} {v['version']}: {v['id']}{fix}")
+    lines.append(f"{len(report['vulnerabilities'])} vulnerabilities, "
+                 f"{len(report['unknown'])} components unknown")
+    return "\n".join(lines)

@@ -1,0 +1,92 @@
+"""What changed between two SBOMs: components added, removed, and changed in version."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from packageurl import PackageURL
+
+
+def iter_components(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every component, nested ones included (bundled native libraries)."""
+    stack = list(doc.get("components") or [])
+    while stack:
+        comp = stack.pop()
+        yield comp
+        stack.extend(comp.get("components") or [])
+
+
+def identity(comp: dict[str, Any]) -> tuple[str, str, str]:
+    """(type, namespace, name) from the purl when there is one, qualifiers and version ignored."""
+    purl = comp.get("purl")
+    if purl:
+        try:
+            p = PackageURL.from_string(purl)
+            return p.type, p.namespace or "", p.name
+        except ValueError:
+            pass
+    return comp.get("type", ""), comp.get("group", ""), comp.get("name", "")
+
+
+def _index(doc: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """identity → {"name", "type", "versions": sorted set}; one name may be installed twice."""
+    index: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for comp in iter_components(doc):
+        key = identity(comp)
+        entry = index.setdefault(key, {"name": comp.get("name", ""), "type": key[0],
+                                       "namespace": key[1], "versions": set()})
+        entry["versions"].add(comp.get("version") or "")
+    return index
+
+
+def _label(version_set: set[str]) -> str:
+    return ", ".join(sorted(version_set))
+
+
+def diff_sboms(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """{"added": [...], "removed": [...], "changed": [...], "unchanged": n} between two documents.
+
+    Components match on purl type, namespace and name; entries are sorted by (type, name).
+    """
+    a, b = _index(old), _index(new)
+
+    def entry(e: dict[str, Any], **extra: str) -> dict[str, Any]:
+        return {"type": e["type"], "namespace": e["namespace"], "name": e["name"], **extra}
+
+    added = [entry(b[k], version=_label(b[k]["versions"])) for k in sorted(b.keys() - a.keys())]
+    removed = [entry(a[k], version=_label(a[k]["versions"])) for k in sorted(a.keys() - b.keys())]
+    changed = [
+        entry(b[k], old=_label(a[k]["versions"]), new=_label(b[k]["versions"]))
+        for k in sorted(a.keys() & b.keys())
+        if a[k]["versions"] != b[k]["versions"]
+    ]
+    return {
+        "old": _subject(old),
+        "new": _subject(new),
+        "added": added,
+        "removed": removed,
+        "changed": changed,
+        "unchanged": len(a.keys() & b.keys()) - len(changed),
+    }
+
+
+def _subject(doc: dict[str, Any]) -> str:
+    comp = (doc.get("metadata") or {}).get("component") or {}
+    return f"{comp.get('name', '?')}:{comp.get('version', '?')}"
+
+
+def format_diff(result: dict[str, Any]) -> str:
+    """Human-readable text of a `diff_sboms` result."""
+    lines = [f"{result['old']} → {result['new']}"]
+    for item in result["added"]:
+        lines.append(f"  + {item['type']}/{item['name']} {item['version']}")
+    for item in result["removed"]:
+        lines.append(f"  - {item['type']}/{item['name']} {item['version']}")
+    for item in result["changed"]:
+        lines.append(f"  ~ {item['type']}/{item['name']} {item['old']} → {item['new']}")
+    lines.append(
+        f"{len(result['added'])} added, {len(result['removed'])} removed, "
+        f"{len(result['changed'])} changed, {result['unchanged']} unchanged"
+    )
+    return "\n".join(lines)

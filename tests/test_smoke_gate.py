@@ -1,0 +1,273 @@
+"""`builder.smoke`: the publish gate (`report_passed`) and `run_smoke` with a faked engine.
+
+Nothing here touches Docker: `builder.engine`'s calls are replaced by fakes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from builder import engine, labels
+from builder import smoke as bsmoke
+from builder.cli import common_parser
+from builder.errors import CommandFailed, EngineError
+
+IMAGE_ID = "sha256:" + "c0ffee" * 10 + "abcd"
+SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "smoke" /
+                     "report.schema.json").read_text())
+
+
+def check(name: str, status: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "status": status, "duration_s": 1.0, "message": f"{name} {status}",
+            "metrics": {}, **extra}
+
+
+def report(accelerator: str = "cpu", *, require_gpu: bool = False,
+           statuses: dict[str, str] | None = None) -> dict[str, Any]:
+    statuses = statuses or {"env": "pass", "cuda": "skip", "cudnn_conv": "pass",
+                            "nccl_allreduce": "pass", "amp_train": "pass"}
+    return {
+        "schema_version": 1,
+        "image": {"ref": "local/torch:x", "id": IMAGE_ID, "digest": None},
+        "facts": {"accelerator": accelerator, "torch": "2.15.0", "python": "3.11"},
+        "host": {"gpus": [], "driver": None, "shm_bytes": 8 << 30},
+        "require_gpu": require_gpu,
+        "started": "2026-01-01T00:00:00+00:00",
+        "finished": "2026-01-01T00:01:00+00:00",
+        "status": "pass" if all(s not in ("fail", "error") for s in statuses.values()) else "fail",
+        "checks": [check(n, s) for n, s in statuses.items()],
+    }
+
+
+GPU_PASS = {"env": "pass", "cuda": "pass", "cudnn_conv": "pass", "nccl_allreduce": "pass",
+            "amp_train": "pass"}
+CPU_HOST = {"env": "pass", "cuda": "skip", "cudnn_conv": "substituted",
+            "nccl_allreduce": "substituted", "amp_train": "substituted"}
+
+
+# ---- report_passed --------------------------------------------------------------------------
+
+
+def test_no_report_does_not_pass() -> None:
+    passed, reason = bsmoke.report_passed(None, require_gpu=False)
+    assert not passed and "builder smoke" in reason
+
+
+def test_cpu_image_passes_even_when_gpu_demanded() -> None:
+    assert bsmoke.report_passed(report("cpu"), require_gpu=False)[0]
+    assert bsmoke.report_passed(report("cpu"), require_gpu=True)[0]
+
+
+def test_failed_check_is_named() -> None:
+    bad = report("cpu", statuses={"env": "fail", "cuda": "skip"})
+    passed, reason = bsmoke.report_passed(bad, require_gpu=False)
+    assert not passed and "env fail: env fail" in reason
+
+
+def test_cuda_report_from_cpu_host_passes_only_without_require_gpu() -> None:
+    cpu_host = report("cuda", statuses=CPU_HOST)
+    assert bsmoke.report_passed(cpu_host, require_gpu=False)[0]
+    passed, reason = bsmoke.report_passed(cpu_host, require_gpu=True)
+    assert not passed and "without --require-gpu" in reason
+
+
+def test_cuda_report_with_require_gpu() -> None:
+    assert bsmoke.report_passed(report("cuda", require_gpu=True, statuses=GPU_PASS),
+                                require_gpu=True)[0]
+    # Defence in depth: a report claiming --require-gpu yet holding a degraded GPU check.
+    odd = report("cuda", require_gpu=True, statuses={**GPU_PASS, "nccl_allreduce": "degraded"})
+    passed, reason = bsmoke.report_passed(odd, require_gpu=True)
+    assert not passed and "nccl_allreduce" in reason
+
+
+def test_report_without_facts_or_schema_does_not_pass() -> None:
+    no_facts = {**report("cpu"), "facts": None}
+    assert not bsmoke.report_passed(no_facts, require_gpu=False)[0]
+    broken = copy.deepcopy(report("cpu"))
+    broken["checks"][0]["status"] = "great"
+    passed, reason = bsmoke.report_passed(broken, require_gpu=False)
+    assert not passed and "schema" in reason and "checks/0/status" in reason
+
+
+# ---- run_smoke with a fake engine ----------------------------------------------------------
+
+
+class FakeDocker:
+    """Records docker calls; `docker run` answers with the given stdout/rc (or raises)."""
+
+    def __init__(self, stdout: str = "", rc: int = 0, stderr: str = "",
+                 raises: Exception | None = None) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        self.stdout, self.rc, self.stderr, self.raises = stdout, rc, stderr, raises
+
+    def __call__(self, *args: Any, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        args = tuple(str(a) for a in args)
+        self.calls.append(args)
+        if args[0] == "run":
+            if self.raises:
+                raise self.raises
+            return subprocess.CompletedProcess(args, self.rc, self.stdout, self.stderr)
+        return subprocess.CompletedProcess(args, 0, "", "")
+
+    @property
+    def run_args(self) -> tuple[str, ...]:
+        return next(c for c in self.calls if c[0] == "run")
+
+
+@pytest.fixture
+def fake_engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
+    monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "state"))
+    monkeypatch.setattr(engine, "ensure_engine", lambda: {})
+    monkeypatch.setattr(bsmoke, "host_has_gpu", lambda: False)
+    image_info = {"Id": IMAGE_ID, "RepoDigests": ["reg/torch@sha256:" + "d1" * 32],
+                  "Config": {"Labels": {labels.ACCELERATOR: "cuda"}}}
+    monkeypatch.setattr(engine, "inspect_image", lambda ref: image_info)
+    return image_info
+
+
+def use_docker(monkeypatch: pytest.MonkeyPatch, fake: FakeDocker) -> FakeDocker:
+    monkeypatch.setattr(engine, "docker", fake)
+    return fake
+
+
+def test_garbage_output_becomes_error_report(
+    fake_engine: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    fake = use_docker(monkeypatch, FakeDocker(stdout="Segmentation fault\nnot json {",
+                                              rc=139, stderr="python: crashed"))
+    out = tmp_path / "out" / "report.json"
+    result = bsmoke.run_smoke("local/torch:x", require_gpu=False, gpus=None, report_path=out)
+    assert result["status"] == "fail"
+    [only] = result["checks"]
+    assert only["status"] == "error" and "exited with 139" in only["message"]
+    assert "Segmentation fault" in only["output_tail"]
+    jsonschema.Draft202012Validator(SCHEMA).validate(result)
+    assert bsmoke.load_report(IMAGE_ID) == result
+    assert json.loads(out.read_text()) == result
+    stored = tmp_path / "state" / "reports" / f"{IMAGE_ID.removeprefix('sha256:')}.json"
+    assert stored.is_file()
+    assert not bsmoke.report_passed(result, require_gpu=False)[0]
+    args = fake.run_args
+    for flag in ("--rm", "--read-only", "--shm-size=8g", "--image-id"):
+        assert flag in args
+    assert args[args.index("--network") + 1] == "none"
+    assert "--gpus" not in args  # no GPU on this (faked) host
+
+
+def test_valid_report_is_stored_with_runner(
+    fake_engine: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    good = report("cuda", require_gpu=True, statuses=GPU_PASS)
+    stdout = "entrypoint: hello\n" + json.dumps(good, indent=2)
+    monkeypatch.setattr(bsmoke, "host_has_gpu", lambda: True)
+    fake = use_docker(monkeypatch, FakeDocker(stdout=stdout))
+    result = bsmoke.run_smoke("local/torch:x", require_gpu=True, gpus=None, report_path=None)
+    assert result["checks"] == good["checks"] and result["runner"]["kind"] == "docker"
+    assert "--require-gpu" in fake.run_args
+    assert fake.run_args[fake.run_args.index("--gpus") + 1] == "all"
+    assert bsmoke.report_passed(bsmoke.load_report(IMAGE_ID), require_gpu=True)[0]
+
+
+def test_schema_invalid_report_becomes_error(
+    fake_engine: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    use_docker(monkeypatch, FakeDocker(stdout=json.dumps({"status": "pass"})))
+    result = bsmoke.run_smoke("local/torch:x", require_gpu=False, gpus=None, report_path=None)
+    assert result["checks"][0]["status"] == "error"
+    assert "does not match its schema" in result["checks"][0]["message"]
+
+
+def test_timeout_removes_the_container(
+    fake_engine: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = use_docker(monkeypatch, FakeDocker(raises=CommandFailed("`docker run` timed out")))
+    result = bsmoke.run_smoke("local/torch:x", require_gpu=False, gpus="0,1", report_path=None)
+    assert "timed out" in result["checks"][0]["message"]
+    name = fake.run_args[fake.run_args.index("--name") + 1]
+    assert ("rm", "-f", name) in fake.calls
+    assert fake.run_args[fake.run_args.index("--gpus") + 1] == '"device=0,1"'
+
+
+def test_cpu_image_does_not_pass_require_gpu_to_the_suite(
+    fake_engine: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake_engine["Config"]["Labels"][labels.ACCELERATOR] = "cpu"
+    fake = use_docker(monkeypatch, FakeDocker(stdout=json.dumps(report("cpu"))))
+    bsmoke.run_smoke("local/torch:cpu", require_gpu=True, gpus=None, report_path=None)
+    assert "--require-gpu" not in fake.run_args
+
+
+def test_missing_image_is_an_engine_error(
+    fake_engine: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(engine, "inspect_image", lambda ref: None)
+    with pytest.raises(EngineError, match="no image"):
+        bsmoke.run_smoke("nope", require_gpu=False, gpus=None, report_path=None)
+
+
+@pytest.mark.parametrize(("gpus", "host_gpu", "expected"), [
+    (None, False, []),
+    (None, True, ["--gpus", "all"]),
+    ("none", True, []),
+    ("2", False, ["--gpus", "2"]),
+    ("1", True, ["--gpus", "1"]),
+    ("device=1", True, ["--gpus", "device=1"]),
+    ("0,1", True, ["--gpus", '"device=0,1"']),
+])
+def test_gpu_args(gpus: str | None, host_gpu: bool, expected: list[str]) -> None:
+    assert bsmoke.gpu_args(gpus, host_gpu) == expected
+
+
+def test_load_report_absent_and_corrupt(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BUILDER_STATE", str(tmp_path))
+    assert bsmoke.load_report(IMAGE_ID) is None
+    path = tmp_path / "reports" / f"{IMAGE_ID.removeprefix('sha256:')}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("{")
+    with pytest.raises(bsmoke.BuilderError, match="not valid JSON"):
+        bsmoke.load_report(IMAGE_ID)
+
+
+# ---- CLI ------------------------------------------------------------------------------------
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="builder")
+    bsmoke.register(parser.add_subparsers(dest="command"), common_parser())
+    return parser.parse_args(argv)
+
+
+@pytest.mark.parametrize(("statuses", "code"), [(CPU_HOST, 0), ({**CPU_HOST, "env": "fail"}, 1)])
+def test_cli_exit_code_and_table(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    statuses: dict[str, str], code: int,
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake_run(image: str, **kwargs: Any) -> dict[str, Any]:
+        seen.update(kwargs, image=image)
+        return report("cuda", statuses=statuses)
+
+    monkeypatch.setattr(bsmoke, "run_smoke", fake_run)
+    args = _parse(["smoke", "local/torch:x", "--gpus", "0", "--timeout-scale", "2"])
+    assert args.func(args) == code
+    out = capsys.readouterr().out
+    assert "cudnn_conv" in out and "substituted" in out
+    assert ("PASS" if code == 0 else "FAIL") in out
+    assert seen == {"image": "local/torch:x", "require_gpu": False, "gpus": "0",
+                    "report_path": None, "timeout_scale": 2.0}
+
+
+def test_cli_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(bsmoke, "run_smoke", lambda image, **kw: report("cuda", statuses=CPU_HOST))
+    args = _parse(["smoke", "img", "--require-gpu", "--json"])
+    assert args.func(args) == 1  # a CPU-host report of a CUDA image fails --require-gpu
+    assert json.loads(capsys.readouterr().out)["checks"][1]["status"] == "skip"
