@@ -18,8 +18,9 @@ from builder.errors import BuilderError
 # Stage modules, in pipeline order. Each defines register(subparsers, common).
 COMMAND_MODULES = [
     "builder.matrix_cmd",
-    "builder.sbom",
+    "builder.build",
     "builder.smoke",
+    "builder.sbom",
 ]
 
 

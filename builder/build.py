@@ -1,0 +1,244 @@
+"""`builder build`: turn the plan's `build` variants into images with BuildKit, then smoke + SBOM.
+
+A failed variant leaves existing images and tags as they were (the engine tags only on success),
+does not stop the others unless --fail-fast, and makes the exit code non-zero. A file lock keeps
+two builds on one machine from racing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import fcntl
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from builder import base, engine, labels, locks, plan, proc, state
+from builder.errors import BuilderError, EngineError
+from builder.matrix import Matrix
+from builder.matrix_cmd import load_selected
+from builder.output import emit_json, human_bytes, step, table
+from builder.render import SMOKE_DIR, facts_json
+from builder.wheelhouse import Wheelhouse
+
+NEED_GB = {"cpu": 4, "cuda": 20}
+
+
+@dataclass
+class Outcome:
+    variant_id: str
+    state: str  # built | up-to-date | failed | smoke-failed
+    image: str = ""
+    image_id: str = ""
+    size: int = 0
+    seconds: float = 0.0
+    message: str = ""
+    report: dict | None = field(default=None, repr=False)
+    sbom_path: str = ""
+
+
+@contextlib.contextmanager
+def build_lock() -> Iterator[None]:
+    """One build at a time per state folder; a second run waits and says so."""
+    path = state.path() / "build.lock"
+    with path.open("a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            step(f"another `builder build` holds {path}; waiting for it to finish…")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def ensure_buildkit() -> None:
+    info = engine.ensure_engine()
+    version = str(info.get("ServerVersion", "0"))
+    major_minor = tuple(int(x) for x in version.split("+")[0].split(".")[:2] if x.isdigit())
+    if major_minor < (18, 9):
+        raise EngineError(f"the engine at {engine.engine_address()} is Docker {version}; BuildKit "
+                          "needs 18.09 or newer", hint="upgrade the engine")
+
+
+def git(*args: str) -> str:
+    result = subprocess.run(["git", *args], capture_output=True, text=True, check=False)
+    return result.stdout.strip() if result.returncode == 0 else ""
+
+
+def created_time(variant_id: str, locks_dir: Path) -> str:
+    """When the inputs were fixed (the lock's commit), not wall-clock: same inputs, same config."""
+    committed = git("log", "-1", "--format=%cI", "--", str(locks_dir / f"{variant_id}.txt"))
+    if committed:
+        return dt.datetime.fromisoformat(committed).astimezone(dt.UTC).strftime(
+            "%Y-%m-%dT%H:%M:%SZ")
+    mtime = (locks_dir / f"{variant_id}.json").stat().st_mtime
+    return dt.datetime.fromtimestamp(mtime, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def build_labels(p: plan.PlannedVariant, locks_dir: Path) -> dict[str, str]:
+    return {
+        labels.OCI + "created": created_time(p.variant.id, locks_dir),
+        labels.OCI + "revision": git("rev-parse", "HEAD") or "unknown",
+        labels.OCI + "source": git("remote", "get-url", "origin") or "torch-images",
+        labels.OCI + "base.digest": p.base_digest or "",
+        labels.CONTENT_HASH: p.content_hash,
+        labels.LOCK_HASH: p.lock_hash,
+    }
+
+
+def prepare_context(p: plan.PlannedVariant, wheelhouse: Wheelhouse) -> tuple[Path, Path]:
+    """Fill the shared context with this variant's sets, facts and smoke; write its Dockerfile."""
+    context = state.path("context")
+    for s in p.rendered.steps:
+        wheels = wheelhouse.ensure(p.variant, s.requirements, progress=step)
+        wheelhouse.link_set(context / s.source, s.requirements, wheels)
+    state.atomic_write(context / p.rendered.facts_source, facts_json(p.rendered.facts))
+    smoke = context / "smoke"
+    if smoke.exists():
+        shutil.rmtree(smoke)
+    shutil.copytree(SMOKE_DIR, smoke, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    dockerfile_dir = state.path("rendered", p.variant.id)
+    state.atomic_write(dockerfile_dir / "Dockerfile", p.rendered.dockerfile)
+    state.atomic_write(dockerfile_dir / "Dockerfile.dockerignore", p.rendered.dockerignore)
+    return context, dockerfile_dir / "Dockerfile"
+
+
+def docker_build(p: plan.PlannedVariant, image: str, context: Path, dockerfile: Path,
+                 locks_dir: Path, log: Path, *, ca_bundle: Path | None = None,
+                 apt_refresh: str = "") -> str:
+    """Run the BuildKit build; returns the image id. Tags only on success."""
+    iidfile = log.with_suffix(".iid")
+    iidfile.unlink(missing_ok=True)
+    argv = ["build", "--progress=plain", "-f", str(dockerfile), "--iidfile", str(iidfile),
+            "-t", image]
+    for key, value in build_labels(p, locks_dir).items():
+        argv += ["--label", f"{key}={value}"]
+    if ca_bundle:
+        argv += ["--secret", f"id=ca,src={ca_bundle}"]
+    if apt_refresh:
+        argv += ["--build-arg", f"APT_REFRESH={apt_refresh}"]
+    log.unlink(missing_ok=True)
+    engine.docker(*argv, str(context), log=log, timeout=4 * 3600)
+    return iidfile.read_text().strip()
+
+
+def build_variant(matrix: Matrix, p: plan.PlannedVariant, wheelhouse: Wheelhouse,
+                  args: argparse.Namespace, after: Callable[[Outcome], None]) -> Outcome:
+    vid = p.variant.id
+    image = f"{matrix.image_name}:{p.floating_tag}"
+    log = state.path("logs") / f"{vid}.log"
+    start = time.monotonic()
+    try:
+        engine.ensure_disk(state.root(), NEED_GB[p.variant.accelerator])
+        step(f"  [{vid}] wheels")
+        context, dockerfile = prepare_context(p, wheelhouse)
+        step(f"  [{vid}] building (log: {log})")
+        image_id = docker_build(p, image, context, dockerfile, args.locks, log,
+                                ca_bundle=args.ca_bundle, apt_refresh=args.apt_refresh)
+    except BuilderError as exc:
+        step(f"  [{vid}] FAILED: {exc}" + (f"\n{exc.hint}" if exc.hint else ""))
+        return Outcome(vid, "failed", image, seconds=time.monotonic() - start, message=str(exc))
+    info = engine.inspect_image(image_id) or {}
+    outcome = Outcome(vid, "built", image, image_id, int(info.get("Size", 0)),
+                      time.monotonic() - start)
+    step(f"  [{vid}] built {image} ({human_bytes(outcome.size)}, {outcome.seconds:.0f} s)")
+    after(outcome)
+    return outcome
+
+
+def post_build(args: argparse.Namespace) -> Callable[[Outcome], None]:
+    """Smoke and SBOM each new image (unless switched off); both are gates for publishing."""
+
+    def run(outcome: Outcome) -> None:
+        if not args.no_smoke:
+            from builder import smoke
+
+            step(f"  [{outcome.variant_id}] smoke")
+            report = smoke.run_smoke(outcome.image_id, require_gpu=args.require_gpu,
+                                     gpus=None, report_path=None, image_ref=outcome.image)
+            outcome.report = report
+            passed, why = smoke.report_passed(report, require_gpu=args.require_gpu)
+            if not passed:
+                outcome.state = "smoke-failed"
+                outcome.message = why
+        if not args.no_sbom:
+            from builder.sbom import write_image_sbom
+
+            step(f"  [{outcome.variant_id}] sbom")
+            outcome.sbom_path = str(write_image_sbom(outcome.image_id, outcome.image))
+
+    return run
+
+
+def run_build(args: argparse.Namespace) -> list[Outcome]:
+    matrix, variants = load_selected(args)
+    ensure_buildkit()
+    digests: dict[str, str] = {}
+    for v in variants:
+        if v.base.image not in digests:
+            digests[v.base.image] = base.ensure(v.base, progress=step)
+    planned = plan.make_plan(matrix, variants, args.locks, digests, check_registry=False)
+    wheelhouse = Wheelhouse()
+    outcomes: list[Outcome] = []
+    todo = [p for p in planned if p.state == "build" or args.force]
+    step(f"{len(todo)} of {len(planned)} variants to build"
+         + ("" if todo else ": everything is up to date"))
+    after = post_build(args)
+    for p in planned:
+        if p not in todo:
+            image = f"{matrix.image_name}:{p.floating_tag}"
+            outcomes.append(Outcome(p.variant.id, "up-to-date", image, message=p.where))
+            continue
+        outcome = build_variant(matrix, p, wheelhouse, args, after)
+        outcomes.append(outcome)
+        if outcome.state != "built" and args.fail_fast:
+            break
+    return outcomes
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "build", parents=[common], help="build images for the selected variants",
+        description="Build the plan's `build` variants (default selection: the matrix's "
+        "`default`) with BuildKit, skip up-to-date ones, then smoke-test and write an SBOM for "
+        "each new image. Logs: .state/logs/<variant>.log.")
+    p.add_argument("--locks", default="locks", type=Path)
+    p.add_argument("--force", action="store_true", help="rebuild even up-to-date variants")
+    p.add_argument("--fail-fast", action="store_true", help="stop at the first failed variant")
+    p.add_argument("--no-smoke", action="store_true", help="skip the smoke suite")
+    p.add_argument("--no-sbom", action="store_true", help="skip the SBOM")
+    p.add_argument("--require-gpu", action="store_true",
+                   help="GPU checks that cannot run on this host fail instead of being skipped")
+    p.add_argument("--ca-bundle", type=Path, default=os.environ.get("BUILDER_CA_BUNDLE") or None,
+                   help="CA bundle for downloads inside the build, passed as a BuildKit secret "
+                   "(never stored in a layer); default: none ($BUILDER_CA_BUNDLE)")
+    p.add_argument("--apt-refresh", default="", metavar="TOKEN",
+                   help="re-run the apt upgrade step (security rebuilds pass a new token)")
+    p.set_defaults(func=cmd_build)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    if not args.select:
+        args.select = ["default=true"]
+    with build_lock():
+        outcomes = run_build(args)
+    if args.json:
+        emit_json([o.__dict__ | {"report": None} for o in outcomes])
+    else:
+        table(["variant", "state", "size", "time", "image"],
+              [(o.variant_id, o.state + (f" ({o.message})" if o.message else ""),
+                human_bytes(o.size) if o.size else "-",
+                f"{o.seconds:.0f} s" if o.seconds else "-", o.image) for o in outcomes])
+    return 0 if all(o.state in ("built", "up-to-date") for o in outcomes) else 1
