@@ -21,6 +21,8 @@ COMMAND_MODULES = [
     "builder.build",
     "builder.smoke",
     "builder.sbom",
+    "builder.registry",
+    "builder.publish",
 ]
 
 

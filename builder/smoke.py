@@ -195,7 +195,10 @@ def load_report(image_id: str) -> dict[str, Any] | None:
 
 def _describe_failures(report: dict[str, Any]) -> str:
     bad = [c for c in report.get("checks", []) if c.get("status") not in OK_STATUSES]
-    return "; ".join(f"{c.get('name')} {c.get('status')}: {c.get('message', '')}" for c in bad)
+    return "; ".join(
+        f"{c.get('name')} {c.get('status')}: {(c.get('message') or '').splitlines()[0][:200]}"
+        if c.get("message") else f"{c.get('name')} {c.get('status')}" for c in bad
+    )
 
 
 def report_passed(report: dict[str, Any] | None, *, require_gpu: bool) -> tuple[bool, str]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from smoke import ERROR
 from smoke.checks import CHECKS
+from smoke.checks.common import summarize
 
 
 def _hooked(var: str, name: str) -> bool:
@@ -44,7 +45,7 @@ def run_check(name: str, ctx: dict[str, Any]) -> dict[str, Any]:
         return module.run(ctx)
     except Exception as exc:  # an import failure or a bug is this check's error, not a lost report
         traceback.print_exc()
-        return {"status": ERROR, "message": f"{type(exc).__name__}: {exc}", "metrics": {}}
+        return {"status": ERROR, "message": summarize(exc), "metrics": {}}
 
 
 def write(result: dict[str, Any]) -> None:

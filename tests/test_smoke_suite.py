@@ -24,6 +24,7 @@ import jsonschema
 import pytest
 
 from smoke import ERROR, FAIL, PASS, SKIP, SUBSTITUTED
+from smoke.checks.common import summarize
 from smoke.checks.env import mismatches
 from smoke.facts import load_facts
 from smoke.runner import apply_require_gpu, interpret, overall
@@ -230,14 +231,35 @@ def test_torch_import_failure_becomes_error(tmp_path: Path) -> None:
     validate(report)
 
 
-def test_slim_compile_is_skipped_without_torch(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("flavor", "dropped", "reason"), [
+    ("slim", ["triton", "headers"], "triton was dropped"),
+    ("runtime", [], "checked on devel images"),
+])
+def test_compile_is_skipped_without_torch(
+    tmp_path: Path, flavor: str, dropped: list[str], reason: str,
+) -> None:
     # compile decides to skip before importing torch, so any Python will do.
-    facts = {**CPU_FACTS, "flavor": "slim", "triton": None, "dropped": ["triton", "headers"]}
+    facts = {**CPU_FACTS, "flavor": flavor, "triton": None, "dropped": dropped}
     rc, report, _ = run_suite(tmp_path, facts, "--checks", "compile", python=sys.executable)
     check = by_name(report)["compile"]
     assert rc == 0 and check["status"] == SKIP
-    assert "triton was dropped" in check["message"]
+    assert reason in check["message"]
     validate(report)
+
+
+@needs_torch
+@pytest.mark.skipif(not os.environ.get("SMOKE_TEST_COMPILE"),
+                    reason="slow (~40 s on 2 cores): set SMOKE_TEST_COMPILE=1")
+def test_compile_on_cpu_devel(tmp_path: Path) -> None:
+    rc, report, _ = run_suite(tmp_path, {**CPU_FACTS, "flavor": "devel"}, "--checks", "compile")
+    assert rc == 0 and by_name(report)["compile"]["status"] == PASS, report
+
+
+def test_summarize_keeps_the_error_line() -> None:
+    exc = RuntimeError("C++ compile error\n\nCommand:\ng++ x.cpp\n"
+                       "x.cpp:38:10: fatal error: Python.h: No such file or directory\n")
+    assert summarize(exc) == ("RuntimeError: C++ compile error — x.cpp:38:10: fatal error: "
+                              "Python.h: No such file or directory")
 
 
 def test_unknown_check_is_a_usage_error() -> None:

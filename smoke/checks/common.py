@@ -106,3 +106,16 @@ def shm_warning(ctx: dict[str, Any]) -> str | None:
         f"/dev/shm is only {size / 2**20:.0f} MiB: NCCL and DataLoader workers fail with "
         "Docker's 64 MB default; run the container with --shm-size=8g or --ipc=host"
     )
+
+
+def summarize(exc: BaseException, limit: int = 400) -> str:
+    """One line for the report: the exception's first line plus its first `error:` line, if any.
+
+    Compiler and CUDA errors are long; the full text stays in the check's output tail.
+    """
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    parts = [f"{type(exc).__name__}: {lines[0] if lines else ''}"]
+    detail = next((line for line in lines[1:] if "error:" in line.lower()), None)
+    if detail:
+        parts.append(detail)
+    return " — ".join(parts)[:limit]

@@ -1,0 +1,157 @@
+"""Facts derived from resolved wheels; deterministic, injection-proof rendering; the plan."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from builder import locks, matrix, plan, render
+from builder.errors import ConfigError
+
+LOCKS = Path("locks")
+
+
+@pytest.fixture(scope="module")
+def shipped() -> matrix.Matrix:
+    return matrix.load("matrix.yaml")
+
+
+@pytest.mark.parametrize("variant_id,cuda,cudnn,nccl,driver", [
+    ("2.5.1-py3.11-cuda-runtime", "12.4", "9.1.0", "2.21.5", "550.54.14"),
+    ("2.7.1-py3.11-cuda-runtime", "12.6", "9.5.1", "2.26.2", "560.28.03"),
+    ("2.9.1-py3.11-cuda-runtime", "12.8", "9.10.2", "2.27.5", "570.26"),
+])
+def test_cuda12_facts_come_from_suffixed_wheels(shipped, variant_id, cuda, cudnn, nccl, driver):
+    v = shipped.variant(variant_id)
+    text = (LOCKS / f"{variant_id}.txt").read_text()
+    facts = locks.derive_facts(v, text)
+    assert (facts["cuda"], facts["cudnn"], facts["nccl"], facts["min_driver"]) == (
+        cuda, cudnn, nccl, driver)
+    assert re.search(r"^nvidia-cudnn-cu12==", text, re.M)
+
+
+def test_cuda13_facts_come_from_unsuffixed_wheels(shipped):
+    v = shipped.variant("2.15.0-py3.11-cuda-runtime")
+    text = (LOCKS / f"{v.id}.txt").read_text()
+    assert re.search(r"^nvidia-cuda-runtime==13\.", text, re.M)
+    assert re.search(r"^nvidia-cudnn-cu13==", text, re.M)
+    facts = locks.derive_facts(v, text)
+    assert facts["cuda"] == "13.2" and facts["cudnn"].startswith("9.")
+    assert facts["min_driver"] == "580.65.06"
+    assert facts["min_driver_basis"] == "minor-version compatibility"
+
+
+def test_every_shipped_lock_is_fully_hash_pinned(shipped):
+    for v in shipped.variants:
+        lock = locks.require_lock(LOCKS, v)
+        blocks = render.split_requirements(lock.text)
+        assert blocks, v.id
+        for name, block in blocks:
+            assert re.match(r"^[A-Za-z0-9._-]+==\S+", block), (v.id, name)
+            assert "--hash=sha256:" in block, (v.id, name)
+        assert locks.is_current(LOCKS, v), f"{v.id}: lock inputs changed; run builder lock"
+
+
+def test_devel_cuda13_pins_the_whole_toolkit_to_torch_minor(shipped):
+    v = shipped.variant("2.15.0-py3.11-cuda-devel")
+    pins = locks.require_lock(LOCKS, v).pins
+    for name in locks.TOOLKIT_WHEELS:
+        assert pins[name].startswith("13.2."), name
+
+
+def test_facts_checks_refuse_devel_without_toolkit(shipped):
+    v = shipped.variant("2.9.1-py3.11-cuda-devel")
+    facts = dict(locks.require_lock(LOCKS, v).facts, cuda="12.1")
+    problems = locks.check_facts(v, facts, shipped)
+    assert any("no toolkit source for CUDA 12.1" in p for p in problems)
+
+
+def test_render_is_byte_for_byte_deterministic(shipped, tmp_path):
+    for run in ("a", "b"):
+        for v in shipped.variants:
+            r = render.render(shipped, v, locks.require_lock(LOCKS, v),
+                              locks.read_base_lock(LOCKS, v))
+            render.write(r, tmp_path / run)
+    digest = {run: hashlib.sha256(b"".join(
+        p.read_bytes() for p in sorted((tmp_path / run).rglob("*")) if p.is_file())).hexdigest()
+        for run in ("a", "b")}
+    assert digest["a"] == digest["b"]
+
+
+def test_flavors_differ_as_documented(shipped):
+    def dockerfile(vid: str) -> str:
+        v = shipped.variant(vid)
+        return render.render(shipped, v, locks.require_lock(LOCKS, v),
+                             locks.read_base_lock(LOCKS, v)).dockerfile
+
+    runtime = dockerfile("2.15.0-py3.11-cuda-runtime")
+    slim = dockerfile("2.15.0-py3.11-cuda-slim")
+    devel = dockerfile("2.15.0-py3.11-cuda-devel")
+    devel12 = dockerfile("2.9.1-py3.11-cuda-devel")
+    assert "USER 1000:1000" in runtime and "build-essential" not in runtime
+    assert 'NVIDIA_REQUIRE_CUDA="cuda>=13.2"' in runtime
+    assert "-name '*.a'" in slim and 'io.torch-images.dropped="triton' in slim
+    assert "FROM runtime AS devel" in devel and "CUDA_HOME=" in devel
+    assert "FROM nvidia/cuda:12.8.1-devel-ubuntu22.04 AS toolkit" in devel12
+    assert "--require-hashes" in runtime and "--no-index" in runtime
+
+
+def test_dockerfile_value_refuses_shell_characters():
+    for evil in ("a\nRUN x", 'a"b', "a;b", "$(id)", "a`b`", "a'b", "a|b", "a&b"):
+        with pytest.raises(ConfigError):
+            render.dockerfile_value(evil)
+    assert render.dockerfile_value("nvidia/cuda:12.8.1-devel-ubuntu22.04") == \
+        "nvidia/cuda:12.8.1-devel-ubuntu22.04"
+
+
+@pytest.mark.skipif(not shutil.which("hadolint"), reason="hadolint not installed")
+def test_rendered_dockerfiles_pass_hadolint(shipped, tmp_path):
+    for v in shipped.variants:
+        render.write(render.render(shipped, v, locks.require_lock(LOCKS, v),
+                                   locks.read_base_lock(LOCKS, v)), tmp_path)
+    files = sorted(str(p) for p in tmp_path.glob("*/Dockerfile"))
+    result = subprocess.run(["hadolint", "--no-color", "--failure-threshold", "info", *files],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout
+
+
+def test_tags_and_content_hash(shipped):
+    v = shipped.variant("2.9.1-py3.11-cuda-runtime")
+    facts = locks.require_lock(LOCKS, v).facts
+    assert plan.tag_for(v, facts) == "2.9.1-py3.11-cuda12.8-cudnn9-runtime"
+    cpu = shipped.variant("2.13.0-py3.11-cpu-runtime")
+    assert plan.tag_for(cpu, {"cuda": None}) == "2.13.0-py3.11-cpu-runtime"
+    slim = shipped.variant("2.15.0-py3.11-cuda-slim")
+    p1 = plan.plan_variant(shipped, slim, LOCKS, "sha256:aaa", "s")
+    p2 = plan.plan_variant(shipped, slim, LOCKS, "sha256:bbb", "s")
+    p3 = plan.plan_variant(shipped, slim, LOCKS, "sha256:aaa", "s")
+    assert p1.content_hash != p2.content_hash and p1.content_hash == p3.content_hash
+    assert "latest-slim" in p1.tags
+
+
+@pytest.mark.network
+def test_lock_resolves_for_the_target_python_not_the_host(tmp_path, write_matrix):
+    path = write_matrix("""\
+registry: 127.0.0.1:5000
+repository: torch
+bases:
+  "3.12": {image: "python:3.12-slim-bookworm", python_from: image}
+axes:
+  torch: ["2.9.1"]
+  python: ["3.12"]
+  accelerator: [cuda]
+  flavor: [runtime]
+packages: []
+""")
+    m = matrix.load(path)
+    (v,) = m.variants
+    results = locks.lock_all(m, [v], tmp_path / "locks", progress=lambda _: None)
+    assert results[0][1] is True
+    assert locks.require_lock(tmp_path / "locks", v).facts["cuda"] == "12.8"
+    again = locks.lock_all(m, [v], tmp_path / "locks", progress=lambda _: None)
+    assert again[0][1] is False  # unchanged inputs are not resolved again

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Idempotent machine set-up for the pipeline and its tests: system packages, Python packages,
+# a running Docker engine and the embedded registry. Safe to run again at any time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+for pkg in docker.io docker-registry mmdebstrap skopeo; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+if ((${#need_apt[@]})); then
+  echo "setup: installing ${need_apt[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+echo "setup: installing the project (pip install -e .[dev])"
+python3 -m pip install -q --disable-pip-version-check -e '.[dev]'
+
+# A CPU torch venv for the smoke suite's own tests (runs python -m smoke without Docker).
+if [ ! -x .venv-smoke/bin/python ]; then
+  echo "setup: creating .venv-smoke (CPU torch for the smoke-suite tests)"
+  python3 -m venv .venv-smoke
+  .venv-smoke/bin/pip install -q --disable-pip-version-check torch==2.13.0 numpy
+fi
+
+# Debian's client (20.10) drives BuildKit without buildx; the engine must be running.
+if ! /usr/bin/docker info >/dev/null 2>&1; then
+  echo "setup: starting dockerd"
+  setsid /usr/sbin/dockerd >/tmp/dockerd.log 2>&1 </dev/null &
+  for _ in $(seq 60); do /usr/bin/docker info >/dev/null 2>&1 && break; sleep 1; done
+  /usr/bin/docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start:"; tail -20 /tmp/dockerd.log; exit 1; }
+fi
+
+python3 -m builder registry start
+echo "setup: ready"
