@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder import base, engine, labels, locks, plan, proc, state
+from builder import base, engine, labels, plan, state
 from builder.errors import BuilderError, EngineError
 from builder.matrix import Matrix
 from builder.matrix_cmd import load_selected
@@ -166,20 +166,28 @@ def post_build(args: argparse.Namespace) -> Callable[[Outcome], None]:
             from builder import smoke
 
             step(f"  [{outcome.variant_id}] smoke")
-            report = smoke.run_smoke(outcome.image_id, require_gpu=args.require_gpu,
-                                     gpus=None, report_path=None, image_ref=outcome.image)
+            report = smoke.run_smoke(outcome.image, require_gpu=args.require_gpu,
+                                     gpus=None, report_path=None)
             outcome.report = report
             passed, why = smoke.report_passed(report, require_gpu=args.require_gpu)
             if not passed:
                 outcome.state = "smoke-failed"
                 outcome.message = why
         if not args.no_sbom:
-            from builder.sbom import write_image_sbom
-
             step(f"  [{outcome.variant_id}] sbom")
             outcome.sbom_path = str(write_image_sbom(outcome.image_id, outcome.image))
 
     return run
+
+
+def write_image_sbom(image_id: str, image: str) -> Path:
+    """Generate (validated) and store the SBOM of a built image, keyed by image id."""
+    import sbom
+
+    doc = sbom.generate(image, reproducible=True)
+    target = state.sbom_path(image_id)
+    sbom.write(doc, target)
+    return target
 
 
 def run_build(args: argparse.Namespace) -> list[Outcome]:

@@ -54,7 +54,8 @@ def ensure_engine() -> dict[str, Any]:
         result = docker("info", "--format", "{{json .}}", timeout=30)
     except CommandFailed as exc:
         raise EngineError(
-            f"cannot reach the Docker engine at {engine_address()}: start dockerd or set DOCKER_HOST",
+            f"cannot reach the Docker engine at {engine_address()}: "
+            "start dockerd or set DOCKER_HOST",
             hint=exc.hint,
         ) from None
     info = json.loads(result.stdout)
@@ -73,7 +74,8 @@ def ensure_disk(path: Path, need_gb: float) -> None:
     free_gb = shutil.disk_usage(path).free / 1e9
     if free_gb < need_gb:
         raise EngineError(
-            f"only {free_gb:.1f} GB free on the disk holding {path}; this needs about {need_gb:.0f} GB",
+            f"only {free_gb:.1f} GB free on the disk holding {path}; "
+            f"this needs about {need_gb:.0f} GB",
             hint="free space (docker image prune, docker builder prune) and run again",
         )
 
@@ -104,7 +106,8 @@ def remove_image(ref: str) -> None:
 
 
 @contextlib.contextmanager
-def container(image: str, cmd: Sequence[str] = (), *, create_args: Sequence[str] = ()) -> Iterator[str]:
+def container(image: str, cmd: Sequence[str] = (), *,
+              create_args: Sequence[str] = ()) -> Iterator[str]:
     """A created (not started) container that is always removed; yields its id."""
     name = f"builder-{uuid.uuid4().hex[:12]}"
     docker("create", "--name", name, *create_args, image, *cmd)

@@ -23,7 +23,8 @@ from builder.matrix import Matrix, Variant
 from builder.state import atomic_write
 
 LOCK_FORMAT = 1
-PLATFORM = "x86_64-manylinux_2_28"  # glibc of Debian 12 and Ubuntu 22.04+; the cuDNN wheels need ≥ 2.27
+# glibc of Debian 12 and Ubuntu 22.04+ is newer; the cuDNN wheels need ≥ 2.27.
+PLATFORM = "x86_64-manylinux_2_28"
 CA_CANDIDATES = ("/etc/ssl/certs/ca-certificates.crt",)
 
 # Minimum Linux driver per CUDA release (NVIDIA's CUDA toolkit release notes, table 3), and the

@@ -230,7 +230,8 @@ def _line_of(lines: Mapping[Path_, int], path: Path_) -> int:
     return lines.get(path, 1)
 
 
-def schema_problems(data: Any, lines: Mapping[Path_, int], raw: Mapping[Path_, str]) -> list[Problem]:
+def schema_problems(data: Any, lines: Mapping[Path_, int],
+                    raw: Mapping[Path_, str]) -> list[Problem]:
     validator = jsonschema.Draft202012Validator(schema())
     problems = []
     for err in validator.iter_errors(data):
@@ -334,7 +335,8 @@ def load(path: str | Path = "matrix.yaml") -> Matrix:
     return matrix
 
 
-def _build(path: Path, data: dict[str, Any], lines: dict[Path_, int]) -> tuple[Matrix, list[Problem]]:
+def _build(path: Path, data: dict[str, Any],
+           lines: dict[Path_, int]) -> tuple[Matrix, list[Problem]]:
     problems: list[Problem] = []
     bases = {py: Base(**spec) for py, spec in data["bases"].items()}
     combos, origin = expand(data["axes"], data.get("include", []), data.get("exclude", []))

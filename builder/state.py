@@ -32,3 +32,12 @@ def atomic_write(target: Path, data: str | bytes) -> None:
     else:
         tmp.write_text(data)
     os.replace(tmp, target)
+
+
+def _hex(image_id: str) -> str:
+    return image_id.split(":", 1)[-1]
+
+
+def sbom_path(image_id: str) -> Path:
+    """Where `builder build` keeps the SBOM of a built image (by image id)."""
+    return path("sbom") / f"{_hex(image_id)}.cdx.json"

@@ -1,0 +1,219 @@
+"""The main path for real: build → smoke → SBOM → publish → pull by digest, on a real engine and
+a real registry. Builds the CPU runtime, one CUDA slim and the CUDA 13 devel image.
+
+Uses the shipped matrix with the registry moved to a private port, so it never touches the
+user's registry; the wheelhouse in .state/ is shared with `nox -s build` (downloads happen once).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from builder import engine, labels, registry
+
+pytestmark = pytest.mark.docker
+
+CPU = "2.13.0-py3.11-cpu-runtime"
+SLIM = "2.15.0-py3.11-cuda-slim"
+DEVEL = "2.15.0-py3.11-cuda-devel"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """A matrix pointing at a fresh registry on a free port; images removed afterwards."""
+    tmp = tmp_path_factory.mktemp("e2e")
+    port = free_port()
+    addr = f"127.0.0.1:{port}"
+    data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    data["registry"] = addr
+    matrix_path = tmp / "matrix.yaml"
+    matrix_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    storage = tmp / "registry"
+    registry.start(addr, storage)
+    made: list[str] = []
+    yield {"matrix": matrix_path, "addr": addr, "tmp": tmp, "made": made}
+    registry.stop(storage)
+    refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
+                         "--filter", f"reference={addr}/*").stdout.split()
+    for ref in refs + made:
+        engine.remove_image(ref)
+
+
+def builder(env, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "builder", *args[:1], "--matrix", str(env["matrix"]), *args[1:]],
+        capture_output=True, text=True, cwd=ROOT, check=False, timeout=3600)
+    if check and result.returncode != 0:
+        pytest.fail(f"builder {' '.join(args)} exited {result.returncode}\n"
+                    f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+    return result
+
+
+def image_of(env, variant_id: str) -> str:
+    plan = json.loads(builder(env, "plan", "--select", f"id={variant_id}", "--json").stdout)
+    return plan["include"][0]["image"]
+
+
+def run_in(image: str, *cmd: str, user: str | None = None) -> str:
+    args = ["run", "--rm", "--network", "none"] + (["--user", user] if user else [])
+    return engine.docker(*args, image, *cmd, timeout=900).stdout
+
+
+@pytest.fixture(scope="module")
+def built(env):
+    for variant in (CPU, SLIM, DEVEL):
+        builder(env, "build", "--select", f"id={variant}", "--force")
+    return {v: image_of(env, v) for v in (CPU, SLIM, DEVEL)}
+
+
+def test_images_carry_their_facts_and_user(built):
+    for variant, image in built.items():
+        lab = engine.image_labels(image)
+        assert lab[labels.VARIANT] == variant
+        for key in ("created", "revision", "base.name", "base.digest", "licenses", "version"):
+            assert lab[labels.OCI + key], key
+        assert len(lab[labels.CONTENT_HASH]) == 64 and len(lab[labels.LOCK_HASH]) == 64
+        config = engine.inspect_image(image)["Config"]
+        env_vars = dict(e.split("=", 1) for e in config["Env"])
+        if variant == CPU:
+            assert lab[labels.CUDA] == "" and "NVIDIA_REQUIRE_CUDA" not in env_vars
+        else:
+            assert lab[labels.CUDA] == "13.2" and lab[labels.CUDNN].startswith("9.")
+            assert env_vars["NVIDIA_REQUIRE_CUDA"] == "cuda>=13.2"
+            assert env_vars["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+        assert config["User"] == ("0:0" if variant == DEVEL else "1000:1000")
+    assert "triton" in engine.image_labels(built[SLIM])[labels.DROPPED]
+
+
+def test_cpu_image_runs_torch_as_uid_1000(built):
+    out = run_in(built[CPU], "python", "-c",
+                 "import os, torch, numpy; print(os.getuid(), torch.__version__)")
+    assert out.split() == ["1000", "2.13.0+cpu"]
+
+
+def test_devel_nvcc_matches_torch_cuda_and_compiles_an_extension(built):
+    script = r"""
+import re, subprocess, tempfile, os, torch
+from torch.utils.cpp_extension import CUDAExtension, BuildExtension
+nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
+release = re.search(r"release (\d+\.\d+)", nvcc).group(1)
+print("nvcc", release, "torch", torch.version.cuda)
+assert release == ".".join(torch.version.cuda.split(".")[:2])
+d = tempfile.mkdtemp()
+open(os.path.join(d, "k.cu"), "w").write('''
+#include <torch/extension.h>
+__global__ void add_one(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1; }
+void launch(torch::Tensor x) { add_one<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), x.numel()); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("launch", &launch); }
+''')
+from setuptools import setup
+os.chdir(d)
+os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
+setup(name="k", ext_modules=[CUDAExtension("k", ["k.cu"])], cmdclass={"build_ext": BuildExtension},
+      script_args=["build_ext", "--inplace", "-q"])
+print("built", [f for f in os.listdir(d) if f.endswith(".so")])
+"""
+    out = run_in(built[DEVEL], "python", "-c", script)
+    assert "nvcc 13.2 torch 13.2" in out
+    assert "built ['k." in out
+
+
+def test_cuda_image_on_cpu_host_is_honest_and_require_gpu_fails(env, built):
+    report_path = env["tmp"] / "slim-smoke.json"
+    result = builder(env, "smoke", built[SLIM], "--require-gpu", "--report", str(report_path),
+                     check=False)
+    assert result.returncode != 0
+    report = json.loads(report_path.read_text())
+    statuses = {c["name"]: c for c in report["checks"]}
+    assert statuses["cuda"]["status"] == "fail"
+    assert statuses["cuda"].get("original_status") in ("skip", "substituted")
+    assert not any(c["status"] == "pass" for n, c in statuses.items()
+                   if n in ("cuda", "cudnn_conv", "nccl_allreduce"))
+
+
+def test_second_build_builds_nothing(env, built):
+    result = builder(env, "build", "--select", f"id={CPU}")
+    assert "0 of 1 variants to build" in result.stderr
+
+
+def test_sboms_have_deb_pypi_and_cuda_components(built):
+    from builder import state
+
+    for variant, image in built.items():
+        image_id = engine.inspect_image(image)["Id"]
+        doc = json.loads(state.sbom_path(image_id).read_text())
+        purls = [c.get("purl", "") for c in _components(doc)]
+        assert any(p.startswith("pkg:deb/debian/") for p in purls), variant
+        assert any(p.startswith("pkg:pypi/torch@") for p in purls), variant
+        if variant != CPU:
+            assert any(p.startswith("pkg:generic/nvidia/") for p in purls), variant
+    cpu_doc = json.loads(state.sbom_path(engine.inspect_image(built[CPU])["Id"]).read_text())
+    torch = next(c for c in _components(cpu_doc) if c.get("name") == "torch")
+    assert torch["version"] == "2.13.0+cpu" and torch.get("licenses")
+
+
+def _components(doc):
+    stack = list(doc.get("components", []))
+    while stack:
+        c = stack.pop()
+        yield c
+        stack.extend(c.get("components", []))
+
+
+def test_publish_and_pull_back_by_digest(env, built):
+    manifest = env["tmp"] / "published.json"
+    builder(env, "publish", "--select", f"id={CPU}", "--manifest", str(manifest))
+    builder(env, "publish", "--select", f"id={SLIM}", "--allow-cpu-smoke",
+            "--manifest", str(manifest))
+    published = json.loads(manifest.read_text())
+    text = json.dumps(published)
+    for variant in (CPU, SLIM):
+        assert variant in text
+    entries = _entries(published)
+    assert {e["variant"] for e in entries} >= {CPU, SLIM}
+    for e in entries:
+        ref = e["pull"]
+        assert ref.startswith(env["addr"] + "/torch@sha256:")
+        engine.docker("pull", ref, timeout=1800)
+        pulled = engine.inspect_image(ref)
+        assert pulled["Config"]["Labels"][labels.VARIANT] == e["variant"]
+        digest = ref.split("@", 1)[1]
+        for tag in e["tags"]:
+            head = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--raw",
+                                   f"docker://{env['addr']}/torch:{tag}"],
+                                  capture_output=True, text=True, check=False)
+            assert head.returncode == 0, (tag, head.stderr)
+        sbom_tag = f"sha256-{digest.split(':')[1]}.sbom"
+        art = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--raw",
+                              f"docker://{env['addr']}/torch:{sbom_tag}"],
+                             capture_output=True, text=True, check=False)
+        assert art.returncode == 0, art.stderr
+        if e["variant"] == SLIM:
+            assert e.get("allow_cpu_smoke") is True
+
+
+def _entries(published):
+    """Latest publication per variant, whatever nesting the manifest uses."""
+    out = []
+    variants = published.get("variants", published)
+    for vid, value in variants.items():
+        pubs = value if isinstance(value, list) else value.get("publications", [value])
+        latest = dict(pubs[-1])
+        latest.setdefault("variant", vid)
+        latest["pull"] = latest.get("pull") or latest.get("pull_by_digest") or latest.get("ref")
+        out.append(latest)
+    return out
