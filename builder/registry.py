@@ -1,4 +1,4 @@
-"""`builder registry start|stop|status`: a local registry (Debian's `docker-registry`, distribution 2.8).
+"""`builder registry start|stop|status`: a local registry (Debian's `docker-registry` 2.8).
 
 Everything lives in one folder (default `<state>/registry/`): `config.yml`, `storage/`,
 `registry.pid`, `registry.log`. `start` is idempotent and returns once `GET /v2/` answers.

@@ -1,0 +1,360 @@
+"""`builder publish` and `builder registry`: gates, dated tags, artifacts, published.json.
+
+Docker tests push tiny `FROM scratch` images (one small file each, labelled like build.py does) to
+a registry on a free loopback port with storage in tmp; smoke reports and SBOMs are fakes that
+match their schemas, written into a temporary BUILDER_STATE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from builder import engine, labels, matrix, plan, publish, registry, smoke
+from builder.errors import BuilderError
+from builder.registry import RegistryError
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU_ID = "2.13.0-py3.11-cpu-runtime"
+CUDA_ID = "2.15.0-py3.11-cuda-runtime"
+DATE = "20260102"
+SCHEMA = json.loads(publish.SCHEMA_PATH.read_text())
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tags(addr: str, repo: str) -> list[str]:
+    try:
+        with urllib.request.urlopen(f"http://{addr}/v2/{repo}/tags/list", timeout=5) as r:
+            return sorted(json.load(r)["tags"] or [])
+    except urllib.error.HTTPError:
+        return []
+
+
+def digest_at(addr: str, repo: str, tag: str) -> str | None:
+    desc = publish.head_manifest(addr, repo, tag)
+    return desc.digest if desc else None
+
+
+def get_manifest(addr: str, repo: str, ref: str) -> dict[str, Any]:
+    req = urllib.request.Request(f"http://{addr}/v2/{repo}/manifests/{ref}",
+                                 headers={"Accept": ", ".join(plan.MANIFEST_TYPES)})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return json.load(r)
+
+
+def smoke_report(image_id: str, accelerator: str, *, status: str = "pass",
+                 require_gpu: bool = False) -> dict[str, Any]:
+    gpu = "pass" if require_gpu else "substituted"
+    checks = {"env": status, "cuda": "pass" if require_gpu else "skip", "cudnn_conv": gpu}
+    return {
+        "schema_version": 1, "image": {"ref": None, "id": image_id, "digest": None},
+        "facts": {"accelerator": accelerator, "torch": "2.15.0", "python": "3.11"},
+        "host": {"gpus": [], "driver": None}, "require_gpu": require_gpu,
+        "started": "2026-01-02T00:00:00+00:00", "finished": "2026-01-02T00:01:00+00:00",
+        "status": status,
+        "checks": [{"name": n, "status": s, "duration_s": 0.1, "message": n, "metrics": {}}
+                   for n, s in checks.items()],
+    }
+
+
+SBOM_DOC = {"bomFormat": "CycloneDX", "specVersion": "1.6", "version": 1,
+            "serialNumber": "urn:uuid:3e671687-395b-41f5-a30f-a58921a69b79"}
+
+
+# ---- fixtures ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def registry_addr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    folder = tmp_path_factory.mktemp("registry")
+    addr = f"127.0.0.1:{free_port()}"
+    registry.start(addr, folder)
+    yield addr
+    registry.stop(folder)
+
+
+@pytest.fixture(scope="session")
+def base_matrix() -> matrix.Matrix:
+    return matrix.load(ROOT / "matrix.yaml")
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    state_dir = tmp_path / "state"
+    monkeypatch.setenv("BUILDER_STATE", str(state_dir))
+    monkeypatch.setattr(publish, "BACKOFF_S", (0.05, 0.05, 0.05))
+    monkeypatch.setattr(publish, "today", lambda: DATE)
+    return state_dir
+
+
+class Images:
+    """Builds tiny labelled images for one test and removes them afterwards."""
+
+    def __init__(self, tmp: Path, m: matrix.Matrix) -> None:
+        self.tmp, self.matrix, self.ids = tmp, m, []
+        self.smoke_hash = plan.smoke_files_hash()
+
+    def planned(self, vid: str, content_hash: str) -> plan.PlannedVariant:
+        p = plan.plan_variant(self.matrix, self.matrix.variant(vid), ROOT / "locks", None,
+                              self.smoke_hash)
+        return dataclasses.replace(p, content_hash=content_hash)
+
+    def build(self, vid: str, *, nonce: str = "", smoke_ok: bool = True,
+              smoke_gpu: bool = False, sbom_ok: bool = True
+              ) -> tuple[plan.PlannedVariant, str]:
+        """Image for `vid` tagged as build.py tags it; returns (its plan, its id)."""
+        content_hash = uuid.uuid4().hex * 2
+        p = self.planned(vid, content_hash)
+        ctx = self.tmp / f"ctx-{uuid.uuid4().hex[:8]}"
+        ctx.mkdir()
+        (ctx / "nonce").write_text(nonce or uuid.uuid4().hex)
+        (ctx / "Dockerfile").write_text("FROM scratch\nCOPY nonce /nonce\n")
+        ref = f"{self.matrix.image_name}:{p.floating_tag}"
+        engine.docker("build", "-q", "-t", ref, "--label", f"{labels.CONTENT_HASH}={content_hash}",
+                      "--label", f"{labels.ACCELERATOR}={p.variant.accelerator}", str(ctx))
+        image_id = engine.inspect_image(ref)["Id"]
+        self.ids.append(image_id)
+        if smoke_ok is not None:
+            report = smoke_report(image_id, p.variant.accelerator,
+                                  status="pass" if smoke_ok else "fail", require_gpu=smoke_gpu)
+            smoke.store_report(report, image_id, None)
+        if sbom_ok:
+            path = publish.sbom_file(image_id)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(SBOM_DOC))
+        return p, image_id
+
+    def cleanup(self) -> None:
+        for image_id in self.ids:
+            engine.remove_image(image_id)
+
+
+@pytest.fixture
+def images(tmp_path: Path, env: Path, registry_addr: str,
+           base_matrix: matrix.Matrix) -> Iterator[Images]:
+    # One repository per test: tests do not see each other's tags.
+    m = dataclasses.replace(base_matrix, registry=registry_addr,
+                            repository=f"publish-test-{uuid.uuid4().hex[:8]}")
+    made = Images(tmp_path, m)
+    yield made
+    made.cleanup()
+
+
+def run(images: Images, planned: list[plan.PlannedVariant], tmp_path: Path, **kw: Any
+        ) -> list[dict[str, Any]]:
+    kw.setdefault("allow_cpu_smoke", False)
+    return publish.publish_variants(images.matrix, planned, manifest=tmp_path / "published.json",
+                                    **kw)
+
+
+# ---- the gate ----------------------------------------------------------------------------------
+
+
+@pytest.mark.docker
+def test_refused_on_failed_smoke(images: Images, tmp_path: Path) -> None:
+    p, _ = images.build(CPU_ID, smoke_ok=False)
+    [result] = run(images, [p], tmp_path)
+    assert result["status"] == "refused" and "smoke failed" in result["reason"]
+    assert tags(images.matrix.registry, images.matrix.repository) == []
+    assert not (tmp_path / "published.json").exists()
+
+
+@pytest.mark.docker
+def test_refused_on_missing_smoke_report(images: Images, tmp_path: Path) -> None:
+    p, image_id = images.build(CPU_ID)
+    smoke.report_file(image_id).unlink()
+    [result] = run(images, [p], tmp_path)
+    assert result["status"] == "refused" and "no smoke report" in result["reason"]
+    assert tags(images.matrix.registry, images.matrix.repository) == []
+
+
+@pytest.mark.docker
+def test_refused_on_missing_or_invalid_sbom(images: Images, tmp_path: Path) -> None:
+    p, image_id = images.build(CPU_ID, sbom_ok=False)
+    [result] = run(images, [p], tmp_path)
+    assert result["status"] == "refused" and "no SBOM" in result["reason"]
+    publish.sbom_file(image_id).write_text(json.dumps({**SBOM_DOC, "specVersion": "0.1"}))
+    [result] = run(images, [p], tmp_path)
+    assert result["status"] == "refused" and "not valid CycloneDX" in result["reason"]
+    assert tags(images.matrix.registry, images.matrix.repository) == []
+
+
+@pytest.mark.docker
+def test_stale_image_refused(images: Images, tmp_path: Path) -> None:
+    p, _ = images.build(CPU_ID)
+    stale = dataclasses.replace(p, content_hash="0" * 64)
+    [result] = run(images, [stale], tmp_path)
+    assert result["status"] == "refused" and "stale image" in result["reason"]
+
+
+@pytest.mark.docker
+def test_cuda_image_with_cpu_smoke(images: Images, tmp_path: Path) -> None:
+    p, _ = images.build(CUDA_ID, smoke_gpu=False)
+    [result] = run(images, [p], tmp_path)
+    assert result["status"] == "refused" and "--require-gpu" in result["reason"]
+    assert tags(images.matrix.registry, images.matrix.repository) == []
+
+    [result] = run(images, [p], tmp_path, allow_cpu_smoke=True)
+    assert result["status"] == "published"
+    assert (result["smoke_gpu"], result["allow_cpu_smoke"]) == (False, True)
+    # Aliases move with the floating tag.
+    repo = images.matrix.repository
+    assert digest_at(images.matrix.registry, repo, "latest-runtime") == result["digest"]
+    doc = json.loads((tmp_path / "published.json").read_text())
+    assert doc["variants"][CUDA_ID]["publications"][0]["allow_cpu_smoke"] is True
+
+
+# ---- publishing --------------------------------------------------------------------------------
+
+
+@pytest.mark.docker
+def test_publish_tags_artifacts_and_manifest(images: Images, tmp_path: Path) -> None:
+    p, image_id = images.build(CPU_ID)
+    [result] = run(images, [p], tmp_path)
+    assert result["status"] == "published", result
+    addr, repo, digest = images.matrix.registry, images.matrix.repository, result["digest"]
+    hexd = digest.removeprefix("sha256:")
+    dated = f"{p.floating_tag}-{DATE}"
+    assert tags(addr, repo) == sorted([dated, p.hash_tag, p.floating_tag,
+                                       f"sha256-{hexd}.sbom", f"sha256-{hexd}.smoke"])
+    for tag in (dated, p.hash_tag, p.floating_tag):
+        assert digest_at(addr, repo, tag) == digest
+    # Each artifact names the image as its subject and carries the file it stands for.
+    for kind, media_type in (("sbom", publish.SBOM_TYPE), ("smoke", publish.SMOKE_TYPE)):
+        art = get_manifest(addr, repo, f"sha256-{hexd}.{kind}")
+        assert art["artifactType"] == media_type
+        assert art["subject"]["digest"] == digest
+        assert art["annotations"][publish.REF_NAME] == f"sha256-{hexd}.{kind}"
+        assert art["layers"][0]["mediaType"] == media_type
+    doc = json.loads((tmp_path / "published.json").read_text())
+    jsonschema.validate(doc, SCHEMA)
+    [pub] = doc["variants"][CPU_ID]["publications"]
+    assert pub["reference"] == f"{addr}/{repo}@{digest}"
+    assert pub["dated_tag"] == dated and pub["image_id"] == image_id
+    assert pub["sbom"]["tag"] == f"sha256-{hexd}.sbom"
+    assert (pub["smoke_gpu"], pub["allow_cpu_smoke"]) == (False, False)
+    assert "password" not in json.dumps(doc).lower()
+    # `builder plan` now sees the variant as up to date in the registry.
+    assert plan.registry_has(addr, repo, p.hash_tag)
+    # Only the floating tag stays on the local image.
+    assert engine.inspect_image(f"{images.matrix.image_name}:{dated}") is None
+
+
+@pytest.mark.docker
+def test_same_day_republish(images: Images, tmp_path: Path) -> None:
+    addr, repo = images.matrix.registry, images.matrix.repository
+    p1, _ = images.build(CPU_ID, nonce="one")
+    [first] = run(images, [p1], tmp_path)
+    p2, _ = images.build(CPU_ID, nonce="two")
+    [second] = run(images, [p2], tmp_path)
+    assert second["status"] == "published" and second["digest"] != first["digest"]
+    base = f"{p1.floating_tag}-{DATE}"
+    assert second["dated_tag"] == base + ".1"
+    assert digest_at(addr, repo, base) == first["digest"]  # never overwritten
+    assert digest_at(addr, repo, base + ".1") == second["digest"]
+    assert digest_at(addr, repo, p1.floating_tag) == second["digest"]
+
+    # The same digest again: the same dated tag, no new tag, no new history entry.
+    before = tags(addr, repo)
+    [again] = run(images, [p2], tmp_path)
+    assert again["dated_tag"] == base + ".1" and again["digest"] == second["digest"]
+    assert tags(addr, repo) == before
+    history = json.loads((tmp_path / "published.json").read_text())["variants"][CPU_ID]
+    assert [h["dated_tag"] for h in history["publications"]] == [base, base + ".1"]
+
+
+@pytest.mark.docker
+def test_registry_down_leaves_floating_tag(images: Images, tmp_path: Path,
+                                           tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Its own registry, so stopping it does not disturb the session's.
+    folder = tmp_path_factory.mktemp("down-registry")
+    addr = f"127.0.0.1:{free_port()}"
+    registry.start(addr, folder)
+    try:
+        images.matrix = dataclasses.replace(images.matrix, registry=addr)
+        p1, _ = images.build(CPU_ID, nonce="before")
+        [first] = run(images, [p1], tmp_path)
+        p2, _ = images.build(CPU_ID, nonce="after")
+        registry.stop(folder)
+        assert not registry.is_up(addr)
+        with pytest.raises(RegistryError, match=addr) as exc:
+            run(images, [p2], tmp_path)
+        assert "no floating tag was moved" in (exc.value.hint or "")
+        registry.start(addr, folder)
+        assert digest_at(addr, images.matrix.repository, p1.floating_tag) == first["digest"]
+        history = json.loads((tmp_path / "published.json").read_text())["variants"][CPU_ID]
+        assert len(history["publications"]) == 1
+    finally:
+        registry.stop(folder)
+
+
+@pytest.mark.docker
+def test_dry_run_pushes_nothing(images: Images, tmp_path: Path) -> None:
+    p, _ = images.build(CPU_ID)
+    [result] = run(images, [p], tmp_path, dry_run=True)
+    assert result["status"] == "would-publish"
+    assert p.floating_tag in result["tags"] and p.hash_tag in result["tags"]
+    assert tags(images.matrix.registry, images.matrix.repository) == []
+    assert not (tmp_path / "published.json").exists()
+
+
+@pytest.mark.docker
+def test_registry_start_is_idempotent(registry_addr: str, tmp_path: Path) -> None:
+    assert registry.is_up(registry_addr)
+    registry.start(registry_addr, tmp_path / "unused")  # already up: starts nothing
+    assert not (tmp_path / "unused" / "registry.pid").exists()
+
+
+# ---- no Docker ---------------------------------------------------------------------------------
+
+
+def test_dated_tag_skips_other_digests(monkeypatch: pytest.MonkeyPatch,
+                                       base_matrix: matrix.Matrix) -> None:
+    taken = {"t-20260102": "sha256:" + "a" * 64, "t-20260102.1": "sha256:" + "b" * 64}
+
+    def fake(registry: str, repo: str, ref: str) -> publish.Descriptor | None:
+        return publish.Descriptor(taken[ref], publish.OCI_MANIFEST, 1) if ref in taken else None
+
+    monkeypatch.setattr(publish, "head_manifest", fake)
+    assert publish.dated_tag(base_matrix, "t", DATE, set()) == ("t-20260102.2", None)
+    mine = {"sha256:" + "b" * 64}
+    assert publish.dated_tag(base_matrix, "t", DATE, mine) == ("t-20260102.1", "sha256:" + "b" * 64)
+
+
+def test_retry_names_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(publish, "BACKOFF_S", (0, 0, 0))
+    calls = []
+
+    def fail() -> None:
+        calls.append(1)
+        raise OSError("connection refused")
+
+    with pytest.raises(RegistryError, match="registry `r.example:5000`"):
+        publish.retry("reading x", "r.example:5000", fail)
+    assert len(calls) == 4
+
+
+def test_manifest_rejects_invalid(tmp_path: Path) -> None:
+    path = tmp_path / "published.json"
+    path.write_text(json.dumps({"schema_version": 1, "variants": {"x": {"publications": []}}}))
+    with pytest.raises(BuilderError, match="published.json"):
+        publish.load_manifest(path)
+    assert publish.load_manifest(tmp_path / "none.json") == {"schema_version": 1, "variants": {}}
