@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "builder.sbom",
     "builder.registry",
     "builder.publish",
+    "builder.rebuild",
 ]
 
 

@@ -76,8 +76,8 @@ class Candidate:
 
 
 def sbom_file(image_id: str) -> Path:
-    """Where `builder build` stores an image's SBOM: `<state>/sbom/<image-id-hex>.json`."""
-    return state.root() / "sbom" / f"{image_id.removeprefix('sha256:')}.json"
+    """Where `builder build` stores an image's SBOM."""
+    return state.sbom_path(image_id)
 
 
 def gate(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: bool) -> Candidate:

@@ -334,7 +334,7 @@ def native_lib_component(lib: NativeLib, owner: pydist.Dist | None) -> Component
     base = posixpath.basename(lib.path)
     m = _SONAME_RE.match(base)
     stem, so_version = (m["stem"], m["ver"] or "") if m else (base, "")
-    namespace = "nvidia" if lib.rel.startswith("nvidia/") else (owner.key if owner else "unknown")
+    namespace = "nvidia" if lib.rel.startswith("nvidia/") else lib.rel.split("/", 1)[0]
     version = owner.version if owner else (so_version or None)
     # The checksum qualifier keeps two different files with one name and version apart.
     purl = PackageURL(type="generic", namespace=namespace, name=stem, version=version,

@@ -192,7 +192,7 @@ def test_refused_on_missing_or_invalid_sbom(images: Images, tmp_path: Path) -> N
     [result] = run(images, [p], tmp_path)
     assert result["status"] == "refused" and "no SBOM" in result["reason"]
     publish.sbom_file(image_id).parent.mkdir(parents=True, exist_ok=True)
-    publish.sbom_file(image_id).write_text(json.dumps({**SBOM_DOC, "specVersion": "0.1"}))
+    publish.sbom_file(image_id).write_text(json.dumps({**SBOM_DOC, "bomFormat": "SPDX"}))
     [result] = run(images, [p], tmp_path)
     assert result["status"] == "refused" and "not valid CycloneDX" in result["reason"]
     assert tags(images.matrix.registry, images.matrix.repository) == []

@@ -1,0 +1,1 @@
+"""Benchmarks of the pipeline against a naive Dockerfile and syft: `python -m bench [--full]`."""

@@ -1,0 +1,48 @@
+"""Bytes shared between images: layer diff ids (`docker image inspect`), sizes (`docker history`).
+
+`docker history` lists one row per history entry, newest first, with the uncompressed size of the
+layer it made (0 for metadata-only entries). The non-empty rows, oldest first, line up with the
+image's RootFS diff ids minus the empty layer; when the counts differ the pairing is marked
+approximate (sizes are paired from the top, which keeps the shared base layers' sizes right).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from builder import engine
+
+EMPTY_LAYER = "sha256:5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef"
+
+
+def layer_sizes(ref: str) -> tuple[list[tuple[str, int]], bool]:
+    """(diff id, bytes) of each layer of `ref`, oldest first; and whether the pairing is exact."""
+    info = engine.inspect_image(ref)
+    if info is None:
+        raise ValueError(f"no image {ref}")
+    layers = [d for d in info["RootFS"]["Layers"] if d != EMPTY_LAYER]
+    out = engine.docker("history", "--no-trunc", "--human=false", "--format", "{{.Size}}", ref)
+    sizes = [int(s) for s in reversed(out.stdout.split()) if s.isdigit() and int(s) > 0]
+    exact = len(sizes) == len(layers)
+    if not exact:
+        sizes = (sizes + [0] * len(layers))[: len(layers)]
+    return list(zip(layers, sizes, strict=True)), exact
+
+
+def sharing(refs: list[str]) -> dict[str, Any]:
+    """Sum of image sizes against the bytes of their unique layers."""
+    total = 0
+    unique: dict[str, int] = {}
+    exact = True
+    per_image = {}
+    for ref in refs:
+        info = engine.inspect_image(ref) or {}
+        size = int(info.get("Size", 0))
+        total += size
+        pairs, ok = layer_sizes(ref)
+        exact &= ok
+        per_image[ref] = {"size": size, "layers": len(pairs)}
+        for diff_id, n in pairs:
+            unique[diff_id] = max(unique.get(diff_id, 0), n)
+    return {"images": per_image, "sum_of_sizes": total, "unique_bytes": sum(unique.values()),
+            "unique_layers": len(unique), "exact": exact}

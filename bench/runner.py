@@ -1,0 +1,472 @@
+"""`python -m bench [--quick|--full]`: the pipeline's figures against a naive Dockerfile and syft.
+
+--quick (default) uses the CPU torch (runtime + slim); --full adds the CUDA torch 2.15.0 (py3.11
+runtime, slim, devel) and times the CUDA runtime's cold build instead of the CPU one.
+
+Writes bench/results.json and bench/RESULTS.md and prints each figure as one line
+`name: value unit (baseline value, ratio)`. Every image built for the naive baseline is removed.
+Builds run through `python -m builder` (as a user would); Docker only via builder.engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench import layers, naive
+from builder import engine, locks, matrix, render
+from builder.output import human_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+CPU_TORCH = "2.13.0+cpu"
+CUDA_TORCH = "2.15.0"
+PYTHON = "3.11"
+EXTRA_PACKAGE = "six"
+
+
+@dataclass
+class Figure:
+    name: str
+    value: float | int | str
+    unit: str = ""
+    baseline: float | int | str | None = None
+    ratio: float | None = None
+    note: str = ""
+
+    def line(self) -> str:
+        value = _fmt(self.value)
+        tail = (f" (baseline {_fmt(self.baseline)} {self.unit}".rstrip()
+                + (f", {self.ratio:.2f}×" if self.ratio is not None else "") + ")"
+                if self.baseline is not None else " (no baseline)")
+        note = f"  [{self.note}]" if self.note else ""
+        return f"{self.name}: {value} {self.unit}".rstrip() + tail + note
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)
+
+
+def _mb(n: int) -> float:
+    return round(n / 1e6, 1)
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
+
+
+@dataclass
+class Results:
+    mode: str
+    machine: dict[str, Any] = field(default_factory=dict)
+    figures: list[Figure] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, fig: Figure) -> None:
+        self.figures.append(fig)
+        print(fig.line(), flush=True)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def log(msg: str) -> None:
+    print(f"# {msg}", file=sys.stderr, flush=True)
+
+
+def builder_cli(*args: str, env: dict[str, str] | None = None,
+                timeout: float = 4 * 3600) -> tuple[float, Any, str]:
+    """Run `python -m builder ARGS --json`; returns (seconds, parsed stdout, stderr)."""
+    argv = [sys.executable, "-m", "builder", *args, "--json"]
+    log("$ " + " ".join(argv[1:]) + (f"  (env {env})" if env else ""))
+    start = time.monotonic()
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, **(env or {})}, check=False)
+    seconds = time.monotonic() - start
+    if result.returncode != 0:
+        raise RuntimeError(f"`builder {' '.join(args)}` exited {result.returncode}:\n"
+                           + (result.stderr + result.stdout)[-3000:])
+    try:
+        data = json.loads(result.stdout) if result.stdout.strip() else None
+    except json.JSONDecodeError:
+        data = None
+    return seconds, data, result.stderr
+
+
+def build(select: list[str], *extra: str, env: dict[str, str] | None = None
+          ) -> tuple[float, list[dict[str, Any]]]:
+    sel = [a for s in select for a in ("--select", s)]
+    seconds, data, _ = builder_cli("build", *sel, "--no-smoke", "--no-sbom", *extra, env=env)
+    return seconds, data or []
+
+
+def prune_builder_cache() -> None:
+    log("docker builder prune -af")
+    engine.docker("builder", "prune", "-af", timeout=1800)
+
+
+def image_ref(m: matrix.Matrix, variant_id: str) -> str:
+    _, data, _ = builder_cli("plan", "--offline", "--select", f"id={variant_id}")
+    return data["include"][0]["image"]
+
+
+def image_size(ref: str) -> int:
+    return int((engine.inspect_image(ref) or {}).get("Size", 0))
+
+
+def image_id(ref: str) -> str:
+    return str((engine.inspect_image(ref) or {}).get("Id", ""))
+
+
+def du_top(ref: str, n: int = 12) -> list[tuple[int, str]]:
+    """Largest directories (KiB) under /opt and /usr inside the image."""
+    out = engine.docker("run", "--rm", "--entrypoint", "du", ref, "-x", "-d", "3", "/opt", "/usr",
+                        check=False, timeout=600)
+    rows = []
+    for line in out.stdout.splitlines():
+        parts = line.split("\t", 1)
+        if len(parts) == 2 and parts[0].isdigit():
+            rows.append((int(parts[0]), parts[1]))
+    return sorted(rows)[-n:]
+
+
+def machine_facts() -> dict[str, Any]:
+    info = engine.ensure_engine()
+    mem = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cores": os.cpu_count(),
+        "memory": human_bytes(mem) if mem else "?",
+        "docker": str(info.get("ServerVersion", "?")),
+        "storage_driver": str(info.get("Driver", "?")),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "disk_free": human_bytes(shutil.disk_usage("/").free),
+        "gpu": "none" if not shutil.which("nvidia-smi") else "nvidia-smi present",
+    }
+
+
+# ---------------------------------------------------------------- the sections
+
+
+def section_sizes(res: Results, m: matrix.Matrix, torch: str, flavors: list[str],
+                  naive_key: str) -> None:
+    """1. Size per flavor vs the naive image (also the naive cold build time)."""
+    variants = {v.flavor: v for v in m.variants
+                if v.torch == torch and v.python == PYTHON and v.flavor in flavors}
+    select = [f"torch={torch}", f"python={PYTHON}"]
+    log(f"building {sorted(v.id for v in variants.values())} (no-op when up to date)")
+    for flavor in flavors:
+        build([*select, f"flavor={flavor}"])
+    any_variant = next(iter(variants.values()))
+    prune_builder_cache()
+    log(f"naive cold build of torch {torch} py{PYTHON}")
+    nb = naive.build(torch, PYTHON, any_variant.find_links,
+                     ROOT / ".state" / "logs" / f"bench-naive-{naive_key}.log")
+    try:
+        res.details.setdefault("naive", {})[naive_key] = {
+            "dockerfile": nb.dockerfile, "seconds": round(nb.seconds, 1), "size": nb.size}
+        res.details.setdefault("naive_seconds", {})[naive_key] = nb.seconds
+        for flavor in flavors:
+            v = variants[flavor]
+            ref = image_ref(m, v.id)
+            size = image_size(ref)
+            res.details.setdefault("images", {})[v.id] = ref
+            res.add(Figure(f"size {v.id}", _mb(size), "MB", _mb(nb.size),
+                           _ratio(size, nb.size), "ours/naive"))
+            if flavor == "slim":
+                top = du_top(ref)
+                res.details.setdefault("slim_du", {})[v.id] = top
+                for kib, path in reversed(top[-5:]):
+                    log(f"  slim {v.id}: {kib / 1024:.0f} MiB {path}")
+        naive_top = du_top(nb.tag)
+        res.details.setdefault("naive_du", {})[naive_key] = naive_top
+    finally:
+        naive.remove(nb.tag)
+
+
+def section_build_times(res: Results, m: matrix.Matrix, variant_id: str, naive_key: str,
+                        empty_wheelhouse: bool) -> None:
+    """2. Cold build, cold build with an empty wheelhouse, warm no-op."""
+    naive_s = res.details.get("naive_seconds", {}).get(naive_key)
+    prune_builder_cache()
+    seconds, outcomes = build([f"id={variant_id}"], "--force")
+    built = [o for o in outcomes if o.get("state") == "built"]
+    res.add(Figure(f"cold build {variant_id} (warm wheelhouse)", round(seconds, 1), "s",
+                   round(naive_s, 1) if naive_s else None,
+                   _ratio(seconds, naive_s) if naive_s else None,
+                   f"ours/naive; builder cache pruned, --force; wheels already on the host; "
+                   f"{len(built)} built"))
+    if empty_wheelhouse:
+        with tempfile.TemporaryDirectory(prefix="bench-state-", dir=ROOT / ".state") as tmp:
+            prune_builder_cache()
+            seconds, outcomes = build([f"id={variant_id}"], "--force",
+                                      env={"BUILDER_STATE": tmp})
+            wh = Path(tmp) / "wheelhouse"
+            downloaded = sum(p.stat().st_size for p in wh.glob("*.whl")) if wh.exists() else 0
+            res.add(Figure(f"cold build {variant_id} (empty wheelhouse)", round(seconds, 1), "s",
+                           round(naive_s, 1) if naive_s else None,
+                           _ratio(seconds, naive_s) if naive_s else None,
+                           f"ours/naive; fresh BUILDER_STATE, {_mb(downloaded)} MB of wheels "
+                           "fetched (local find-links count as fetched)"))
+    seconds, outcomes = build([f"id={variant_id}"])
+    states = [o.get("state") for o in outcomes]
+    res.details["warm_noop_states"] = states
+    res.add(Figure(f"warm no-op build {variant_id}", round(seconds, 1), "s",
+                   note=f"built {states.count('built')} of {len(states)}: "
+                   + ", ".join(str(s) for s in states)))
+
+
+def section_incremental(res: Results, m: matrix.Matrix, torch: str) -> None:
+    """2b. Add one package to one variant via include; rebuild the selection."""
+    select = [f"torch={torch}", f"python={PYTHON}"]
+    selected = [v for v in m.variants if v.torch == torch and v.python == PYTHON]
+    target = next(v for v in selected if v.flavor == "runtime")
+    before = {v.id: image_id(image_ref(m, v.id)) for v in selected}
+    refs = {v.id: image_ref(m, v.id) for v in selected}
+    data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    entry = next((e for e in data.get("include", [])
+                  if str(e.get("torch")) == target.torch and str(e.get("python")) == PYTHON
+                  and e.get("flavor") == "runtime"), None)
+    if entry is None:
+        entry = {"torch": target.torch, "python": PYTHON, "flavor": "runtime",
+                 "accelerator": target.accelerator}
+        data.setdefault("include", []).append(entry)
+    entry["packages"] = [*entry.get("packages", []), EXTRA_PACKAGE]
+    new_ids: set[str] = set()
+    with tempfile.TemporaryDirectory(prefix="bench-incr-") as tmp:
+        tmatrix = Path(tmp) / "matrix.yaml"
+        tmatrix.write_text(yaml.safe_dump(data, sort_keys=False))
+        tlocks = Path(tmp) / "locks"
+        shutil.copytree(ROOT / "locks", tlocks)
+        sel = [a for s in select for a in ("--select", s)]
+        lock_s, _, _ = builder_cli("lock", "--matrix", str(tmatrix), "--locks", str(tlocks), *sel)
+        try:
+            seconds, outcomes = build(select, "--matrix", str(tmatrix), "--locks", str(tlocks))
+            rebuilt = [o["variant_id"] for o in outcomes if o.get("state") == "built"]
+            new_ids = {o["image_id"] for o in outcomes if o.get("image_id")}
+            res.details["incremental"] = {"rebuilt": rebuilt, "lock_seconds": round(lock_s, 1),
+                                          "states": {o["variant_id"]: o["state"]
+                                                     for o in outcomes}}
+            res.add(Figure(f"incremental (+{EXTRA_PACKAGE} on {target.id})", round(seconds, 1),
+                           "s", note=f"rebuilt {len(rebuilt)} of {len(outcomes)} variants "
+                           f"({', '.join(rebuilt) or 'none'}); lock took {lock_s:.1f} s"))
+        finally:
+            for vid, old in before.items():  # point the floating tags back at the shipped images
+                if old:
+                    engine.docker("tag", old, refs[vid], check=False)
+            for new in new_ids - set(before.values()):
+                engine.remove_image(new)
+
+
+def wheel_sizes(m: matrix.Matrix, variants: list[matrix.Variant]) -> tuple[int, int]:
+    """(sum over variants of their wheels' bytes, bytes of the distinct wheels)."""
+    from builder.wheelhouse import Wheelhouse, _hash_blocks
+
+    wh = Wheelhouse()
+    per_variant = 0
+    unique: dict[Path, int] = {}
+    for v in variants:
+        rendered = render.render(m, v, locks.require_lock(ROOT / "locks", v),
+                                 locks.read_base_lock(ROOT / "locks", v))
+        seen: set[Path] = set()
+        for s in rendered.steps:
+            for hashes in _hash_blocks(s.requirements):
+                path = wh.find(hashes)
+                if path is not None and path not in seen:
+                    seen.add(path)
+                    unique[path] = path.stat().st_size
+        per_variant += sum(unique[p] for p in seen)
+    return per_variant, sum(unique.values())
+
+
+def section_sharing(res: Results, m: matrix.Matrix, variant_ids: list[str]) -> None:
+    """3. Sum of image sizes vs unique layer bytes; wheel bytes per-variant vs shared."""
+    refs = [res.details["images"][vid] for vid in variant_ids if vid in res.details["images"]]
+    share = layers.sharing(refs)
+    res.details["sharing"] = share
+    res.add(Figure(f"unique layer bytes of {len(refs)} images", _mb(share["unique_bytes"]), "MB",
+                   _mb(share["sum_of_sizes"]), _ratio(share["unique_bytes"],
+                                                      share["sum_of_sizes"]),
+                   "baseline: sum of image sizes" + ("" if share["exact"]
+                                                     else "; layer sizes approximate")))
+    variants = [m.variant(vid) for vid in variant_ids]
+    per_variant, unique = wheel_sizes(m, variants)
+    res.add(Figure(f"wheel bytes for {len(variants)} variants", _mb(unique), "MB",
+                   _mb(per_variant), _ratio(unique, per_variant),
+                   "shared wheelhouse vs a download per variant"))
+
+
+def section_sbom(res: Results, ref: str) -> None:
+    """4. Our SBOM vs syft on the same image."""
+    from bench.sbom_vs_syft import compare
+
+    r = compare(ref)
+    res.details.setdefault("sbom", {})[ref] = r
+    s = r["seconds"]
+    res.add(Figure(f"sbom time {ref}", s["ours"], "s", s["syft"], _ratio(s["ours"], s["syft"]),
+                   "ours/syft"))
+    ours = r["components"]["ours"]
+    syft = r["components"]["syft"]
+    for kind in sorted(set(ours) | set(syft)):
+        res.add(Figure(f"sbom components {kind}", ours.get(kind, 0), "",
+                       syft.get(kind, 0), _ratio(ours.get(kind, 0), syft.get(kind, 0)),
+                       "ours vs syft"))
+    res.add(Figure("sbom purls syft finds that we do not", len(r["missed_by_us"]), "",
+                   note="must be 0" + (": " + ", ".join(r["missed_by_us"][:10])
+                                       if r["missed_by_us"] else "")))
+    res.add(Figure("sbom purls we add", len(r["added_by_us"]), "", note=", ".join(
+        r["added_by_us"][:8]) + (" …" if len(r["added_by_us"]) > 8 else "")))
+
+
+def section_plan_render(res: Results, m: matrix.Matrix, n_renders: int = 1000) -> None:
+    """5. `builder plan --offline` of the shipped matrix; 1,000 renders in-process."""
+    seconds, data, _ = builder_cli("plan", "--offline")
+    n = len((data or {}).get("include", []))
+    res.add(Figure(f"plan --offline ({n} variants)", round(seconds, 2), "s",
+                   note="whole CLI process, python start-up included"))
+    shipped = [(v, locks.require_lock(ROOT / "locks", v), locks.read_base_lock(ROOT / "locks", v))
+               for v in m.variants]
+    render.render(m, *shipped[0])  # warm the template cache
+    start = time.perf_counter()
+    for i in range(n_renders):
+        render.render(m, *shipped[i % len(shipped)])
+    seconds = time.perf_counter() - start
+    res.add(Figure(f"render x{n_renders} (shipped variants, in-process)", round(seconds, 2), "s",
+                   note=f"{seconds / n_renders * 1e3:.2f} ms per variant"))
+
+
+# ---------------------------------------------------------------- output
+
+
+def write_outputs(res: Results) -> None:
+    data = {"mode": res.mode, "machine": res.machine,
+            "figures": [asdict(f) for f in res.figures], "details": res.details,
+            "errors": res.errors}
+    (HERE / "results.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    lines = ["# Benchmark results", "",
+             f"`python -m bench --{res.mode}` — generated by bench/runner.py; do not edit.", "",
+             "## Machine", ""]
+    lines += [f"- {k}: {v}" for k, v in res.machine.items()]
+    lines += ["", "## Figures", "", "| figure | value | baseline | ratio | note |",
+              "|---|---|---|---|---|"]
+    for f in res.figures:
+        base = "-" if f.baseline is None else f"{_fmt(f.baseline)} {f.unit}".strip()
+        ratio = "-" if f.ratio is None else f"{f.ratio:.2f}"
+        lines.append(f"| {f.name} | {_fmt(f.value)} {f.unit} | {base} | {ratio} | "
+                     f"{f.note.replace('|', '/')} |")
+    lines += ["", "## How it was measured", "",
+              "- Naive baseline: the Dockerfile below, built with `DOCKER_BUILDKIT=1 --no-cache` "
+              "after `docker builder prune -af`, from the same local base image; it is removed "
+              "afterwards. It already uses `pip --no-cache-dir` and a bind mount for a local "
+              "torch wheel, so it is a fair (not a strawman) baseline.",
+              "- Ours: `python -m builder build --select id=… --force --no-smoke --no-sbom` after "
+              "`docker builder prune -af`. The *warm wheelhouse* figure reuses wheels already "
+              "downloaded to the host (`.state/wheelhouse`); the *empty wheelhouse* figure points "
+              "`BUILDER_STATE` at a fresh folder. Times are wall clock of the whole CLI.",
+              "- Sharing: unique layer bytes from `docker image inspect` diff ids paired with "
+              "`docker history` sizes (uncompressed).",
+              "- Incremental: a copy of matrix.yaml adds one package to one variant through its "
+              "include entry, locked into a copy of locks/; the floating tags are pointed back at "
+              "the shipped images afterwards and the extra images removed.", ""]
+    for key, nb in res.details.get("naive", {}).items():
+        lines += [f"### Naive Dockerfile ({key})", "", "```dockerfile", nb["dockerfile"].rstrip(),
+                  "```", ""]
+    for vid, top in res.details.get("slim_du", {}).items():
+        lines += [f"### Where the bytes of {vid} go (du -x -d 3 /opt /usr, KiB)", "", "```"]
+        lines += [f"{kib:>10}  {path}" for kib, path in top]
+        lines += ["```", ""]
+    for key, top in res.details.get("naive_du", {}).items():
+        lines += [f"### Naive image {key} (du -x -d 3 /opt /usr, KiB)", "", "```"]
+        lines += [f"{kib:>10}  {path}" for kib, path in top]
+        lines += ["```", ""]
+    for ref, r in res.details.get("sbom", {}).items():
+        lines += [f"### SBOM of {ref}", "",
+                  f"- purls in common: {r['common']}",
+                  f"- missed by us ({len(r['missed_by_us'])}): "
+                  + (", ".join(r["missed_by_us"]) or "none"),
+                  f"- added by us ({len(r['added_by_us'])}): "
+                  + (", ".join(r["added_by_us"][:30]) or "none")
+                  + (" …" if len(r["added_by_us"]) > 30 else ""), ""]
+    if res.errors:
+        lines += ["## Errors", ""] + [f"- {e.splitlines()[0]}" for e in res.errors] + [""]
+    (HERE / "RESULTS.md").write_text("\n".join(lines))
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="CPU torch only (default)")
+    mode.add_argument("--full", action="store_true", help="add the CUDA torch 2.15.0")
+    parser.add_argument("--no-empty-wheelhouse", action="store_true",
+                        help="skip the cold build with an empty wheelhouse")
+    args = parser.parse_args(argv)
+    os.chdir(ROOT)
+    res = Results("full" if args.full else "quick")
+    res.machine = machine_facts()
+    m = matrix.load(ROOT / "matrix.yaml")
+
+    def attempt(name: str, fn, *a) -> None:
+        try:
+            fn(*a)
+        except Exception as exc:  # one failed section must not lose the others' figures
+            res.errors.append(f"{name}: {exc}")
+            log(f"{name} FAILED: {exc}")
+            traceback.print_exc(file=sys.stderr)
+        write_outputs(res)
+
+    cpu_flavors = ["runtime", "slim"]
+    cpu_ids = [v.id for v in m.variants if v.torch == CPU_TORCH and v.python == PYTHON
+               and v.flavor in cpu_flavors]
+    cpu_runtime = next(i for i in cpu_ids if i.endswith("-runtime"))
+    attempt("sizes cpu", section_sizes, res, m, CPU_TORCH, cpu_flavors, "cpu")
+    built_ids = list(cpu_ids)
+    if args.full:
+        cuda_flavors = ["runtime", "slim", "devel"]
+        engine.ensure_disk(ROOT, 60)
+        attempt("sizes cuda", section_sizes, res, m, CUDA_TORCH, cuda_flavors, "cuda")
+        cuda_ids = [v.id for v in m.variants if v.torch == CUDA_TORCH and v.python == PYTHON
+                    and v.flavor in cuda_flavors]
+        built_ids += cuda_ids
+        cold_id, naive_key, incr_torch = (next(i for i in cuda_ids if i.endswith("-runtime")),
+                                          "cuda", CUDA_TORCH)
+    else:
+        cold_id, naive_key, incr_torch = cpu_runtime, "cpu", CPU_TORCH
+    attempt("build times", section_build_times, res, m, cold_id, naive_key,
+            not args.no_empty_wheelhouse)
+    attempt("incremental", section_incremental, res, m, incr_torch)
+    attempt("sharing", section_sharing, res, m, built_ids)
+    sbom_refs = [res.details.get("images", {}).get(cpu_runtime)]
+    if args.full:
+        sbom_refs.append(res.details.get("images", {}).get(cold_id))
+    for ref in filter(None, sbom_refs):
+        attempt(f"sbom {ref}", section_sbom, res, ref)
+    attempt("plan/render", section_plan_render, res, m)
+    log(f"wrote {HERE / 'results.json'} and {HERE / 'RESULTS.md'}")
+    return 1 if res.errors else 0

@@ -1,0 +1,579 @@
+"""`builder rebuild [--check]`: rebuild published images when their sources moved.
+
+For each variant in published.json (its latest publication) four sources are asked:
+
+  debian-security  `apt list --upgradable` inside the published image (as root, after an update)
+  python-vuln      pip-audit on the variant's lock: vulnerabilities that have a fixed version
+                   (torch itself is pinned by the matrix: reported as `matrix-change`)
+  base-moved       the base's digest now vs the image's `org.opencontainers.image.base.digest`
+  inputs-changed   the plan's content hash (with the published base) vs the image's label
+
+A source that cannot be asked is reported as `unknown` with its error, never as clean.
+`--check` exits 0 when nothing needs rebuilding, 1 when something does, 2 when a source is
+unknown. Without `--check` exactly the variants needing it are re-locked / rebuilt (build runs
+smoke + SBOM), published under a new dated tag, and the SBOM diff old → new is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import tempfile
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from builder import base, engine, labels, locks, plan, proc, state
+from builder.errors import BuilderError, ConfigError
+from builder.matrix import Matrix, Variant
+from builder.matrix_cmd import known_base_digests, load_selected
+from builder.output import emit_json, step, table
+
+REASONS = ("debian-security", "python-vuln", "base-moved", "inputs-changed")
+BASE_DIGEST_LABEL = labels.OCI + "base.digest"
+APT_CMD = "apt-get update -qq && apt list --upgradable 2>/dev/null"
+# `libssl3/stable-security 3.0.15-1~deb12u1 amd64 [upgradable from: 3.0.14-1~deb12u2]`
+_APT_LINE = re.compile(r"^(\S+?)/\S*\s+(\S+)\s+\S+\s+\[upgradable from:\s*([^\]\s]+)\]")
+# `Inst libssl3 [3.0.14-1~deb12u2] (3.0.15-1~deb12u1 Debian-Security:12/stable-security [amd64])`
+_APT_SIM = re.compile(r"^Inst\s+(\S+)\s+\[([^\]]+)\]\s+\((\S+)")
+
+# Status of a finding: rebuild (this tool fixes it), matrix-change (a person must: torch CVE),
+# unknown (the source could not be asked: never clean).
+REBUILD, MATRIX_CHANGE, UNKNOWN = "rebuild", "matrix-change", "unknown"
+
+
+@dataclass
+class Finding:
+    variant_id: str
+    reason: str  # one of REASONS
+    status: str  # rebuild | matrix-change | unknown
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class SourceError(BuilderError):
+    """A source could not be asked (unreachable, command failed, unreadable answer)."""
+
+
+# ---- the published record and image ------------------------------------------------------------
+
+
+def latest_publications(manifest: Path) -> dict[str, dict[str, Any]]:
+    """variant id → its latest publication in published.json."""
+    from builder import publish
+
+    doc = publish.load_manifest(manifest)
+    return {vid: entry["publications"][-1] for vid, entry in doc["variants"].items()
+            if entry.get("publications")}
+
+
+def published_image(pub: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A local reference to the published image (pulled by digest when absent) and its inspect."""
+    for ref in (pub["reference"], pub.get("image_id", "")):
+        info = engine.inspect_image(ref) if ref else None
+        if info:
+            return ref, info
+    result = engine.docker("pull", pub["reference"], check=False, timeout=3600)
+    if result.returncode != 0:
+        raise SourceError(f"cannot pull {pub['reference']}: {result.stderr.strip()[-300:]}")
+    info = engine.inspect_image(pub["reference"])
+    if not info:
+        raise SourceError(f"pulled {pub['reference']} but the engine does not show it")
+    return pub["reference"], info
+
+
+# ---- the sources ------------------------------------------------------------------------------
+
+
+def parse_upgradable(text: str) -> dict[str, tuple[str, str]]:
+    """name → (installed, candidate) from `apt list --upgradable` or `apt-get -s upgrade`."""
+    found: dict[str, tuple[str, str]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        m = _APT_LINE.match(line)
+        if m:
+            found[m.group(1)] = (m.group(3), m.group(2))
+            continue
+        m = _APT_SIM.match(line)
+        if m:
+            found[m.group(1)] = (m.group(2), m.group(3))
+    return dict(sorted(found.items()))
+
+
+def debian_upgradable(image: str) -> dict[str, tuple[str, str]]:
+    """Packages with a newer version in the image's apt sources (network: host, user: root)."""
+    result = engine.docker("run", "--rm", "--network", "host", "--user", "0", "--entrypoint",
+                           "sh", image, "-c", APT_CMD, check=False, timeout=900)
+    if result.returncode != 0:
+        raise SourceError(f"apt in {image} exited with {result.returncode}: "
+                          + "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:]))
+    return parse_upgradable(result.stdout)
+
+
+def audit_lock(lock_path: Path, timeout: float = 300) -> dict[str, Any]:
+    """pip-audit of a lock's pins: {"vulns": [{name, version, id, fix_versions, aliases}],
+    "unknown": [{name, version, reason}]}. Local versions are audited as their public release
+    (`2.13.0+cpu` is built from the `2.13.0` sources); one PyPI does not know stays unknown."""
+    if not lock_path.is_file():
+        raise SourceError(f"no lock {lock_path}")
+    pins = locks.parse_pins(lock_path.read_text())
+    if not pins:
+        raise SourceError(f"{lock_path} has no pins")
+    public = {name: version.split("+", 1)[0] for name, version in pins.items()}
+    with tempfile.TemporaryDirectory(prefix="rebuild-audit-") as tmp:
+        req = Path(tmp, "requirements.txt")
+        req.write_text("".join(f"{n}=={v}\n" for n, v in sorted(public.items())))
+        argv = ["pip-audit", "-r", req, "--disable-pip", "--no-deps", "-f", "json",
+                "--progress-spinner", "off", "--cache-dir", Path(tmp, "cache")]
+        try:
+            result = proc.run(argv, check=False, timeout=timeout)
+        except BuilderError as exc:
+            raise SourceError(f"pip-audit: {exc}") from None
+    if result.returncode not in (0, 1):
+        tail = "\n".join((result.stderr or "").strip().splitlines()[-5:])
+        raise SourceError(f"pip-audit exited with {result.returncode}: {tail}")
+    try:
+        data = json.loads(result.stdout)
+    except json.JSONDecodeError as exc:
+        raise SourceError(f"pip-audit printed no JSON: {exc}") from None
+    out: dict[str, Any] = {"vulns": [], "unknown": []}
+    answered = 0
+    for dep in data.get("dependencies", []):
+        name = locks.normalize(dep.get("name", ""))
+        version = pins.get(name, dep.get("version", ""))
+        if "skip_reason" in dep:
+            out["unknown"].append({"name": name, "version": version,
+                                   "reason": dep["skip_reason"]})
+            continue
+        answered += 1
+        for v in dep.get("vulns", []):
+            out["vulns"].append({"name": name, "version": version, "id": v["id"],
+                                 "fix_versions": v.get("fix_versions") or [],
+                                 "aliases": v.get("aliases") or []})
+    if not answered:
+        raise SourceError("PyPI's vulnerability data knew none of the pinned releases "
+                          "(offline or blocked?)")
+    return out
+
+
+def base_digest_now(variant: Variant) -> str:
+    try:
+        return base.ensure(variant.base, progress=step)
+    except BuilderError as exc:
+        raise SourceError(f"base {variant.base.image}: {exc}") from None
+
+
+def planned_hash(matrix: Matrix, variant: Variant, locks_dir: Path, base_digest: str | None,
+                 smoke_hash: str) -> str:
+    """The content hash the plan gives today's inputs on the published image's base."""
+    return plan.plan_variant(matrix, variant, locks_dir, base_digest, smoke_hash).content_hash
+
+
+# ---- the check --------------------------------------------------------------------------------
+
+
+def _unknown(vid: str, reason: str, exc: Exception) -> Finding:
+    return Finding(vid, reason, UNKNOWN, str(exc))
+
+
+def check_variant(matrix: Matrix, variant: Variant, pub: dict[str, Any], locks_dir: Path,
+                  smoke_hash: str, base_digests: dict[str, str]) -> list[Finding]:
+    vid = variant.id
+    findings: list[Finding] = []
+    image, info, image_error = "", {}, None
+    try:
+        image, info = published_image(pub)
+    except BuilderError as exc:
+        image_error = exc
+    image_labels = (info.get("Config") or {}).get("Labels") or {}
+
+    # (a) Debian updates inside the published image
+    if image_error is not None:
+        findings.append(_unknown(vid, "debian-security", image_error))
+    else:
+        try:
+            upgradable = debian_upgradable(image)
+        except BuilderError as exc:
+            findings.append(_unknown(vid, "debian-security", exc))
+        else:
+            if upgradable:
+                findings.append(Finding(
+                    vid, "debian-security", REBUILD,
+                    ", ".join(f"{n} {o}→{nw}" for n, (o, nw) in upgradable.items()),
+                    {"packages": {n: {"old": o, "new": nw} for n, (o, nw) in upgradable.items()},
+                     "token": apt_token(upgradable)}))
+
+    # (b) Python vulnerabilities with a fix
+    try:
+        audit = audit_lock(locks.lock_paths(locks_dir, variant)[0])
+    except BuilderError as exc:
+        findings.append(_unknown(vid, "python-vuln", exc))
+    else:
+        for v in audit["vulns"]:
+            if not v["fix_versions"]:
+                continue
+            pinned = v["name"] == "torch"
+            findings.append(Finding(
+                vid, "python-vuln", MATRIX_CHANGE if pinned else REBUILD,
+                f"{v['name']} {v['version']}: {v['id']} fixed in {', '.join(v['fix_versions'])}"
+                + (" (torch is pinned: change the matrix)" if pinned else ""), v))
+        for u in audit["unknown"]:
+            findings.append(Finding(vid, "python-vuln", UNKNOWN,
+                                    f"{u['name']} {u['version']}: {u['reason']}", u))
+
+    # (c) base digest moved
+    published_base = image_labels.get(BASE_DIGEST_LABEL) or None
+    if image_error is not None:
+        findings.append(_unknown(vid, "base-moved", image_error))
+    else:
+        try:
+            if variant.base.image not in base_digests:
+                base_digests[variant.base.image] = base_digest_now(variant)
+            now = base_digests[variant.base.image]
+        except BuilderError as exc:
+            findings.append(_unknown(vid, "base-moved", exc))
+        else:
+            if not published_base:
+                findings.append(Finding(vid, "base-moved", UNKNOWN,
+                                        f"{image} has no {BASE_DIGEST_LABEL} label"))
+            elif now != published_base:
+                findings.append(Finding(vid, "base-moved", REBUILD,
+                                        f"{variant.base.image}: {published_base[:19]}→{now[:19]}",
+                                        {"old": published_base, "new": now}))
+
+    # (d) inputs changed: the content hash on the published base, so a moved base is not
+    # counted twice
+    if image_error is not None:
+        findings.append(_unknown(vid, "inputs-changed", image_error))
+        return findings
+    have = image_labels.get(labels.CONTENT_HASH) or pub.get("content_hash", "")
+    try:
+        want = planned_hash(matrix, variant, locks_dir, published_base, smoke_hash)
+    except BuilderError as exc:
+        findings.append(_unknown(vid, "inputs-changed", exc))
+    else:
+        if want != have:
+            findings.append(Finding(vid, "inputs-changed", REBUILD,
+                                    f"content hash {have[:12] or '(none)'}→{want[:12]}",
+                                    {"old": have, "new": want}))
+    return findings
+
+
+def check(matrix: Matrix, variants: list[Variant], manifest: Path, *,
+          locks_dir: Path = Path("locks")) -> list[Finding]:
+    """Findings for the selected variants that have a publication in `manifest`."""
+    pubs = latest_publications(manifest)
+    smoke_hash = plan.smoke_files_hash()
+    base_digests: dict[str, str] = {}
+    findings: list[Finding] = []
+    for v in variants:
+        pub = pubs.get(v.id)
+        if pub is None:
+            continue
+        step(f"  [{v.id}] checking {pub['reference']}")
+        findings += check_variant(matrix, v, pub, locks_dir, smoke_hash, base_digests)
+    return findings
+
+
+def published_variants(matrix: Matrix, variants: list[Variant], manifest: Path) -> list[Variant]:
+    pubs = latest_publications(manifest)
+    known = {v.id for v in matrix.variants}
+    for vid in sorted(set(pubs) - known):
+        step(f"  {vid} is in {manifest} but no longer in {matrix.path}: skipped")
+    return [v for v in variants if v.id in pubs]
+
+
+def exit_code(findings: list[Finding]) -> int:
+    if any(f.status == UNKNOWN for f in findings):
+        return 2
+    return 1 if findings else 0
+
+
+def apt_token(upgradable: dict[str, tuple[str, str]]) -> str:
+    """`YYYYMMDD-<hash of the upgradable list>`: a new token re-runs the apt upgrade step."""
+    listing = "\n".join(f"{n} {o} {nw}" for n, (o, nw) in sorted(upgradable.items()))
+    day = dt.datetime.now(dt.UTC).strftime("%Y%m%d")
+    return f"{day}-{hashlib.sha256(listing.encode()).hexdigest()[:12]}"
+
+
+# ---- re-locking one package -------------------------------------------------------------------
+
+
+def _compile(variant: Variant, reqs: list[str], current: str, packages: list[str]) -> str:
+    """`uv pip compile` as locks.resolve does, keeping the current pins except `packages`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        req_in = Path(tmp) / "requirements.in"
+        req_in.write_text("\n".join(reqs) + "\n")
+        out = Path(tmp) / "lock.txt"
+        out.write_text(current)  # uv prefers the pins of an existing output file
+        argv = ["uv", "pip", "compile", "--no-config", "--native-tls", "--quiet",
+                "--python-version", variant.python, "--python-platform", locks.PLATFORM,
+                "--generate-hashes", "--no-header", "--no-annotate", "--emit-find-links",
+                "--emit-index-url", str(req_in), "-o", str(out)]
+        for link in variant.find_links:
+            argv += ["--find-links", link]
+        if variant.index_url:
+            argv += ["--index-url", variant.index_url]
+        for name in packages:
+            argv += ["--upgrade-package", name]
+        try:
+            proc.run(argv, env=locks.uv_env(), timeout=600)
+        except BuilderError as exc:
+            raise ConfigError(f"cannot re-lock {variant.id}: {exc}", hint=exc.hint) from None
+        return out.read_text()
+
+
+def upgrade_packages(matrix: Matrix, variant: Variant, locks_dir: Path,
+                     packages: list[str]) -> bool:
+    """Re-lock only `packages` (newest allowed) and write the same files lock_variant writes.
+    Returns whether the lock changed."""
+    txt_path, json_path = locks.lock_paths(locks_dir, variant)
+    lock = locks.require_lock(locks_dir, variant)
+    meta = json.loads(json_path.read_text())
+    reqs = list(meta.get("requirements") or locks.requirements(variant))
+    text = _compile(variant, reqs, lock.text, packages)
+    base_path = locks.base_lock_path(locks_dir, variant)
+    base_text = None
+    if base_path.exists():
+        base_text = _compile(variant, locks.requirements(variant), base_path.read_text(),
+                             packages)
+    facts = locks.derive_facts(variant, text)
+    problems = locks.check_facts(variant, facts, matrix)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    changed = text != lock.text or (base_text is not None and base_text != base_path.read_text())
+    if not changed:
+        return False
+    if base_text is not None:
+        state.atomic_write(base_path, base_text)
+    state.atomic_write(txt_path, text)
+    state.atomic_write(json_path, json.dumps(
+        {"format": locks.LOCK_FORMAT, "inputs_hash": locks.inputs_hash(variant, reqs),
+         "requirements": reqs, "facts": facts}, indent=2, sort_keys=True) + "\n")
+    return True
+
+
+# ---- the rebuild ------------------------------------------------------------------------------
+
+
+@dataclass
+class Action:
+    variant_id: str
+    reasons: list[str]
+    upgrade: list[str] = field(default_factory=list)
+    apt_refresh: str = ""
+    state: str = "planned"  # planned | built | published | failed | unchanged | would-rebuild
+    message: str = ""
+    changelog: dict[str, Any] | None = None
+
+
+def plan_actions(findings: list[Finding]) -> list[Action]:
+    """One action per variant with a `rebuild` finding."""
+    actions: dict[str, Action] = {}
+    for f in findings:
+        if f.status != REBUILD:
+            continue
+        a = actions.setdefault(f.variant_id, Action(f.variant_id, []))
+        if f.reason not in a.reasons:
+            a.reasons.append(f.reason)
+        if f.reason == "debian-security":
+            a.apt_refresh = f.data.get("token") or a.apt_refresh
+        if f.reason == "python-vuln" and f.data.get("name") not in a.upgrade:
+            a.upgrade.append(f.data["name"])
+    return list(actions.values())
+
+
+def build_args(args: argparse.Namespace, vid: str, apt_refresh: str) -> argparse.Namespace:
+    return argparse.Namespace(
+        matrix=args.matrix, select=[f"id={vid}"], json=False, locks=args.locks, force=True,
+        fail_fast=True, no_smoke=False, no_sbom=False, require_gpu=False,
+        ca_bundle=getattr(args, "ca_bundle", None), apt_refresh=apt_refresh)
+
+
+def old_sbom(pub: dict[str, Any]) -> dict[str, Any] | None:
+    """The published image's SBOM: local by image id, else its registry artifact."""
+    from builder import publish
+
+    image_id = pub.get("image_id", "")
+    if image_id:
+        for path in (state.sbom_path(image_id), publish.sbom_file(image_id)):
+            if path.is_file():
+                return json.loads(path.read_text())
+    artifact = pub.get("sbom") or {}
+    if not artifact.get("digest"):
+        return None
+    try:
+        return fetch_artifact(pub["registry"], pub["repository"], artifact["digest"])
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        step(f"  old SBOM not available from {pub['registry']}: {exc}")
+        return None
+
+
+def fetch_artifact(registry: str, repository: str, digest: str) -> dict[str, Any]:
+    """The JSON blob of a one-layer OCI artifact (anonymous registry read)."""
+    from builder import publish
+
+    root = f"{plan.registry_url(registry)}/v2/{repository}"
+    request = urllib.request.Request(f"{root}/manifests/{digest}",
+                                     headers={"Accept": publish.OCI_MANIFEST})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        manifest = json.loads(response.read())
+    blob = manifest["layers"][0]["digest"]
+    with urllib.request.urlopen(f"{root}/blobs/{blob}", timeout=120) as response:
+        return json.loads(response.read())
+
+
+def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_dir: Path,
+            args: argparse.Namespace, allow_cpu_smoke: bool = False, dry_run: bool = False,
+            findings: list[Finding] | None = None,
+            build: Callable[[argparse.Namespace], list[Any]] | None = None,
+            publish_fn: Callable[..., list[dict[str, Any]]] | None = None) -> list[Action]:
+    """Rebuild and publish exactly the variants whose findings say so; returns the actions."""
+    from builder import build as build_mod
+    from builder import publish
+
+    if findings is None:
+        findings = check(matrix, variants, manifest, locks_dir=locks_dir)
+    actions = plan_actions(findings)
+    if dry_run or not actions:
+        for a in actions:
+            a.state = "would-rebuild"
+        return actions
+    build = build or build_mod.run_build
+    publish_fn = publish_fn or publish.publish_variants
+    pubs = latest_publications(manifest)
+    by_id = {v.id: v for v in variants}
+    with build_mod.build_lock():
+        for a in actions:
+            variant = by_id[a.variant_id]
+            try:
+                if a.upgrade:
+                    step(f"  [{a.variant_id}] re-locking {', '.join(a.upgrade)}")
+                    if not upgrade_packages(matrix, variant, locks_dir, a.upgrade) \
+                            and a.reasons == ["python-vuln"]:
+                        a.state, a.message = "unchanged", (
+                            "re-locking found no newer allowed release of "
+                            + ", ".join(a.upgrade) + ": the fix needs a matrix change")
+                        continue
+                outcomes = build(build_args(args, a.variant_id, a.apt_refresh))
+                bad = [o for o in outcomes if o.state != "built"]
+                if bad or not outcomes:
+                    a.state = "failed"
+                    a.message = "; ".join(f"{o.state}: {o.message}" for o in bad) or "not built"
+                    continue
+                a.state = "built"
+                planned = plan.make_plan(matrix, [variant], locks_dir,
+                                         known_base_digests([variant]), check_registry=False)
+                results = publish_fn(matrix, planned, allow_cpu_smoke=allow_cpu_smoke,
+                                     dry_run=False, manifest=manifest)
+                result = results[0] if results else {"status": "refused", "reason": "no result"}
+                if result.get("status") != "published":
+                    a.state, a.message = "failed", f"publish: {result.get('reason', '')}"
+                    continue
+                a.state = "published"
+                a.message = ", ".join(result.get("tags", []))
+                a.changelog = changelog(pubs.get(a.variant_id), outcomes[0])
+            except BuilderError as exc:
+                a.state, a.message = "failed", str(exc)
+    return actions
+
+
+def changelog(pub: dict[str, Any] | None, outcome: Any) -> dict[str, Any] | None:
+    import sbom
+
+    old = old_sbom(pub) if pub else None
+    new_path = Path(outcome.sbom_path) if getattr(outcome, "sbom_path", "") else None
+    if old is None or new_path is None or not new_path.is_file():
+        return None
+    return sbom.diff_sboms(old, json.loads(new_path.read_text()))
+
+
+# ---- CLI --------------------------------------------------------------------------------------
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "rebuild", parents=[common], help="rebuild published images whose sources moved",
+        description="For each published variant (published.json; narrow with --select) ask: "
+        "Debian updates inside the image, Python vulnerabilities with a fix (pip-audit on the "
+        "lock), a moved base digest, changed inputs. --check only reports (exit 0 nothing to do, "
+        "1 something to rebuild, 2 a source unknown); otherwise rebuilds, publishes and prints "
+        "the SBOM diff of exactly those variants.")
+    p.add_argument("--check", action="store_true", help="report only; build and push nothing")
+    p.add_argument("--locks", default="locks", type=Path)
+    p.add_argument("--manifest", default=Path("published.json"), type=Path, metavar="FILE",
+                   help="publication record (default: %(default)s)")
+    p.add_argument("--allow-cpu-smoke", action="store_true",
+                   help="publish CUDA images whose smoke ran without a GPU (recorded)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="say what would be rebuilt and why; change, build and push nothing")
+    p.add_argument("--ca-bundle", type=Path, default=os.environ.get("BUILDER_CA_BUNDLE") or None,
+                   help="CA bundle for downloads inside the build (see builder build)")
+    p.set_defaults(func=cmd_rebuild)
+
+
+def _selected(args: argparse.Namespace) -> tuple[Matrix, list[Variant]]:
+    matrix, variants = load_selected(args)
+    return matrix, published_variants(matrix, variants, args.manifest)
+
+
+def print_findings(findings: list[Finding]) -> None:
+    if not findings:
+        print("nothing needs rebuilding: every source was asked and is clean")
+        return
+    table(["variant", "reason", "status", "detail"],
+          [(f.variant_id, f.reason, f.status, f.detail) for f in findings])
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    if not args.manifest.exists():
+        raise ConfigError(f"no {args.manifest}: nothing has been published",
+                          hint="publish first: builder publish")
+    matrix, variants = _selected(args)
+    findings = check(matrix, variants, args.manifest, locks_dir=args.locks)
+    if args.check:
+        if args.json:
+            emit_json({"findings": [f.as_json() for f in findings],
+                       "exit_code": exit_code(findings)})
+        else:
+            print_findings(findings)
+        return exit_code(findings)
+    actions = rebuild(matrix, variants, args.manifest, locks_dir=args.locks, args=args,
+                      allow_cpu_smoke=args.allow_cpu_smoke, dry_run=args.dry_run,
+                      findings=findings)
+    if args.json:
+        emit_json({"findings": [f.as_json() for f in findings],
+                   "actions": [asdict(a) for a in actions]})
+    else:
+        print_findings(findings)
+        if not actions:
+            print("nothing rebuilt, nothing pushed")
+        else:
+            table(["variant", "reasons", "state", "detail"],
+                  [(a.variant_id, ", ".join(a.reasons), a.state, a.message) for a in actions])
+            print_changelogs(actions)
+    if any(a.state == "failed" for a in actions):
+        return 1
+    return 2 if any(f.status == UNKNOWN for f in findings) else 0
+
+
+def print_changelogs(actions: list[Action]) -> None:
+    from sbom.diff import format_diff
+
+    for a in actions:
+        if a.state != "published":
+            continue
+        print(f"\nchanges in {a.variant_id}:")
+        print(format_diff(a.changelog) if a.changelog else "  (old SBOM not available: no diff)")
+
+
+__all__ = ["Action", "Finding", "check", "exit_code", "rebuild", "upgrade_packages"]

@@ -1,0 +1,255 @@
+"""`builder rebuild`: decision logic with faked sources, exit codes, the rebuild loop."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from builder import labels, rebuild
+from builder.errors import BuilderError
+from builder.matrix import Base, Variant
+
+CPU = Variant(torch="2.13.0+cpu", python="3.11", accelerator="cpu", flavor="runtime",
+              base=Base("mmdebstrap:bookworm"))
+VID = CPU.id
+BASE_OLD = "sha256:" + "a" * 64
+HASH = "c" * 64
+PUB = {"reference": "127.0.0.1:5000/torch@sha256:" + "d" * 64, "image_id": "sha256:" + "e" * 64,
+       "content_hash": HASH, "registry": "127.0.0.1:5000", "repository": "torch"}
+
+
+@pytest.fixture
+def clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """Every source answers and finds nothing; tests override one source at a time."""
+    monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "state"))
+    info = {"Config": {"Labels": {rebuild.BASE_DIGEST_LABEL: BASE_OLD,
+                                  labels.CONTENT_HASH: HASH}}}
+    monkeypatch.setattr(rebuild, "latest_publications", lambda manifest: {VID: PUB})
+    monkeypatch.setattr(rebuild, "published_image", lambda pub: (pub["reference"], info))
+    monkeypatch.setattr(rebuild, "debian_upgradable", lambda image: {})
+    monkeypatch.setattr(rebuild, "audit_lock", lambda path: {"vulns": [], "unknown": []})
+    monkeypatch.setattr(rebuild, "base_digest_now", lambda variant: BASE_OLD)
+    monkeypatch.setattr(rebuild, "planned_hash", lambda *a: HASH)
+    monkeypatch.setattr(rebuild.plan, "smoke_files_hash", lambda: "s")
+    return monkeypatch
+
+
+def run_check() -> list[rebuild.Finding]:
+    return rebuild.check(None, [CPU], Path("published.json"))  # type: ignore[arg-type]
+
+
+def test_all_clean_exits_0(clean) -> None:
+    findings = run_check()
+    assert findings == []
+    assert rebuild.exit_code(findings) == 0
+
+
+def test_debian_updates_need_rebuild(clean) -> None:
+    clean.setattr(rebuild, "debian_upgradable",
+                  lambda image: {"libssl3": ("3.0.14-1~deb12u2", "3.0.15-1~deb12u1")})
+    [f] = run_check()
+    assert (f.reason, f.status) == ("debian-security", "rebuild")
+    assert "libssl3 3.0.14-1~deb12u2→3.0.15-1~deb12u1" in f.detail
+    assert f.data["token"].split("-")[0].isdigit()
+    assert rebuild.exit_code([f]) == 1
+
+
+def test_python_vuln_with_fix_and_torch_is_matrix_change(clean) -> None:
+    vulns = [
+        {"name": "jinja2", "version": "3.1.4", "id": "GHSA-x", "fix_versions": ["3.1.5"]},
+        {"name": "torch", "version": "2.13.0+cpu", "id": "PYSEC-t", "fix_versions": ["2.14.0"]},
+        {"name": "numpy", "version": "2.0.0", "id": "GHSA-nofix", "fix_versions": []},
+    ]
+    clean.setattr(rebuild, "audit_lock", lambda path: {"vulns": vulns, "unknown": []})
+    findings = run_check()
+    assert [(f.data["name"], f.status) for f in findings] == [
+        ("jinja2", "rebuild"), ("torch", "matrix-change")]
+    assert "3.1.5" in findings[0].detail and "GHSA-x" in findings[0].detail
+    assert rebuild.exit_code(findings) == 1
+    [action] = rebuild.plan_actions(findings)
+    assert action.upgrade == ["jinja2"] and action.reasons == ["python-vuln"]
+
+
+def test_base_moved_and_inputs_changed(clean) -> None:
+    clean.setattr(rebuild, "base_digest_now", lambda variant: "sha256:" + "b" * 64)
+    clean.setattr(rebuild, "planned_hash", lambda *a: "f" * 64)
+    findings = run_check()
+    assert {f.reason for f in findings} == {"base-moved", "inputs-changed"}
+    assert all(f.status == "rebuild" for f in findings)
+
+
+@pytest.mark.parametrize("source", ["debian_upgradable", "audit_lock", "base_digest_now",
+                                    "planned_hash"])
+def test_a_failing_source_is_unknown_never_clean(clean, source: str) -> None:
+    def boom(*a, **k):
+        raise rebuild.SourceError("unreachable: no network")
+
+    clean.setattr(rebuild, source, boom)
+    findings = run_check()
+    assert findings and all(f.status == "unknown" for f in findings)
+    assert "unreachable" in findings[0].detail
+    assert rebuild.exit_code(findings) == 2
+
+
+def test_unreachable_image_makes_image_sources_unknown(clean) -> None:
+    def no_image(pub):
+        raise rebuild.SourceError("cannot pull")
+
+    clean.setattr(rebuild, "published_image", no_image)
+    findings = run_check()
+    assert {f.reason for f in findings} == {"debian-security", "base-moved", "inputs-changed"}
+    assert rebuild.exit_code(findings) == 2
+
+
+def test_unknown_wins_over_rebuild_and_local_versions_stay_unknown(clean) -> None:
+    clean.setattr(rebuild, "debian_upgradable", lambda image: {"zlib1g": ("1", "2")})
+    clean.setattr(rebuild, "audit_lock", lambda path: {"vulns": [], "unknown": [
+        {"name": "torch", "version": "2.13.0+cpu", "reason": "not on PyPI"}]})
+    findings = run_check()
+    assert rebuild.exit_code(findings) == 2
+    assert [f.status for f in findings] == ["rebuild", "unknown"]
+
+
+def test_missing_label_is_unknown(clean) -> None:
+    clean.setattr(rebuild, "published_image",
+                  lambda pub: (pub["reference"], {"Config": {"Labels": {
+                      labels.CONTENT_HASH: HASH}}}))
+    findings = run_check()
+    assert any(f.reason == "base-moved" and f.status == "unknown" for f in findings)
+
+
+def test_parse_upgradable_both_formats() -> None:
+    text = """Listing...
+libssl3/stable-security 3.0.15-1~deb12u1 amd64 [upgradable from: 3.0.14-1~deb12u2]
+Inst libc6 [2.36-9+deb12u7] (2.36-9+deb12u9 Debian-Security:12/stable-security [amd64])
+Conf libc6 (2.36-9+deb12u9 Debian-Security:12/stable-security [amd64])
+"""
+    assert rebuild.parse_upgradable(text) == {
+        "libc6": ("2.36-9+deb12u7", "2.36-9+deb12u9"),
+        "libssl3": ("3.0.14-1~deb12u2", "3.0.15-1~deb12u1"),
+    }
+    assert rebuild.parse_upgradable("Listing...\n") == {}
+
+
+def test_apt_token_changes_with_list() -> None:
+    a = rebuild.apt_token({"x": ("1", "2")})
+    assert a != rebuild.apt_token({"x": ("1", "3")})
+    assert a == rebuild.apt_token({"x": ("1", "2")})
+
+
+# ---- the rebuild loop -------------------------------------------------------------------------
+
+
+def fake_args() -> argparse.Namespace:
+    return argparse.Namespace(matrix="matrix.yaml", locks=Path("locks"), ca_bundle=None)
+
+
+def test_nothing_to_do_builds_and_pushes_nothing(clean) -> None:
+    def fail(*a, **k):
+        raise AssertionError("must not be called")
+
+    actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
+                              args=fake_args(), findings=[], build=fail, publish_fn=fail)
+    assert actions == []
+
+
+def test_rebuild_builds_with_apt_refresh_and_publishes(clean, tmp_path: Path) -> None:
+    findings = [rebuild.Finding(VID, "debian-security", "rebuild", "x", {"token": "20250101-ab"}),
+                rebuild.Finding("other", "base-moved", "unknown", "err")]
+    built, published = [], []
+    new_sbom = tmp_path / "new.json"
+    new_sbom.write_text(json.dumps({"components": [
+        {"type": "library", "name": "libssl3", "version": "2",
+         "purl": "pkg:deb/debian/libssl3@2"}]}))
+    old = {"components": [{"type": "library", "name": "libssl3", "version": "1",
+                           "purl": "pkg:deb/debian/libssl3@1"}]}
+
+    def build(args):
+        built.append(args)
+        return [SimpleNamespace(state="built", message="", sbom_path=str(new_sbom))]
+
+    def publish_fn(matrix, planned, **kw):
+        published.append(kw)
+        return [{"id": VID, "status": "published", "tags": ["t-20250101"]}]
+
+    clean.setattr(rebuild.plan, "make_plan", lambda *a, **k: ["planned"])
+    clean.setattr(rebuild, "known_base_digests", lambda v: {})
+    clean.setattr(rebuild, "old_sbom", lambda pub: old)
+    actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
+                              args=fake_args(), findings=findings, build=build,
+                              publish_fn=publish_fn, allow_cpu_smoke=True)
+    [a] = actions
+    assert a.state == "published"
+    assert [b.apt_refresh for b in built] == ["20250101-ab"] and built[0].force
+    assert built[0].select == [f"id={VID}"]
+    assert published == [{"allow_cpu_smoke": True, "dry_run": False,
+                          "manifest": Path("p.json")}]
+    assert a.changelog["changed"][0]["name"] == "libssl3"
+
+
+def test_python_vuln_relocks_then_builds(clean) -> None:
+    findings = [rebuild.Finding(VID, "python-vuln", "rebuild", "x", {"name": "jinja2"})]
+    upgraded = []
+    clean.setattr(rebuild, "upgrade_packages",
+                  lambda m, v, d, pkgs: upgraded.append(pkgs) or False)
+    actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
+                              args=fake_args(), findings=findings,
+                              build=lambda a: pytest.fail("lock unchanged: no build"),
+                              publish_fn=lambda *a, **k: pytest.fail("no publish"))
+    assert upgraded == [["jinja2"]]
+    assert actions[0].state == "unchanged"
+
+
+def test_dry_run_changes_nothing(clean) -> None:
+    findings = [rebuild.Finding(VID, "inputs-changed", "rebuild", "x")]
+    actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
+                              args=fake_args(), findings=findings, dry_run=True,
+                              build=lambda a: pytest.fail("no build"))
+    assert [a.state for a in actions] == ["would-rebuild"]
+
+
+def test_failed_build_is_reported(clean) -> None:
+    findings = [rebuild.Finding(VID, "inputs-changed", "rebuild", "x")]
+
+    def build(args):
+        raise BuilderError("engine gone")
+
+    actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
+                              args=fake_args(), findings=findings, build=build)
+    assert actions[0].state == "failed" and "engine gone" in actions[0].message
+
+
+# ---- the CLI ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("findings", "code"), [
+    ([], 0),
+    ([rebuild.Finding(VID, "base-moved", "rebuild", "x")], 1),
+    ([rebuild.Finding(VID, "base-moved", "rebuild", "x"),
+      rebuild.Finding(VID, "python-vuln", "unknown", "offline")], 2),
+])
+def test_cli_check_exit_codes(clean, tmp_path: Path, capsys, findings, code) -> None:
+    from builder.cli import main
+
+    manifest = tmp_path / "published.json"
+    manifest.write_text("{}")
+    clean.setattr(rebuild, "_selected", lambda args: (None, [CPU]))
+    clean.setattr(rebuild, "check", lambda *a, **k: findings)
+    assert main(["rebuild", "--check", "--json", "--manifest", str(manifest)]) == code
+    out = json.loads(capsys.readouterr().out)
+    assert out["exit_code"] == code and len(out["findings"]) == len(findings)
+
+
+def test_cli_rebuild_nothing_to_do(clean, tmp_path: Path, capsys) -> None:
+    from builder.cli import main
+
+    manifest = tmp_path / "published.json"
+    manifest.write_text("{}")
+    clean.setattr(rebuild, "_selected", lambda args: (None, [CPU]))
+    clean.setattr(rebuild, "check", lambda *a, **k: [])
+    assert main(["rebuild", "--manifest", str(manifest)]) == 0
+    assert "nothing rebuilt, nothing pushed" in capsys.readouterr().out
