@@ -37,7 +37,7 @@ from builder.output import emit_json, step, table
 
 REASONS = ("debian-security", "python-vuln", "base-moved", "inputs-changed")
 BASE_DIGEST_LABEL = labels.OCI + "base.digest"
-APT_CMD = "apt-get update -qq && apt list --upgradable 2>/dev/null"
+APT_CMD = "apt-get update -qq --error-on=any && apt list --upgradable 2>/dev/null"
 # `libssl3/stable-security 3.0.15-1~deb12u1 amd64 [upgradable from: 3.0.14-1~deb12u2]`
 _APT_LINE = re.compile(r"^(\S+?)/\S*\s+(\S+)\s+\S+\s+\[upgradable from:\s*([^\]\s]+)\]")
 # `Inst libssl3 [3.0.14-1~deb12u2] (3.0.15-1~deb12u1 Debian-Security:12/stable-security [amd64])`
