@@ -113,8 +113,19 @@ def builder_cli(*args: str, env: dict[str, str] | None = None,
 def build(select: list[str], *extra: str, env: dict[str, str] | None = None
           ) -> tuple[float, list[dict[str, Any]]]:
     sel = [a for s in select for a in ("--select", s)]
-    seconds, data, _ = builder_cli("build", *sel, "--no-smoke", "--no-sbom", *extra, env=env)
+    seconds, data, stderr = builder_cli("build", *sel, "--no-smoke", "--no-sbom", *extra, env=env)
+    _LAST["waited"] = "waiting for it to finish" in stderr
+    if _LAST["waited"]:
+        log("that build waited for another `builder build` (shared build lock)")
     return seconds, data or []
+
+
+_LAST = {"waited": False}
+
+
+def wait_note() -> str:
+    """Said of a timing that includes waiting for another session's build lock."""
+    return "; INCLUDES waiting for another build's lock" if _LAST["waited"] else ""
 
 
 def prune_builder_cache() -> None:
@@ -219,7 +230,7 @@ def section_build_times(res: Results, m: matrix.Matrix, variant_id: str, naive_k
                    round(naive_s, 1) if naive_s else None,
                    _ratio(seconds, naive_s) if naive_s else None,
                    f"ours/naive; builder cache pruned, --force; wheels already on the host; "
-                   f"{len(built)} built"))
+                   f"{len(built)} built" + wait_note()))
     if empty_wheelhouse:
         with tempfile.TemporaryDirectory(prefix="bench-state-", dir=ROOT / ".state") as tmp:
             prune_builder_cache()
@@ -231,13 +242,13 @@ def section_build_times(res: Results, m: matrix.Matrix, variant_id: str, naive_k
                            round(naive_s, 1) if naive_s else None,
                            _ratio(seconds, naive_s) if naive_s else None,
                            f"ours/naive; fresh BUILDER_STATE, {_mb(downloaded)} MB of wheels "
-                           "fetched (local find-links count as fetched)"))
+                           "fetched (local find-links count as fetched)" + wait_note()))
     seconds, outcomes = build([f"id={variant_id}"])
     states = [o.get("state") for o in outcomes]
     res.details["warm_noop_states"] = states
     res.add(Figure(f"warm no-op build {variant_id}", round(seconds, 1), "s",
                    note=f"built {states.count('built')} of {len(states)}: "
-                   + ", ".join(str(s) for s in states)))
+                   + ", ".join(str(s) for s in states) + wait_note()))
 
 
 def section_incremental(res: Results, m: matrix.Matrix, torch: str) -> None:
@@ -273,7 +284,8 @@ def section_incremental(res: Results, m: matrix.Matrix, torch: str) -> None:
                                                      for o in outcomes}}
             res.add(Figure(f"incremental (+{EXTRA_PACKAGE} on {target.id})", round(seconds, 1),
                            "s", note=f"rebuilt {len(rebuilt)} of {len(outcomes)} variants "
-                           f"({', '.join(rebuilt) or 'none'}); lock took {lock_s:.1f} s"))
+                           f"({', '.join(rebuilt) or 'none'}); lock took {lock_s:.1f} s"
+                           + wait_note()))
         finally:
             for vid, old in before.items():  # point the floating tags back at the shipped images
                 if old:

@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from builder import base, engine, locks, matrix, plan, render
+from builder import base, engine, locks, matrix, plan, render, wheels
 from builder.errors import BuilderError, ConfigError
 from builder.output import emit_json, step, table
 
@@ -17,6 +17,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                        "rules (duplicates, YAML number traps, impossible combinations, missing "
                        "locks' CUDA toolkit). Lists every problem as FILE:LINE: FIELD: reason; "
                        "exit 1 when there is any.")
+    p.add_argument("--offline", action="store_true",
+                   help="skip the check that each torch release has a wheel for its python")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("lock", parents=[common], help="resolve variants into hash-pinned locks",
@@ -54,11 +56,13 @@ def load_selected(args: argparse.Namespace) -> tuple[matrix.Matrix, list[matrix.
 
 def cmd_validate(args: argparse.Namespace) -> int:
     m, variants = load_selected(args)
-    problems = []
+    problems, notes = ([], []) if args.offline else wheels.missing_wheel_problems(variants)
     for v in variants:
         lock = locks.read_lock(Path("locks"), v)
         if lock:
             problems += locks.check_facts(v, lock.facts, m)
+    for note in notes:
+        step(f"note: {note}")
     if args.json:
         emit_json({"valid": not problems, "problems": problems,
                    "variants": [v.id for v in variants]})

@@ -198,3 +198,16 @@ default:
     text = problems(path)
     assert "alias `latest` selects 2 variants" in text
     assert "default[0]: selects no variant" in text
+
+
+def test_python_without_a_torch_wheel_is_refused():
+    from builder import wheels
+
+    base = matrix.Base("mmdebstrap:bookworm")
+    names = ["torch-2.5.1-cp311-cp311-manylinux1_x86_64.whl",
+             "torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl"]
+    ok = matrix.Variant("2.5.1", "3.11", "cuda", "runtime", base)
+    missing = matrix.Variant("2.5.1", "3.14", "cuda", "runtime", base)
+    cpu = matrix.Variant("2.13.0+cpu", "3.11", "cpu", "runtime", base)
+    assert wheels.has_wheel(ok, names) and wheels.has_wheel(cpu, names)
+    assert not wheels.has_wheel(missing, names)
