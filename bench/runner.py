@@ -146,15 +146,18 @@ def image_id(ref: str) -> str:
     return str((engine.inspect_image(ref) or {}).get("Id", ""))
 
 
-def du_top(ref: str, n: int = 12) -> list[tuple[int, str]]:
-    """Largest directories (KiB) under /opt and /usr inside the image."""
-    out = engine.docker("run", "--rm", "--entrypoint", "du", ref, "-x", "-d", "3", "/opt", "/usr",
+def du_top(ref: str, n: int = 12, paths: tuple[str, ...] = ("/opt", "/usr")
+           ) -> list[tuple[int, str]]:
+    """Largest directories (KiB) under /opt and /usr (and `paths`) inside the image."""
+    out = engine.docker("run", "--rm", "--entrypoint", "du", ref, "-x", "-d", "3", *paths,
                         check=False, timeout=600)
     rows = []
     for line in out.stdout.splitlines():
         parts = line.split("\t", 1)
         if len(parts) == 2 and parts[0].isdigit():
             rows.append((int(parts[0]), parts[1]))
+    if not rows:
+        log(f"du in {ref} gave nothing (exit {out.returncode}): {out.stderr.strip()[-300:]}")
     return sorted(rows)[-n:]
 
 
@@ -213,7 +216,7 @@ def section_sizes(res: Results, m: matrix.Matrix, torch: str, flavors: list[str]
                 res.details.setdefault("slim_du", {})[v.id] = top
                 for kib, path in reversed(top[-5:]):
                     log(f"  slim {v.id}: {kib / 1024:.0f} MiB {path}")
-        naive_top = du_top(nb.tag)
+        naive_top = du_top(nb.tag, paths=("/opt", "/usr", "/v"))
         res.details.setdefault("naive_du", {})[naive_key] = naive_top
     finally:
         naive.remove(nb.tag)
@@ -412,7 +415,7 @@ def write_outputs(res: Results) -> None:
         lines += [f"{kib:>10}  {path}" for kib, path in top]
         lines += ["```", ""]
     for key, top in res.details.get("naive_du", {}).items():
-        lines += [f"### Naive image {key} (du -x -d 3 /opt /usr, KiB)", "", "```"]
+        lines += [f"### Naive image {key} (du -x -d 3 /opt /usr /v, KiB)", "", "```"]
         lines += [f"{kib:>10}  {path}" for kib, path in top]
         lines += ["```", ""]
     for ref, r in res.details.get("sbom", {}).items():

@@ -25,7 +25,8 @@ _BUFSIZE = 4 << 20  # one reusable read buffer
 _SITE_RE = re.compile(
     r"^(?P<site>(?:.*/)?lib/python(?P<py>\d+(?:\.\d+)?)/(?:site|dist)-packages)/(?P<rel>.+)$"
 )
-_DIST_INFO_RE = re.compile(r"^(?P<dir>[^/]+\.dist-info)/(?P<file>METADATA|RECORD)$")
+# Nested dist-info too: setuptools and pip vendor packages (syft reports them, so must we).
+_DIST_INFO_RE = re.compile(r"^(?P<dir>(?:[^/]+/)*[^/]+\.dist-info)/(?P<file>METADATA|RECORD)$")
 _COPYRIGHT_RE = re.compile(r"^usr/share/doc/(?P<pkg>[^/]+)/copyright$")
 _SO_RE = re.compile(r"\.so(\.\d+)*$")
 _OS_RELEASE = ("etc/os-release", "usr/lib/os-release")
