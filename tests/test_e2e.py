@@ -214,6 +214,6 @@ def _entries(published):
         pubs = value if isinstance(value, list) else value.get("publications", [value])
         latest = dict(pubs[-1])
         latest.setdefault("variant", vid)
-        latest["pull"] = latest.get("pull") or latest.get("pull_by_digest") or latest.get("ref")
+        latest["pull"] = latest["reference"]
         out.append(latest)
     return out
