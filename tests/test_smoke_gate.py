@@ -271,3 +271,17 @@ def test_cli_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
     args = _parse(["smoke", "img", "--require-gpu", "--json"])
     assert args.func(args) == 1  # a CPU-host report of a CUDA image fails --require-gpu
     assert json.loads(capsys.readouterr().out)["checks"][1]["status"] == "skip"
+
+
+def test_require_gpu_failures_count_as_stand_ins_when_the_gate_allows_cpu_smoke():
+    """A later `--require-gpu` run on a CPU host must not turn an allowed CPU smoke into a fail."""
+    from builder.smoke import _only_gpu_demand_failed
+
+    report = {"require_gpu": True, "status": "fail", "checks": [
+        {"name": "env", "status": "pass"},
+        {"name": "cuda", "status": "fail", "original_status": "skip"},
+        {"name": "cudnn_conv", "status": "fail", "original_status": "substituted"}]}
+    assert _only_gpu_demand_failed(report, require_gpu=False)
+    assert not _only_gpu_demand_failed(report, require_gpu=True)
+    report["checks"].append({"name": "amp_train", "status": "fail"})
+    assert not _only_gpu_demand_failed(report, require_gpu=False)
