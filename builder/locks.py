@@ -12,7 +12,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,12 +100,18 @@ def uv_env() -> dict[str, str]:
     return env
 
 
-def resolve(variant: Variant, reqs: list[str], *, upgrade: bool = False) -> str:
-    """Run `uv pip compile` for the variant's python and platform (not the host's)."""
+def resolve(variant: Variant, reqs: list[str], *, upgrade: bool = False,
+            current: str | None = None, upgrade_packages: Sequence[str] = ()) -> str:
+    """Run `uv pip compile` for the variant's python and platform (not the host's).
+
+    With `current` (an existing lock), uv keeps its pins except for `upgrade_packages`.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         req_in = Path(tmp) / "requirements.in"
         req_in.write_text("\n".join(reqs) + "\n")
         out = Path(tmp) / "lock.txt"
+        if current is not None:
+            out.write_text(current)  # uv prefers the pins of an existing output file
         argv = ["uv", "pip", "compile", "--no-config", "--native-tls", "--quiet",
                 "--python-version", variant.python, "--python-platform", PLATFORM,
                 "--generate-hashes", "--no-header", "--no-annotate", "--emit-find-links",
@@ -116,6 +122,8 @@ def resolve(variant: Variant, reqs: list[str], *, upgrade: bool = False) -> str:
             argv += ["--index-url", variant.index_url]
         if upgrade:
             argv.append("--upgrade")
+        for name in upgrade_packages:
+            argv += ["--upgrade-package", name]
         try:
             proc.run(argv, env=uv_env(), timeout=600)
         except BuilderError as exc:

@@ -8,6 +8,7 @@ overwrite, or becomes a new combination when it fits none.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import itertools
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -16,7 +17,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import yaml
 
 from builder.errors import ConfigError
@@ -232,6 +232,8 @@ def _line_of(lines: Mapping[Path_, int], path: Path_) -> int:
 
 def schema_problems(data: Any, lines: Mapping[Path_, int],
                     raw: Mapping[Path_, str]) -> list[Problem]:
+    import jsonschema  # slow to import (~1.5 s with format checkers): only when needed
+
     validator = jsonschema.Draft202012Validator(schema())
     problems = []
     for err in validator.iter_errors(data):
@@ -240,7 +242,7 @@ def schema_problems(data: Any, lines: Mapping[Path_, int],
     return problems
 
 
-def _explain(err: jsonschema.ValidationError, path: Path_, lines: Mapping[Path_, int],
+def _explain(err: Any, path: Path_, lines: Mapping[Path_, int],
              raw: Mapping[Path_, str]) -> list[Problem]:
     line = _line_of(lines, path)
     if err.validator == "additionalProperties" and isinstance(err.instance, dict):
@@ -326,13 +328,33 @@ def load(path: str | Path = "matrix.yaml") -> Matrix:
     data, lines, problems = load_yaml(path)
     if not isinstance(data, dict):
         raise MatrixError(file, [Problem(1, (), "the top level must be a mapping of keys")])
-    problems += schema_problems(data, lines, _raw_scalars(path))
+    marker = _schema_ok_marker(path)
+    if not marker.exists():
+        problems += schema_problems(data, lines, _raw_scalars(path))
     if problems:
         raise MatrixError(file, problems)
     matrix, problems = _build(path, data, lines)
     if problems:
         raise MatrixError(file, problems)
+    _remember(marker)
     return matrix
+
+
+def _schema_ok_marker(path: Path) -> Path:
+    """A file named by the hash of (matrix text, schema text): present once that pair validated,
+    so a no-op `plan` skips importing the schema validator."""
+    from builder import state
+
+    digest = hashlib.sha256(path.read_bytes() + SCHEMA_PATH.read_bytes()).hexdigest()[:32]
+    return state.root() / "cache" / f"matrix-valid-{digest}"
+
+
+def _remember(marker: Path) -> None:
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:
+        pass  # a read-only state folder only costs the next run its speed
 
 
 def _build(path: Path, data: dict[str, Any],

@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import jsonschema
-
 from builder import engine, labels, plan, smoke, state
 from builder.errors import BuilderError, CommandFailed, GateRefused
 from builder.matrix import Matrix
@@ -366,6 +364,8 @@ def load_manifest(path: Path) -> dict[str, Any]:
 
 def _validate(doc: dict[str, Any], path: Path) -> None:
     schema = json.loads(SCHEMA_PATH.read_text())
+    import jsonschema  # slow import; only when validating
+
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=str)
     if errors:
         where = "/".join(str(x) for x in errors[0].absolute_path)

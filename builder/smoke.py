@@ -20,8 +20,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 from builder import engine, labels, proc
 from builder.errors import BuilderError, CommandFailed, EngineError
 
@@ -101,6 +99,8 @@ def schema() -> dict[str, Any]:
 
 def validation_error(report: Any) -> str | None:
     """The first schema violation, as `path: message`, or None."""
+    import jsonschema  # slow import; only when validating
+
     validator = jsonschema.Draft202012Validator(schema())
     errors = sorted(validator.iter_errors(report), key=lambda e: list(e.absolute_path))
     if not errors:
