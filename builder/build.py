@@ -218,6 +218,13 @@ def run_build(args: argparse.Namespace) -> list[Outcome]:
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
+        "base", parents=[common], help="make the selected variants' base images available",
+        description="Pull each base image ref, or bootstrap `mmdebstrap:<suite>` into a local "
+        "image (reused while suite, packages and day are unchanged). Prints each base's digest, "
+        "which is part of every variant's content hash.")
+    p.set_defaults(func=cmd_base)
+
+    p = sub.add_parser(
         "build", parents=[common], help="build images for the selected variants",
         description="Build the plan's `build` variants (default selection: the matrix's "
         "`default`) with BuildKit, skip up-to-date ones, then smoke-test and write an SBOM for "
@@ -235,6 +242,18 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--apt-refresh", default="", metavar="TOKEN",
                    help="re-run the apt upgrade step (security rebuilds pass a new token)")
     p.set_defaults(func=cmd_build)
+
+
+def cmd_base(args: argparse.Namespace) -> int:
+    _, variants = load_selected(args)
+    bases = {v.base.image: v.base for v in variants}
+    digests = {ref: base.ensure(b, progress=step) for ref, b in bases.items()}
+    if args.json:
+        emit_json(digests)
+    else:
+        table(["base", "local image", "digest"],
+              [(ref, base.local_ref(bases[ref]), d) for ref, d in digests.items()])
+    return 0
 
 
 def cmd_build(args: argparse.Namespace) -> int:

@@ -1,9 +1,18 @@
 """Collect an image's contents from its filesystem, without running it.
 
-One pass over `docker export` of a created (never started) container, read as a tar stream: only
-the few members the SBOM needs are read (dpkg status, copyright files, os-release, dist-info
-metadata); native libraries bundled in wheels are hashed while they stream past. Nothing is
-written to disk, and only in-image paths are recorded.
+Only the few files the SBOM needs are read (dpkg status, copyright files, os-release, dist-info
+metadata), and native libraries bundled in wheels are hashed. Two ways, same result:
+
+- fast: with a local engine storing images as overlay2, straight from the image's layer
+  directories on disk, merged with overlayfs' rules (sbom/layers.py); the libraries are hashed
+  by a small thread pool;
+- fallback (remote engine, another storage driver, not root, unreadable layers): one pass over
+  `docker export` of a created (never started) container, read as a tar stream, the libraries
+  hashed while they stream past.
+
+`ImageContents.collector` says which was used; SBOM_COLLECTOR=export forces the export,
+SBOM_COLLECTOR=overlay2 makes a refusal of the fast path an error. Nothing is written to disk,
+and only in-image paths are recorded.
 """
 
 from __future__ import annotations
@@ -11,6 +20,8 @@ from __future__ import annotations
 import hashlib
 import http.client
 import io
+import logging
+import os
 import posixpath
 import re
 import socket
@@ -33,6 +44,8 @@ _OS_RELEASE = ("etc/os-release", "usr/lib/os-release")
 _DPKG_STATUS = "var/lib/dpkg/status"
 _DPKG_STATUS_D = re.compile(r"^var/lib/dpkg/status\.d/[^/]+$")
 _MAX_TEXT = 4 << 20  # a METADATA or copyright file larger than this is not text we want
+_FAST_ENV = "SBOM_COLLECTOR"  # "export" forces the export stream, "overlay2" refuses to fall back
+log = logging.getLogger(__name__)
 
 
 class Readable(Protocol):
@@ -71,6 +84,7 @@ class ImageContents:
     dists: list[PythonDist] = field(default_factory=list)
     native_libs: list[NativeLib] = field(default_factory=list)
     bytes_read: int = 0
+    collector: str = ""  # how it was read: "overlay2" (layer directories) or "docker-export"
 
 
 @dataclass
@@ -87,14 +101,12 @@ class ImageFacts:
 
 
 def collect(image_ref: str) -> ImageFacts:
-    """Inspect `image_ref` and read its filesystem in one streamed export."""
+    """Inspect `image_ref` and read its filesystem: from its overlay2 layers, else an export."""
     engine.ensure_engine()
     info = engine.inspect_image(image_ref)
     if info is None:
         raise EngineError(f"no image `{image_ref}` in the engine", hint="build or pull it first")
-    # An imported image may have no CMD; `create` needs one but never runs it.
-    with engine.container(info["Id"], ["/sbom-collect-never-runs"]) as name:
-        contents = read_tar_stream(_export_stream(name))
+    contents = read_contents(info)
     return ImageFacts(
         ref=image_ref,
         image_id=info["Id"],
@@ -106,6 +118,35 @@ def collect(image_ref: str) -> ImageFacts:
         architecture=info.get("Architecture", "amd64"),
         contents=contents,
     )
+
+
+def read_contents(info: dict[str, Any]) -> ImageContents:
+    """The image's contents (`info` is its `docker image inspect`); see `collect`.
+
+    The local engine's overlay2 layer directories are read when they can be vouched for (see
+    sbom.layers); otherwise, or when reading them fails, the container export stream is.
+    `ImageContents.collector` and a debug log line say which was used and why.
+    """
+    from sbom import layers
+
+    choice = os.environ.get(_FAST_ENV, "")
+    if choice != "export":
+        try:
+            contents = read_layers(layers.layer_dirs(info, engine.engine_address()))
+            log.debug("sbom: read %s from its overlay2 layers", info["Id"])
+            return contents
+        except layers.Unavailable as exc:
+            if choice == "overlay2":
+                raise EngineError(f"cannot read the layers of {info['Id']}: {exc}") from exc
+            log.debug("sbom: overlay2 layers of %s not used (%s); exporting", info["Id"], exc)
+    return read_export(info["Id"])
+
+
+def read_export(image_id: str) -> ImageContents:
+    """The contents from one streamed `docker export` of a created (never started) container."""
+    # An imported image may have no CMD; `create` needs one but never runs it.
+    with engine.container(image_id, ["/sbom-collect-never-runs"]) as name:
+        return read_tar_stream(_export_stream(name))
 
 
 def _export_stream(container: str) -> Readable:
@@ -291,63 +332,134 @@ def _parse_pax(data: bytes) -> dict[str, str]:
 
 def read_tar_stream(stream: Readable) -> ImageContents:
     """Read the needed members from an uncompressed tar stream of a root filesystem."""
-    out = ImageContents()
-    links: dict[str, str] = {}  # os-release is usually a symlink
-    texts: dict[str, str] = {}
-    dists: dict[str, PythonDist] = {}
+    acc = _Accumulator()
     tar = _TarReader(stream)
     for kind, raw_name, linkname, size in tar.members():
         name = raw_name.removeprefix("./").lstrip("/")
-        if kind == "2" and name in _OS_RELEASE:
-            target = posixpath.join(posixpath.dirname(name), linkname)
-            links[name] = posixpath.normpath(target).lstrip("/")
-        if kind not in "07":
+        if kind == "2":
+            acc.add_link(name, linkname)
+        wanted = _wanted(name, size) if kind in "07" else None
+        if wanted is None:
             tar.skip(size)
-            continue
-        _read_member(tar, name, size, out, texts, dists)
-    for path in _OS_RELEASE:
-        text = texts.get(path) or texts.get(links.get(path, ""))
-        if text:
-            out.os_release = parse_os_release(text)
-            break
-    out.dists = sorted(dists.values(), key=lambda d: (d.site, d.dist_info))
-    out.native_libs.sort(key=lambda lib: lib.path)
-    out.bytes_read = tar.total
-    return out
+        elif wanted[0] == "lib":
+            digest = hashlib.sha256()
+            for chunk in tar.chunks(size):
+                digest.update(chunk)
+            acc.add_lib(wanted[1], digest.hexdigest(), size)
+        else:
+            acc.add_text(wanted, tar.data(size))
+    return acc.finish(tar.total, "docker-export")
 
 
-def _read_member(
-    tar: _TarReader, name: str, size: int, out: ImageContents,
-    texts: dict[str, str], dists: dict[str, PythonDist],
-) -> None:
+def read_layers(dirs: list[bytes]) -> ImageContents:
+    """The same contents as `read_tar_stream` of an export, from overlay2 layer directories.
+
+    Walks the union view (see sbom.layers), opens only the needed files, and hashes bundled
+    native libraries in a thread pool while the walk goes on. Raises layers.Unavailable when a
+    directory or file cannot be read.
+    """
+    from sbom import layers
+
+    acc = _Accumulator()
+    hasher = layers.Hasher()
+    total = 0
+    try:
+        for member in layers.walk(dirs):
+            if member.kind == "2":
+                if member.name in _OS_RELEASE:
+                    acc.add_link(member.name, os.fsdecode(os.readlink(member.path)))
+                continue
+            if _wanted(member.name, None) is None:
+                continue
+            size = member.size()
+            wanted = _wanted(member.name, size)
+            if wanted is None:
+                continue
+            if wanted[0] == "lib":
+                hasher.submit(member.path, (wanted[1], size))
+                continue
+            with open(member.path, "rb") as f:
+                data = f.read()
+            total += len(data)
+            acc.add_text(wanted, data)
+        for ((site, rel), size), hexdigest, n in hasher.results():
+            if n != size:
+                raise layers.Unavailable(f"{site}/{rel} changed size while read")
+            total += n
+            acc.add_lib((site, rel), hexdigest, size)
+    except OSError as exc:
+        raise layers.Unavailable(f"cannot read the image's layers: {exc}") from exc
+    finally:
+        hasher.close()
+    return acc.finish(total, "overlay2")
+
+
+def _wanted(name: str, size: int | None) -> tuple[str, Any] | None:
+    """What the collector reads from a regular file at `name` (relative): None for nothing.
+
+    `size` None asks whether the name alone could be wanted (the size limit not applied yet).
+    """
     if name in _OS_RELEASE:
-        texts[name] = _text(tar, size)
-    elif name == _DPKG_STATUS or _DPKG_STATUS_D.match(name):
-        out.dpkg_status.append(_text(tar, size))
-    elif (m := _COPYRIGHT_RE.match(name)) and size <= _MAX_TEXT:
-        out.copyrights[m["pkg"]] = _text(tar, size)
-    elif m := _SITE_RE.match(name):
-        _read_site_member(tar, size, m, out, dists)
-    else:
-        tar.skip(size)
+        return "os", name
+    if name == _DPKG_STATUS or _DPKG_STATUS_D.match(name):
+        return "dpkg", None
+    if m := _COPYRIGHT_RE.match(name):
+        return ("copyright", m["pkg"]) if size is None or size <= _MAX_TEXT else None
+    if m := _SITE_RE.match(name):
+        site, rel = "/" + m["site"], m["rel"]
+        if d := _DIST_INFO_RE.match(rel):
+            ok = size is None or size <= _MAX_TEXT
+            return ("dist", (site, d["dir"], m["py"], d["file"].lower())) if ok else None
+        if is_bundled_native_lib(rel):
+            return "lib", (site, rel)
+    return None
 
 
-def _read_site_member(
-    tar: _TarReader, size: int, m: re.Match[str], out: ImageContents,
-    dists: dict[str, PythonDist],
-) -> None:
-    site, rel = "/" + m["site"], m["rel"]
-    if (d := _DIST_INFO_RE.match(rel)) and size <= _MAX_TEXT:
-        key = f"{site}/{d['dir']}"
-        dist = dists.setdefault(key, PythonDist(site=site, dist_info=d["dir"], python=m["py"]))
-        setattr(dist, d["file"].lower(), _text(tar, size))
-    elif is_bundled_native_lib(rel):
-        digest = hashlib.sha256()
-        for chunk in tar.chunks(size):
-            digest.update(chunk)
-        out.native_libs.append(NativeLib(f"{site}/{rel}", site, rel, digest.hexdigest(), size))
-    else:
-        tar.skip(size)
+class _Accumulator:
+    """Builds ImageContents from members in tar order, whichever way they were read."""
+
+    def __init__(self) -> None:
+        self.out = ImageContents()
+        self.links: dict[str, str] = {}  # os-release is usually a symlink
+        self.texts: dict[str, str] = {}
+        self.dists: dict[str, PythonDist] = {}
+
+    def add_link(self, name: str, linkname: str) -> None:
+        if name in _OS_RELEASE:
+            target = posixpath.join(posixpath.dirname(name), linkname)
+            self.links[name] = posixpath.normpath(target).lstrip("/")
+
+    def add_text(self, wanted: tuple[str, Any], data: bytes) -> None:
+        what, arg = wanted
+        text = data.decode("utf-8", errors="replace")
+        if what == "os":
+            self.texts[arg] = text
+        elif what == "dpkg":
+            self.out.dpkg_status.append(text)
+        elif what == "copyright":
+            self.out.copyrights[arg] = text
+        else:
+            site, dist_info, python, file = arg
+            dist = self.dists.setdefault(
+                f"{site}/{dist_info}", PythonDist(site=site, dist_info=dist_info, python=python))
+            setattr(dist, file, text)
+
+    def add_lib(self, where: tuple[str, str], sha256: str, size: int) -> None:
+        site, rel = where
+        self.out.native_libs.append(NativeLib(f"{site}/{rel}", site, rel, sha256, size))
+
+    def finish(self, bytes_read: int, collector: str) -> ImageContents:
+        out = self.out
+        for path in _OS_RELEASE:
+            text = self.texts.get(path) or self.texts.get(self.links.get(path, ""))
+            if text:
+                out.os_release = parse_os_release(text)
+                break
+        out.dists = sorted(self.dists.values(), key=lambda d: (d.site, d.dist_info))
+        out.native_libs.sort(key=lambda lib: lib.path)
+        out.bytes_read = bytes_read
+        out.collector = collector
+        return out
 
 
 def is_bundled_native_lib(rel: str) -> bool:
@@ -356,10 +468,6 @@ def is_bundled_native_lib(rel: str) -> bool:
     if not _SO_RE.search(base):
         return False
     return rel.startswith("nvidia/") or rel.startswith("torch/lib/")
-
-
-def _text(tar: _TarReader, size: int) -> str:
-    return tar.data(size).decode("utf-8", errors="replace")
 
 
 def parse_os_release(text: str) -> dict[str, str]:
