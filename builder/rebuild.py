@@ -9,6 +9,8 @@ For each variant in published.json (its latest publication) four sources are ask
   inputs-changed   the plan's content hash (with the published base) vs the image's label
 
 A source that cannot be asked is reported as `unknown` with its error, never as clean.
+`--skip-source NAME` (repeatable) does not ask that source at all; it is reported as `skipped`
+(the --json `sources` map and `skipped` list, and the human summary), never as clean.
 `--check` exits 0 when nothing needs rebuilding, 1 when something does, 2 when a source is
 unknown. Without `--check` exactly the variants needing it are re-locked / rebuilt (build runs
 smoke + SBOM), published under a new dated tag, and the SBOM diff old → new is printed.
@@ -24,7 +26,7 @@ import os
 import re
 import tempfile
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,18 +188,23 @@ def _unknown(vid: str, reason: str, exc: Exception) -> Finding:
 
 
 def check_variant(matrix: Matrix, variant: Variant, pub: dict[str, Any], locks_dir: Path,
-                  smoke_hash: str, base_digests: dict[str, str]) -> list[Finding]:
+                  smoke_hash: str, base_digests: dict[str, str],
+                  skip: frozenset[str] = frozenset()) -> list[Finding]:
+    """Ask each source not in `skip` about one published variant."""
     vid = variant.id
     findings: list[Finding] = []
     image, info, image_error = "", {}, None
-    try:
-        image, info = published_image(pub)
-    except BuilderError as exc:
-        image_error = exc
+    if {"debian-security", "base-moved", "inputs-changed"} - skip:
+        try:
+            image, info = published_image(pub)
+        except BuilderError as exc:
+            image_error = exc
     image_labels = (info.get("Config") or {}).get("Labels") or {}
 
     # (a) Debian updates inside the published image
-    if image_error is not None:
+    if "debian-security" in skip:
+        pass
+    elif image_error is not None:
         findings.append(_unknown(vid, "debian-security", image_error))
     else:
         try:
@@ -214,7 +221,8 @@ def check_variant(matrix: Matrix, variant: Variant, pub: dict[str, Any], locks_d
 
     # (b) Python vulnerabilities with a fix
     try:
-        audit = audit_lock(locks.lock_paths(locks_dir, variant)[0])
+        audit = ({"vulns": [], "unknown": []} if "python-vuln" in skip
+                 else audit_lock(locks.lock_paths(locks_dir, variant)[0]))
     except BuilderError as exc:
         findings.append(_unknown(vid, "python-vuln", exc))
     else:
@@ -232,7 +240,9 @@ def check_variant(matrix: Matrix, variant: Variant, pub: dict[str, Any], locks_d
 
     # (c) base digest moved
     published_base = image_labels.get(BASE_DIGEST_LABEL) or None
-    if image_error is not None:
+    if "base-moved" in skip:
+        pass
+    elif image_error is not None:
         findings.append(_unknown(vid, "base-moved", image_error))
     else:
         try:
@@ -252,6 +262,8 @@ def check_variant(matrix: Matrix, variant: Variant, pub: dict[str, Any], locks_d
 
     # (d) inputs changed: the content hash on the published base, so a moved base is not
     # counted twice
+    if "inputs-changed" in skip:
+        return findings
     if image_error is not None:
         findings.append(_unknown(vid, "inputs-changed", image_error))
         return findings
@@ -269,8 +281,14 @@ def check_variant(matrix: Matrix, variant: Variant, pub: dict[str, Any], locks_d
 
 
 def check(matrix: Matrix, variants: list[Variant], manifest: Path, *,
-          locks_dir: Path = Path("locks")) -> list[Finding]:
-    """Findings for the selected variants that have a publication in `manifest`."""
+          locks_dir: Path = Path("locks"), skip: Collection[str] = ()) -> list[Finding]:
+    """Findings for the selected variants that have a publication in `manifest`; the sources in
+    `skip` are not asked (see `source_summary`: they are `skipped`, not clean)."""
+    unknown_names = set(skip) - set(REASONS)
+    if unknown_names:
+        raise ConfigError(f"unknown source {', '.join(sorted(unknown_names))}",
+                          hint=f"sources: {', '.join(REASONS)}")
+    skipped = frozenset(skip)
     pubs = latest_publications(manifest)
     smoke_hash = plan.smoke_files_hash()
     base_digests: dict[str, str] = {}
@@ -280,8 +298,22 @@ def check(matrix: Matrix, variants: list[Variant], manifest: Path, *,
         if pub is None:
             continue
         step(f"  [{v.id}] checking {pub['reference']}")
-        findings += check_variant(matrix, v, pub, locks_dir, smoke_hash, base_digests)
+        findings += check_variant(matrix, v, pub, locks_dir, smoke_hash, base_digests, skipped)
     return findings
+
+
+def source_summary(findings: list[Finding], skip: Collection[str] = ()) -> dict[str, str]:
+    """source → skipped | unknown | rebuild | matrix-change | clean, over the checked variants
+    (the worst status wins; `clean` only for a source that was asked)."""
+    order = (UNKNOWN, REBUILD, MATRIX_CHANGE)
+    out: dict[str, str] = {}
+    for reason in REASONS:
+        if reason in skip:
+            out[reason] = "skipped"
+            continue
+        statuses = {f.status for f in findings if f.reason == reason}
+        out[reason] = next((s for s in order if s in statuses), "clean")
+    return out
 
 
 def published_variants(matrix: Matrix, variants: list[Variant], manifest: Path) -> list[Variant]:
@@ -434,7 +466,7 @@ def fetch_artifact(registry: str, repository: str, digest: str) -> dict[str, Any
 
 def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_dir: Path,
             args: argparse.Namespace, allow_cpu_smoke: bool = False, dry_run: bool = False,
-            findings: list[Finding] | None = None,
+            findings: list[Finding] | None = None, skip: Collection[str] = (),
             build: Callable[[argparse.Namespace], list[Any]] | None = None,
             publish_fn: Callable[..., list[dict[str, Any]]] | None = None) -> list[Action]:
     """Rebuild and publish exactly the variants whose findings say so; returns the actions."""
@@ -442,7 +474,7 @@ def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_di
     from builder import publish
 
     if findings is None:
-        findings = check(matrix, variants, manifest, locks_dir=locks_dir)
+        findings = check(matrix, variants, manifest, locks_dir=locks_dir, skip=skip)
     actions = plan_actions(findings)
     if dry_run or not actions:
         for a in actions:
@@ -507,7 +539,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "Debian updates inside the image, Python vulnerabilities with a fix (pip-audit on the "
         "lock), a moved base digest, changed inputs. --check only reports (exit 0 nothing to do, "
         "1 something to rebuild, 2 a source unknown); otherwise rebuilds, publishes and prints "
-        "the SBOM diff of exactly those variants.")
+        "the SBOM diff of exactly those variants. --skip-source leaves a source unasked (reported "
+        "as skipped, never clean).")
     p.add_argument("--check", action="store_true", help="report only; build and push nothing")
     p.add_argument("--locks", default="locks", type=Path)
     p.add_argument("--manifest", default=Path("published.json"), type=Path, metavar="FILE",
@@ -518,6 +551,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="say what would be rebuilt and why; change, build and push nothing")
     p.add_argument("--ca-bundle", type=Path, default=os.environ.get("BUILDER_CA_BUNDLE") or None,
                    help="CA bundle for downloads inside the build (see builder build)")
+    p.add_argument("--skip-source", action="append", default=[], choices=REASONS,
+                   metavar="NAME", dest="skip_source",
+                   help="do not ask this source (repeatable; one of: %(choices)s); it is "
+                   "reported as skipped, never as clean")
     p.set_defaults(func=cmd_rebuild)
 
 
@@ -526,9 +563,13 @@ def _selected(args: argparse.Namespace) -> tuple[Matrix, list[Variant]]:
     return matrix, published_variants(matrix, variants, args.manifest)
 
 
-def print_findings(findings: list[Finding]) -> None:
+def print_findings(findings: list[Finding], skip: Collection[str] = ()) -> None:
+    skipped = [r for r in REASONS if r in skip]
+    if skipped:
+        print(f"skipped (not asked, so not known to be clean): {', '.join(skipped)}")
     if not findings:
-        print("nothing needs rebuilding: every source was asked and is clean")
+        print("nothing needs rebuilding: every source asked is clean" if skipped
+              else "nothing needs rebuilding: every source was asked and is clean")
         return
     table(["variant", "reason", "status", "detail"],
           [(f.variant_id, f.reason, f.status, f.detail) for f in findings])
@@ -539,22 +580,24 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         raise ConfigError(f"no {args.manifest}: nothing has been published",
                           hint="publish first: builder publish")
     matrix, variants = _selected(args)
-    findings = check(matrix, variants, args.manifest, locks_dir=args.locks)
+    skip = sorted(set(getattr(args, "skip_source", None) or ()))
+    findings = check(matrix, variants, args.manifest, locks_dir=args.locks, skip=skip)
+    summary = {"sources": source_summary(findings, skip), "skipped": skip}
     if args.check:
         if args.json:
-            emit_json({"findings": [f.as_json() for f in findings],
+            emit_json({"findings": [f.as_json() for f in findings], **summary,
                        "exit_code": exit_code(findings)})
         else:
-            print_findings(findings)
+            print_findings(findings, skip)
         return exit_code(findings)
     actions = rebuild(matrix, variants, args.manifest, locks_dir=args.locks, args=args,
                       allow_cpu_smoke=args.allow_cpu_smoke, dry_run=args.dry_run,
                       findings=findings)
     if args.json:
-        emit_json({"findings": [f.as_json() for f in findings],
+        emit_json({"findings": [f.as_json() for f in findings], **summary,
                    "actions": [asdict(a) for a in actions]})
     else:
-        print_findings(findings)
+        print_findings(findings, skip)
         if not actions:
             print("nothing rebuilt, nothing pushed")
         else:
@@ -576,4 +619,5 @@ def print_changelogs(actions: list[Action]) -> None:
         print(format_diff(a.changelog) if a.changelog else "  (old SBOM not available: no diff)")
 
 
-__all__ = ["Action", "Finding", "check", "exit_code", "rebuild", "upgrade_packages"]
+__all__ = ["Action", "Finding", "check", "exit_code", "rebuild", "source_summary",
+           "upgrade_packages"]

@@ -67,7 +67,8 @@ def build_bom(facts: ImageFacts, *, reproducible: bool = False) -> Bom:
             manufacturer=_vendor(facts.labels),
             lifecycles=[PredefinedLifecycle(LifecyclePhase.POST_BUILD)],
             timestamp=_timestamp(facts, reproducible),
-            properties=[Prop(name=PROP + "collector", value="docker-export")],
+            properties=[Prop(name=PROP + "collector",
+                             value=facts.contents.collector or "docker-export")],
         ),
         serial_number=_serial(facts, reproducible),
     )

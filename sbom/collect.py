@@ -355,8 +355,8 @@ def read_layers(dirs: list[bytes]) -> ImageContents:
     """The same contents as `read_tar_stream` of an export, from overlay2 layer directories.
 
     Walks the union view (see sbom.layers), opens only the needed files, and hashes bundled
-    native libraries in a thread pool while the walk goes on. Raises layers.Unavailable when a
-    directory or file cannot be read.
+    native libraries in a thread pool (largest first) while the texts are read. Raises
+    layers.Unavailable when a directory or file cannot be read, or changes while read.
     """
     from sbom import layers
 
@@ -364,29 +364,35 @@ def read_layers(dirs: list[bytes]) -> ImageContents:
     hasher = layers.Hasher()
     total = 0
     try:
+        texts: list[tuple[tuple[str, Any], bytes]] = []
+        libs: list[tuple[int, bytes, tuple[str, str]]] = []
         for member in layers.walk(dirs):
             if member.kind == "2":
                 if member.name in _OS_RELEASE:
                     acc.add_link(member.name, os.fsdecode(os.readlink(member.path)))
-                continue
-            if _wanted(member.name, None) is None:
-                continue
-            size = member.size()
-            wanted = _wanted(member.name, size)
-            if wanted is None:
-                continue
-            if wanted[0] == "lib":
-                hasher.submit(member.path, (wanted[1], size))
-                continue
-            with open(member.path, "rb") as f:
+            elif _wanted(member.name, None) is not None:
+                size = member.size()
+                wanted = _wanted(member.name, size)
+                if wanted is None:
+                    continue
+                if wanted[0] == "lib":
+                    libs.append((size, member.path, wanted[1]))
+                else:
+                    texts.append((wanted, member.path))
+        # Largest first, so that the pool does not end on one big library; the texts (in walk
+        # order, which dpkg_status keeps) are read meanwhile.
+        for size, path, where in sorted(libs, key=lambda lib: -lib[0]):
+            hasher.submit(path, (where, size))
+        for wanted, path in texts:
+            with open(path, "rb") as f:
                 data = f.read()
             total += len(data)
             acc.add_text(wanted, data)
-        for ((site, rel), size), hexdigest, n in hasher.results():
+        for (where, size), hexdigest, n in hasher.results():
             if n != size:
-                raise layers.Unavailable(f"{site}/{rel} changed size while read")
+                raise layers.Unavailable(f"{where[0]}/{where[1]} changed size while read")
             total += n
-            acc.add_lib((site, rel), hexdigest, size)
+            acc.add_lib(where, hexdigest, size)
     except OSError as exc:
         raise layers.Unavailable(f"cannot read the image's layers: {exc}") from exc
     finally:

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tarfile
 import uuid
@@ -17,9 +18,9 @@ import pytest
 from packageurl import PackageURL
 
 import sbom
-from sbom import dpkg
+from sbom import dpkg, layers
 from sbom.audit import audit, audit_debian
-from sbom.collect import read_tar_stream
+from sbom.collect import read_export, read_layers, read_tar_stream
 from sbom.diff import diff_sboms, format_diff
 from sbom.validate import SbomInvalid, write
 
@@ -382,3 +383,172 @@ def test_tar_reader_reads_needed_members_and_hashes_libs():
     assert lib.path == "/" + f"{long_dir}/libfoo.so.1"
     assert lib.sha256 == hashlib.sha256(b"lib-bytes").hexdigest()
     assert contents.dists[0].metadata.startswith("Name: a")
+
+
+# ---- overlay2 fast path ---------------------------------------------------------------------
+
+
+def _contents_key(contents) -> dict:
+    """Everything collected, less how it was read (bytes_read, collector differ by design)."""
+    import dataclasses
+
+    data = dataclasses.asdict(contents)
+    data.pop("bytes_read"), data.pop("collector")
+    return data
+
+
+_LAYERED = f"""FROM {BASE}
+RUN mkdir -p {SITE}/torch/lib {SITE}/nvidia/cublas/lib {SITE}/nvidia/opq \\
+ && printf 'old-torch' > {SITE}/torch/lib/libtorch_cpu.so \\
+ && printf 'hard' > {SITE}/torch/lib/libc10.so && ln {SITE}/torch/lib/libc10.so {SITE}/torch/lib/libc10_hl.so \\
+ && printf 'cublas' > {SITE}/nvidia/cublas/lib/libcublas.so.12 \\
+ && printf 'deleted' > {SITE}/nvidia/cublas/lib/libcublasLt.so.12 \\
+ && {_dist("deleted-dist", "1.0")} && {_dist("kept-dist", "1.0")} \\
+ && mkdir -p {SITE}/nvidia/opq/lib && printf 'lower' > {SITE}/nvidia/opq/lib/libold.so \\
+ && mkdir -p {SITE}/replaced && printf 'file' > {SITE}/replaced/x \\
+ && rm -f /usr/share/doc/libc6/copyright
+RUN printf 'new-torch' > {SITE}/torch/lib/libtorch_cpu.so \\
+ && rm {SITE}/nvidia/cublas/lib/libcublasLt.so.12 \\
+ && rm -rf {SITE}/deleted_dist-1.0.dist-info \\
+ && rm -rf {SITE}/nvidia/opq && mkdir -p {SITE}/nvidia/opq/lib \\
+ && printf 'upper' > {SITE}/nvidia/opq/lib/libnew.so \\
+ && {_dist("added-dist", "2.0")} \\
+ && printf 'new-copyright' > /usr/share/doc/libc6/copyright
+"""
+
+
+@pytest.fixture(scope="module")
+def layered_image(tmp_path_factory: pytest.TempPathFactory):
+    """An image whose second layer overwrites, deletes and replaces what the first made."""
+    if not _docker_ready():
+        pytest.skip(f"no Docker engine or no {BASE}")
+    from builder import engine
+
+    tag = f"sbomtest/layered:{uuid.uuid4().hex[:8]}"
+    ctx = tmp_path_factory.mktemp("sbom-layered")
+    try:
+        _build(ctx, tag, _LAYERED, {})
+        yield engine.inspect_image(tag)
+    finally:
+        engine.remove_image(tag)
+
+
+@pytest.mark.docker
+def test_overlay2_layers_give_the_same_contents_as_export(layered_image):
+    from builder import engine
+
+    try:
+        dirs = layers.layer_dirs(layered_image, engine.engine_address())
+    except layers.Unavailable as exc:
+        pytest.skip(f"overlay2 fast path not available here: {exc}")
+    fast = read_layers(dirs)
+    slow = read_export(layered_image["Id"])
+    assert (fast.collector, slow.collector) == ("overlay2", "docker-export")
+    assert _contents_key(fast) == _contents_key(slow)
+    libs = {lib.rel: lib.sha256 for lib in fast.native_libs}
+    assert libs == {
+        "torch/lib/libtorch_cpu.so": hashlib.sha256(b"new-torch").hexdigest(),  # overwritten
+        "torch/lib/libc10.so": hashlib.sha256(b"hard").hexdigest(),  # its hard link: a tar link
+        "nvidia/cublas/lib/libcublas.so.12": hashlib.sha256(b"cublas").hexdigest(),
+        "nvidia/opq/lib/libnew.so": hashlib.sha256(b"upper").hexdigest(),  # opaque dir
+    }
+    assert "nvidia/cublas/lib/libcublasLt.so.12" not in libs  # deleted (whiteout)
+    dists = {d.dist_info for d in fast.dists}
+    assert {"kept_dist-1.0.dist-info", "added_dist-2.0.dist-info"} <= dists
+    assert "deleted_dist-1.0.dist-info" not in dists
+    assert fast.copyrights["libc6"] == "new-copyright"
+    assert fast.os_release["ID"] == "debian"
+
+
+@pytest.mark.docker
+def test_collect_says_which_path_it_used(layered_image, monkeypatch):
+    from builder import engine
+    from sbom.collect import read_contents
+
+    try:
+        layers.layer_dirs(layered_image, engine.engine_address())
+        expected = "overlay2"
+    except layers.Unavailable:
+        expected = "docker-export"
+    assert read_contents(layered_image).collector == expected
+    monkeypatch.setenv("SBOM_COLLECTOR", "export")
+    assert read_contents(layered_image).collector == "docker-export"
+    monkeypatch.delenv("SBOM_COLLECTOR")
+    # Not overlay2 (or a remote engine): the export stream, same contents.
+    other = {**layered_image, "GraphDriver": {"Name": "vfs", "Data": {}}}
+    assert read_contents(other).collector == "docker-export"
+
+
+def test_layer_dirs_refuses_what_it_cannot_vouch_for(tmp_path):
+    info = {"GraphDriver": {"Name": "overlay2", "Data": {"UpperDir": str(tmp_path / "x/diff")}}}
+    with pytest.raises(layers.Unavailable, match="not local"):
+        layers.layer_dirs(info, "tcp://10.0.0.1:2376")
+    with pytest.raises(layers.Unavailable, match="not overlay2"):
+        layers.layer_dirs({"GraphDriver": {"Name": "btrfs"}}, "unix:///var/run/docker.sock")
+    if os.geteuid() == 0:
+        with pytest.raises(layers.Unavailable, match="not readable"):
+            layers.layer_dirs(info, "unix:///var/run/docker.sock")
+
+
+def _mklayer(root: Path, files: dict[str, bytes | str | None], opaque: tuple[str, ...] = ()):
+    """A layer diff dir: bytes a file, str a symlink, None a whiteout (0:0 char device)."""
+    root.mkdir(parents=True)
+    for name, value in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if value is None:
+            os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(0, 0))
+        elif isinstance(value, str):
+            path.symlink_to(value)
+        else:
+            path.write_bytes(value)
+    for name in opaque:
+        (root / name).mkdir(parents=True, exist_ok=True)
+        os.setxattr(root / name, "trusted.overlay.opaque", b"y")
+    return bytes(root)
+
+
+def test_layer_walk_honours_whiteouts_opaque_dirs_and_order(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("whiteouts and trusted.* xattrs need root")
+    sp = "usr/lib/python3/dist-packages"
+    bottom = _mklayer(tmp_path / "0", {
+        "etc/os-release": "../usr/lib/os-release",
+        "usr/lib/os-release": b"ID=debian\n",
+        "var/lib/dpkg/status": b"Package: a\n",
+        "var/lib/dpkg/status.d/b": b"Package: b\n",
+        f"{sp}/a-1.dist-info/METADATA": b"Name: a\n",
+        f"{sp}/torch/lib/libgone.so": b"gone",
+        f"{sp}/torch/lib/libkept.so": b"kept",
+        f"{sp}/nvidia/x/lib/libold.so.1": b"old",
+        f"{sp}/nvidia/file_then_dir": b"file",
+        f"{sp}/nvidia/dir_then_file/lib/liby.so": b"y",
+    })
+    middle = _mklayer(tmp_path / "1", {
+        f"{sp}/torch/lib/libgone.so": None,
+        f"{sp}/torch/lib/libkept.so": b"kept-v2",
+        f"{sp}/nvidia/x/lib/libnew.so.1": b"new",
+        f"{sp}/nvidia/dir_then_file": b"now a file",
+        f"{sp}/.wh.a-1.dist-info": b"",
+    }, opaque=(f"{sp}/nvidia/x",))
+    top = _mklayer(tmp_path / "2", {
+        f"{sp}/nvidia/file_then_dir/lib/libz.so": b"z",
+        "var/lib/dpkg/status.d/c": b"Package: c\n",
+    })
+    try:
+        os.getxattr(middle + f"/{sp}/nvidia/x".encode(), "trusted.overlay.opaque")
+    except OSError:
+        pytest.skip("this filesystem keeps no trusted.* xattrs")
+    names = [m.name for m in layers.walk([top, middle, bottom])]
+    assert names == sorted(names, key=lambda n: n.split("/"))  # tar (WalkDir) order
+    contents = read_layers([top, middle, bottom])
+    assert contents.collector == "overlay2"
+    assert contents.os_release == {"ID": "debian"}
+    assert contents.dpkg_status == ["Package: a\n", "Package: b\n", "Package: c\n"]
+    assert contents.dists == []  # whited out, AUFS style
+    libs = {lib.rel: lib.sha256 for lib in contents.native_libs}
+    assert libs == {
+        "torch/lib/libkept.so": hashlib.sha256(b"kept-v2").hexdigest(),
+        "nvidia/x/lib/libnew.so.1": hashlib.sha256(b"new").hexdigest(),
+        "nvidia/file_then_dir/lib/libz.so": hashlib.sha256(b"z").hexdigest(),
+    }

@@ -1,0 +1,227 @@
+"""The security rebuild for real: publish an image, change nothing → `rebuild --check` exits 0 and
+`rebuild` pushes nothing; rebuild its base with one more package → `rebuild --check` names
+`base-moved`, `rebuild` publishes a new dated tag, moves the floating tag and prints the SBOM diff.
+
+Like tests/test_e2e.py: the shipped matrix with the registry moved to a private port, and the
+3.11 base replaced by a local image this test makes (`torch-images-e2e-base:rebuild`, from the
+bootstrapped `torch-images-base:bookworm`), so it never touches the user's registry or base.
+Only the CPU runtime variant is built.
+
+PyPI's vulnerability data may be unreachable (pinned releases unknown to it): then python-vuln
+is `unknown` (exit 2), never clean; the test checks that once and skips that source otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from builder import base, engine, publish, registry
+from builder.matrix import Base
+from builder.plan import registry_url
+
+pytestmark = pytest.mark.docker
+
+CPU = "2.13.0-py3.11-cpu-runtime"
+FLOATING = "2.13.0-py3.11-cpu-runtime"
+BASE_REF = "torch-images-e2e-base:rebuild"
+SOURCE_BASE = Base("mmdebstrap:bookworm")
+NEW_PACKAGE = "less"  # not in the images (OS_PACKAGES_APT): the SBOM diff must list it
+SKIP = ("--skip-source", "python-vuln")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_base(tmp: Path, name: str, dockerfile: str) -> str:
+    """Build `dockerfile` as BASE_REF; returns the new image id."""
+    context = tmp / name
+    context.mkdir()
+    (context / "Dockerfile").write_text(dockerfile)
+    engine.docker("build", "--progress=plain", "-t", BASE_REF, str(context), timeout=1800)
+    info = engine.inspect_image(BASE_REF)
+    assert info is not None
+    return info["Id"]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """A private registry, a matrix whose 3.11 base is BASE_REF, and that base; all removed
+    afterwards (registry, pushed/built images, both versions of the base)."""
+    tmp = tmp_path_factory.mktemp("rebuild-e2e")
+    port = free_port()
+    addr = f"127.0.0.1:{port}"
+    data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    data["registry"] = addr
+    data["bases"]["3.11"] = {"image": BASE_REF, "python_from": "apt"}
+    matrix_path = tmp / "matrix.yaml"
+    matrix_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    storage = tmp / "registry"
+    manifest = tmp / "published.json"
+    had_base = engine.inspect_image(BASE_REF) is not None
+    base.ensure(SOURCE_BASE, progress=print)  # torch-images-base:bookworm (bootstrap if absent)
+    made: list[str] = []
+    registry.start(addr, storage)
+    try:
+        made.append(make_base(tmp, "base-1", f"FROM {base.local_ref(SOURCE_BASE)}\n"
+                              "LABEL io.torch-images.e2e=rebuild\n"))
+        yield {"matrix": matrix_path, "addr": addr, "tmp": tmp, "manifest": manifest,
+               "made": made}
+    finally:
+        registry.stop(storage)
+        refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
+                             "--filter", f"reference={addr}/*").stdout.split()
+        ids = []
+        if manifest.exists():
+            for entry in json.loads(manifest.read_text())["variants"].values():
+                ids += [p["image_id"] for p in entry["publications"]]
+        for ref in refs:
+            engine.remove_image(ref)
+        for image_id in ids:
+            engine.remove_image(image_id)
+        if not had_base:
+            engine.remove_image(BASE_REF)
+        for image_id in made:
+            engine.remove_image(image_id)
+
+
+def builder(env, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "builder", *args[:1], "--matrix", str(env["matrix"]), *args[1:]],
+        capture_output=True, text=True, cwd=ROOT, check=False, timeout=3600)
+    if check and result.returncode != 0:
+        pytest.fail(f"builder {' '.join(args)} exited {result.returncode}\n"
+                    f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+    return result
+
+
+def rebuild(env, *args: str) -> subprocess.CompletedProcess[str]:
+    return builder(env, "rebuild", "--select", f"id={CPU}", "--manifest", str(env["manifest"]),
+                   *args, check=False)
+
+
+def check_json(env, *args: str) -> tuple[int, dict]:
+    result = rebuild(env, "--check", "--json", *args)
+    try:
+        return result.returncode, json.loads(result.stdout)
+    except ValueError:
+        pytest.fail(f"rebuild --check printed no JSON (exit {result.returncode})\n"
+                    f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
+
+
+def registry_digest(env, tag: str) -> str | None:
+    desc = publish.head_manifest(env["addr"], "torch", tag)  # HEAD: Docker-Content-Digest
+    return desc.digest if desc else None
+
+
+def registry_tags(env) -> list[str]:
+    url = f"{registry_url(env['addr'])}/v2/torch/tags/list"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return sorted(json.loads(response.read())["tags"])
+
+
+def publications(env) -> list[dict]:
+    return json.loads(env["manifest"].read_text())["variants"][CPU]["publications"]
+
+
+@pytest.fixture(scope="module")
+def published(env):
+    builder(env, "build", "--select", f"id={CPU}", "--force")
+    builder(env, "publish", "--select", f"id={CPU}", "--manifest", str(env["manifest"]))
+    [pub] = publications(env)
+    assert registry_digest(env, FLOATING) == pub["digest"]
+    return pub
+
+
+def test_unasked_python_vuln_is_unknown_never_clean(env, published):
+    """Without the skip, pip-audit is really asked; here (no vulnerability data for pinned
+    releases) that makes python-vuln `unknown` and the check exit 2. Where the data is
+    reachable it must still not invent a rebuild for an unchanged image."""
+    code, out = check_json(env)
+    vuln = [f for f in out["findings"] if f["reason"] == "python-vuln"]
+    assert out["skipped"] == []
+    if out["sources"]["python-vuln"] == "unknown":
+        assert code == 2 and out["exit_code"] == 2
+        assert vuln and all(f["status"] == "unknown" for f in vuln)
+    else:  # a machine that reaches PyPI's vulnerability data
+        assert out["sources"]["python-vuln"] in ("clean", "rebuild", "matrix-change")
+    assert out["sources"]["python-vuln"] != "skipped"
+
+
+def test_nothing_changed_checks_clean_and_pushes_nothing(env, published):
+    code, out = check_json(env, *SKIP)
+    assert (code, out["findings"]) == (0, []), out
+    assert out["skipped"] == ["python-vuln"]
+    assert out["sources"] == {"debian-security": "clean", "python-vuln": "skipped",
+                              "base-moved": "clean", "inputs-changed": "clean"}
+
+    tags_before = registry_tags(env)
+    result = rebuild(env, *SKIP)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert "nothing rebuilt, nothing pushed" in result.stdout
+    assert "skipped (not asked, so not known to be clean): python-vuln" in result.stdout
+    assert registry_tags(env) == tags_before
+    assert registry_digest(env, FLOATING) == published["digest"]
+    assert len(publications(env)) == 1
+
+
+def test_moved_base_is_rebuilt_and_republished(env, published):
+    # The base is rebuilt under the same tag with one more package.
+    env["made"].append(make_base(
+        env["tmp"], "base-2",
+        f"FROM {BASE_REF}\n"
+        "RUN apt-get update \\\n"
+        f" && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "
+        f"{NEW_PACKAGE} \\\n"
+        " && rm -rf /var/lib/apt/lists/*\n"))
+
+    code, out = check_json(env, *SKIP)
+    assert code == 1 and out["exit_code"] == 1, out
+    reasons = {(f["variant_id"], f["reason"], f["status"]) for f in out["findings"]}
+    assert (CPU, "base-moved", "rebuild") in reasons
+    # the content hash is compared on the published base: a moved base is not counted twice
+    assert out["sources"]["inputs-changed"] == "clean"
+    [moved] = [f for f in out["findings"] if f["reason"] == "base-moved"]
+    assert moved["data"]["old"] != moved["data"]["new"]
+    human = rebuild(env, "--check", *SKIP)
+    assert human.returncode == 1 and "base-moved" in human.stdout
+
+    tags_before = registry_tags(env)
+    result = rebuild(env, *SKIP)
+    log = result.stdout + result.stderr[-5000:]
+    assert result.returncode == 0, log
+    assert "published" in result.stdout, log
+
+    old, new = publications(env)
+    assert old == published
+    assert new["digest"] != old["digest"] and new["image_id"] != old["image_id"]
+    if new["date"] == old["date"]:  # same UTC day: the dated tag is never overwritten
+        assert new["dated_tag"] == old["dated_tag"] + ".1"
+    assert new["dated_tag"] not in tags_before and new["dated_tag"] in registry_tags(env)
+    # the floating tag moved; the old dated tag still names the old image
+    assert registry_digest(env, FLOATING) == new["digest"]
+    assert registry_digest(env, new["dated_tag"]) == new["digest"]
+    assert registry_digest(env, old["dated_tag"]) == old["digest"]
+    sbom_tag = f"{new['digest'].replace(':', '-')}.sbom"
+    assert registry_digest(env, sbom_tag) == new["sbom"]["digest"]
+
+    # the SBOM diff old → new lists the package the base gained
+    assert f"changes in {CPU}:" in result.stdout, log
+    diff = result.stdout.split(f"changes in {CPU}:", 1)[1]
+    print(human.stdout, result.stdout, sep="\n")  # shown with `pytest -rP`
+    assert f"+ deb/{NEW_PACKAGE} " in diff, diff
+
+    # the new image answers every source again
+    code, out = check_json(env, *SKIP)
+    assert (code, out["findings"]) == (0, []), out
