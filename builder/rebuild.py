@@ -341,27 +341,8 @@ def apt_token(upgradable: dict[str, tuple[str, str]]) -> str:
 
 
 def _compile(variant: Variant, reqs: list[str], current: str, packages: list[str]) -> str:
-    """`uv pip compile` as locks.resolve does, keeping the current pins except `packages`."""
-    with tempfile.TemporaryDirectory() as tmp:
-        req_in = Path(tmp) / "requirements.in"
-        req_in.write_text("\n".join(reqs) + "\n")
-        out = Path(tmp) / "lock.txt"
-        out.write_text(current)  # uv prefers the pins of an existing output file
-        argv = ["uv", "pip", "compile", "--no-config", "--native-tls", "--quiet",
-                "--python-version", variant.python, "--python-platform", locks.PLATFORM,
-                "--generate-hashes", "--no-header", "--no-annotate", "--emit-find-links",
-                "--emit-index-url", str(req_in), "-o", str(out)]
-        for link in variant.find_links:
-            argv += ["--find-links", link]
-        if variant.index_url:
-            argv += ["--index-url", variant.index_url]
-        for name in packages:
-            argv += ["--upgrade-package", name]
-        try:
-            proc.run(argv, env=locks.uv_env(), timeout=600)
-        except BuilderError as exc:
-            raise ConfigError(f"cannot re-lock {variant.id}: {exc}", hint=exc.hint) from None
-        return out.read_text()
+    """Re-resolve keeping the current pins except `packages` (which go to the newest allowed)."""
+    return locks.resolve(variant, reqs, current=current, upgrade_packages=packages)
 
 
 def upgrade_packages(matrix: Matrix, variant: Variant, locks_dir: Path,
