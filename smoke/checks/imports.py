@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import sysconfig
 from typing import Any
 
 from smoke import FAIL, PASS
@@ -18,9 +19,26 @@ TORCH_SUBMODULES = (
 NOT_PROMISED = frozenset({"pip", "setuptools", "pkg_resources", "wheel", "smoke"})
 
 
+def site_dirs() -> list[str]:
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+
+
+def top_level_names(dist: importlib.metadata.Distribution) -> set[str]:
+    listed = dist.read_text("top_level.txt")
+    if listed:
+        return set(listed.split())
+    return {f.parts[0].removesuffix(".py") for f in dist.files or ()
+            if f.parts and not f.parts[0].endswith((".dist-info", ".data")) and f.parts[0] != ".."}
+
+
 def promised_modules(dropped: list[str]) -> list[str]:
-    top = importlib.metadata.packages_distributions()
-    names = {n for n in top if n.isidentifier() and not n.startswith("_")}
+    """Top-level modules of the distributions installed in the environment's site-packages
+    (not of whatever folder the suite was started from)."""
+    names = set()
+    for dist in importlib.metadata.distributions(path=site_dirs()):
+        names |= top_level_names(dist)
+    names = {n for n in names if n.isidentifier() and not n.startswith("_")}
     return sorted(names - NOT_PROMISED - set(dropped)) + list(TORCH_SUBMODULES)
 
 
