@@ -25,7 +25,6 @@ from builder.state import atomic_write
 LOCK_FORMAT = 1
 # glibc of Debian 12 and Ubuntu 22.04+ is newer; the cuDNN wheels need ≥ 2.27.
 PLATFORM = "x86_64-manylinux_2_28"
-CA_CANDIDATES = ("/etc/ssl/certs/ca-certificates.crt",)
 
 # Minimum Linux driver per CUDA release (NVIDIA's CUDA toolkit release notes, table 3), and the
 # floor of each major under minor-version compatibility for minors not listed.
@@ -92,12 +91,8 @@ def inputs_hash(variant: Variant, reqs: Iterable[str]) -> str:
 
 
 def uv_env() -> dict[str, str]:
-    env = {}
-    if "SSL_CERT_FILE" not in os.environ:
-        for ca in CA_CANDIDATES:
-            if os.path.exists(ca):
-                env["SSL_CERT_FILE"] = ca
-    return env
+    ca = proc.host_ca_bundle()
+    return {"SSL_CERT_FILE": ca} if ca and "SSL_CERT_FILE" not in os.environ else {}
 
 
 def resolve(variant: Variant, reqs: list[str], *, upgrade: bool = False,

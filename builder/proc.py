@@ -76,3 +76,11 @@ def _tail(result: subprocess.CompletedProcess[str], log: Path | None, lines: int
         text = (result.stderr or "") + (result.stdout or "")
         where = ""
     return where + "\n".join(text.strip().splitlines()[-lines:])
+
+
+HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+
+def host_ca_bundle() -> str | None:
+    """The host's CA bundle, for host-side HTTPS clients (pip, uv, urllib) that need it."""
+    return HOST_CA_BUNDLE if os.path.exists(HOST_CA_BUNDLE) else None

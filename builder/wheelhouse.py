@@ -22,7 +22,6 @@ from builder.errors import BuilderError
 from builder.matrix import Variant
 
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
-CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 MANYLINUX = [f"manylinux_2_{n}_x86_64" for n in range(28, 4, -1)] + [
     "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
 
@@ -131,8 +130,8 @@ def download_command(variant: Variant, req: Path, dest: Path) -> list[str]:
             "--progress-bar", "off", "-d", str(dest), "-r", str(req)]
     for platform in MANYLINUX:
         argv += ["--platform", platform]
-    if os.path.exists(CA_BUNDLE):
-        argv += ["--cert", CA_BUNDLE]
+    if ca := proc.host_ca_bundle():
+        argv += ["--cert", ca]
     for link in variant.find_links:
         argv += ["--find-links", link]
     if variant.index_url:

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import ssl
 import urllib.request
 from pathlib import Path
 
-from builder import state
+from builder import proc, state
 from builder.matrix import Variant
 
 PYPI_SIMPLE = "https://pypi.org/simple/torch/"
-CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
 def _filenames_from_index(url: str, timeout: float = 10.0) -> list[str]:
@@ -22,8 +20,7 @@ def _filenames_from_index(url: str, timeout: float = 10.0) -> list[str]:
         return json.loads(cache.read_text())
     request = urllib.request.Request(url, headers={
         "Accept": "application/vnd.pypi.simple.v1+json"})
-    context = ssl.create_default_context(
-        cafile=CA_BUNDLE if os.path.exists(CA_BUNDLE) else None)
+    context = ssl.create_default_context(cafile=proc.host_ca_bundle())
     with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
         names = [f["filename"] for f in json.load(response)["files"]]
     state.atomic_write(cache, json.dumps(names))
