@@ -37,7 +37,7 @@ from smoke.versions import (
     torch_matches,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((REPO / "smoke" / "report.schema.json").read_text())
 CPU_FACTS = {
     "variant": "2.13.0-py3.11-cpu-runtime", "torch": "2.13.0+cpu", "python": "3.11",

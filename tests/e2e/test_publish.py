@@ -24,7 +24,7 @@ from builder import engine, labels, matrix, plan, publish, registry, smoke
 from builder.errors import BuilderError
 from builder.registry import RegistryError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CPU_ID = "2.13.0-py3.11-cpu-runtime"
 CUDA_ID = "2.15.0-py3.11-cuda-runtime"
 DATE = "20260102"

@@ -35,7 +35,7 @@ BASE_REF = "torch-images-e2e-base:rebuild"
 SOURCE_BASE = Base("mmdebstrap:bookworm")
 NEW_PACKAGE = "less"  # not in the images (OS_PACKAGES_APT): the SBOM diff must list it
 SKIP = ("--skip-source", "python-vuln")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:

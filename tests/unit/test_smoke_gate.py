@@ -21,7 +21,7 @@ from builder.cli import common_parser
 from builder.errors import CommandFailed, EngineError
 
 IMAGE_ID = "sha256:" + "c0ffee" * 10 + "abcd"
-SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "smoke" /
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "smoke" /
                      "report.schema.json").read_text())
 
 

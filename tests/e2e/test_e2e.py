@@ -23,7 +23,7 @@ pytestmark = pytest.mark.docker
 CPU = "2.13.0-py3.11-cpu-runtime"
 SLIM = "2.15.0-py3.11-cuda-slim"
 DEVEL = "2.15.0-py3.11-cuda-devel"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
