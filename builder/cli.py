@@ -13,7 +13,13 @@ import sys
 import traceback
 
 from builder import __version__
-from builder.errors import BuilderError
+from builder.errors import COULD_NOT_RUN, BuilderError
+
+EXIT_CODES = """exit status (every command):
+  0        ok, or nothing to do
+  1        findings: invalid matrix, failed smoke check or gate, vulnerabilities, rebuild needed
+  2        could not run: engine, registry, network, unreachable source, bad usage or path
+  130/143  stopped by SIGINT/SIGTERM"""
 
 # Stage modules, in pipeline order. Each defines register(subparsers, common).
 COMMAND_MODULES = [
@@ -48,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="builder",
         description="Build vetted PyTorch + CUDA images from matrix.yaml: validate → lock → render "
         "→ plan → build → smoke → sbom → publish.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -73,3 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug, or a case without its own message: still no traceback
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: unexpected {type(exc).__name__}: {exc}", file=sys.stderr)
+        if not args.debug:
+            print("\nrun again with --debug for the traceback, and please report it",
+                  file=sys.stderr)
+        return COULD_NOT_RUN

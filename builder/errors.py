@@ -1,10 +1,20 @@
-"""One error family; each kind has its own exit code. `main()` prints them without a traceback."""
+"""One error family and one exit-code contract for every command (README, `builder --help`):
+
+  0  ok, or nothing to do
+  1  findings: an invalid matrix, a failed smoke check or gate, vulnerabilities, a rebuild needed
+  2  could not run: the engine, the registry, the network, a source unreachable, bad usage
+  130/143  stopped by SIGINT/SIGTERM
+
+`main()` prints these errors without a traceback (`--debug` shows it).
+"""
+
+OK, FINDINGS, COULD_NOT_RUN = 0, 1, 2
 
 
 class BuilderError(Exception):
     """An error the user can act on. The message says what is wrong and what to do."""
 
-    exit_code = 2
+    exit_code = COULD_NOT_RUN
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
@@ -12,24 +22,20 @@ class BuilderError(Exception):
 
 
 class ConfigError(BuilderError):
-    """Invalid matrix or settings: exit 1, like a failed validation."""
+    """Invalid matrix or settings: a finding, like a failed validation."""
 
-    exit_code = 1
+    exit_code = FINDINGS
 
 
 class EngineError(BuilderError):
     """The Docker engine is missing, unreachable or lacks a feature."""
 
-    exit_code = 3
-
 
 class CommandFailed(BuilderError):
     """An external command exited non-zero."""
-
-    exit_code = 4
 
 
 class GateRefused(BuilderError):
     """An image did not pass a gate (smoke report, SBOM) and was not published."""
 
-    exit_code = 5
+    exit_code = FINDINGS

@@ -199,8 +199,27 @@ def read_lock(locks_dir: Path, variant: Variant) -> Lock | None:
     txt, js = lock_paths(locks_dir, variant)
     if not (txt.exists() and js.exists()):
         return None
-    meta = json.loads(js.read_text())
+    meta = read_meta(js)
     return Lock(variant.id, txt.read_text(), meta["facts"])
+
+
+REQUIRED_FACTS = ("torch", "python", "accelerator", "cuda", "cudnn", "nccl", "triton",
+                  "min_driver")
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """A lock's `.json` (facts and inputs), or a ConfigError naming the file and the problem."""
+    hint = "restore it from git, or run `builder lock` to resolve it again"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the lock's facts: {exc}", hint=hint) from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("facts"), dict):
+        raise ConfigError(f"{path}: no `facts` object (an incomplete lock)", hint=hint)
+    if missing := [key for key in REQUIRED_FACTS if key not in meta["facts"]]:
+        raise ConfigError(f"{path}: facts lack {', '.join(missing)} (an incomplete lock)",
+                          hint=hint)
+    return meta
 
 
 def require_lock(locks_dir: Path, variant: Variant) -> Lock:
@@ -259,7 +278,7 @@ def is_current(locks_dir: Path, variant: Variant) -> bool:
     _, json_path = lock_paths(locks_dir, variant)
     if not json_path.exists():
         return False
-    meta = json.loads(json_path.read_text())
+    meta = read_meta(json_path)
     recorded = meta.get("requirements", [])
     base = requirements(variant)
     if recorded[: len(base)] != base:

@@ -17,6 +17,7 @@ from typing import Any
 
 from builder import labels, locks
 from builder.matrix import Matrix, Variant
+from builder.oci import MANIFEST_TYPES, registry_url
 from builder.render import SMOKE_DIR, Rendered, render
 
 HASH_TAG_PREFIX = "build-"
@@ -153,18 +154,3 @@ def registry_has(registry: str, repository: str, tag: str, timeout: float = 3.0)
             return response.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
-
-
-MANIFEST_TYPES = (
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-)
-
-
-def registry_url(registry: str) -> str:
-    """Loopback registries speak plain http (as Docker allows); everything else https."""
-    host = registry.split(":")[0]
-    scheme = "http" if host in ("localhost", "127.0.0.1") else "https"
-    return f"{scheme}://{registry}"

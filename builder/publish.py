@@ -1,59 +1,41 @@
 """`builder publish`: push gated images with immutable dated tags; record them in published.json.
 
-Per variant, in this order (a failure stops before any floating tag moves):
+Per variant, in this order (each step idempotent; what users and `builder plan` read comes last):
   gate     the local image matches the plan's content hash, its smoke report passed (CUDA: on a
            GPU unless --allow-cpu-smoke, which is recorded) and its SBOM validates
-  push     `<floating>-YYYYMMDD` (UTC; `.1`, `.2`… when taken by another digest, never
-           overwritten), then the content tag `build-<hash20>`
-  verify   the registry's manifest digest of the dated tag equals the digest `docker push` reported
-  attach   SBOM and smoke report as OCI artifacts tagged `sha256-<hex>.sbom` / `.smoke`
-  move     the floating tag, then the matrix aliases
-Credentials stay with docker (its config) and oras (that config, or REGISTRY_USERNAME/PASSWORD).
+  stage    `docker push` to `<repository>-staging`, then copy into the vetted repository by digest
+  attach   SBOM and smoke report as OCI artifacts whose subject is that digest
+           (also tagged `sha256-<hex>.sbom` / `.smoke`)
+  tag      `<floating>-YYYYMMDD` (UTC; `.1`, `.2`… when taken by another digest, never
+           overwritten), the content tag `build-<hash20>`, the floating tag, then the aliases
+A run stopped at any step leaves no tag on an image without its evidence; run it again to
+complete it. Credentials: docker's own config for `docker push`; REGISTRY_USERNAME/PASSWORD
+for the registry API.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import hashlib
 import json
-import os
 import re
-import tempfile
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from builder import engine, labels, plan, smoke, state
+from builder import engine, labels, oci, plan, smoke, state
 from builder.errors import BuilderError, CommandFailed, GateRefused
 from builder.matrix import Matrix
 from builder.matrix_cmd import known_base_digests, load_selected
+from builder.oci import RegistryError
 from builder.output import emit_json, step, table
-from builder.registry import RegistryError
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "published.schema.json"
 SCHEMA_VERSION = 1
 SBOM_TYPE = "application/vnd.cyclonedx+json"
 SMOKE_TYPE = "application/vnd.torch-images.smoke-report+json"
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-EMPTY_CONFIG = "application/vnd.oci.empty.v1+json"
-REF_NAME = "org.opencontainers.image.ref.name"
-BACKOFF_S: tuple[float, ...] = (1, 2, 4)  # 4 tries in all
 PUSH_DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64}) size:")
 MAX_SUFFIX = 99
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Descriptor:
-    digest: str
-    media_type: str
-    size: int
 
 
 @dataclass
@@ -134,164 +116,61 @@ def _sbom_gate(cand: Candidate) -> str:
 # ---- the registry -----------------------------------------------------------------------------
 
 
-def retry(what: str, registry: str, fn: Callable[[], T]) -> T:
-    """`fn()` with bounded backoff; the last failure becomes a RegistryError naming the registry."""
-    last: Exception | None = None
-    for delay in (*BACKOFF_S, None):
-        try:
-            return fn()
-        except (CommandFailed, OSError, urllib.error.URLError, _RequestError) as exc:
-            last = exc
-            if delay is not None:
-                time.sleep(delay)
-    hint = getattr(last, "hint", None) or str(last)
-    raise RegistryError(f"{what}: registry `{registry}` failed after {len(BACKOFF_S) + 1} tries",
-                        hint=f"{hint}\n\nno floating tag was moved; run `builder publish` again")
+def staging_repository(matrix: Matrix) -> str:
+    """Where images wait, by digest, until their artifacts are attached and they are tagged."""
+    return f"{matrix.repository}-staging"
 
 
-class _RequestError(Exception):
-    """A registry HTTP answer that should be retried (5xx, bad gateway…)."""
-
-
-def head_manifest(registry: str, repository: str, ref: str) -> Descriptor | None:
-    """The registry's descriptor of `ref` (tag or digest); None when it has no such manifest."""
-    url = f"{plan.registry_url(registry)}/v2/{repository}/manifests/{ref}"
-    request = urllib.request.Request(url, method="HEAD",
-                                     headers={"Accept": ", ".join(plan.MANIFEST_TYPES)})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return Descriptor(response.headers["Docker-Content-Digest"],
-                              response.headers["Content-Type"].split(";")[0],
-                              int(response.headers["Content-Length"]))
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        if exc.code == 401:
-            raise BuilderError(f"registry `{registry}` wants credentials to read manifests",
-                               hint="log in with `docker login`") from None
-        raise _RequestError(f"HEAD {url}: HTTP {exc.code}") from None
-
-
-def remote(registry: str, repository: str, ref: str) -> Descriptor | None:
-    return retry(f"reading `{repository}:{ref}`", registry,
-                 lambda: head_manifest(registry, repository, ref))
-
-
-def docker_push(registry: str, ref: str) -> str:
+def docker_push(matrix: Matrix, ref: str) -> str:
     """`docker push ref` (retried); returns the digest it reports."""
-    result = retry(f"pushing `{ref}`", registry, lambda: engine.docker("push", ref, timeout=3600))
+    result = oci.retry(f"pushing `{ref}`", matrix.registry,
+                       lambda: engine.docker("push", ref, timeout=3600), (CommandFailed,))
     found = PUSH_DIGEST.findall(result.stdout)
     if not found:
         raise RegistryError(f"`docker push {ref}` reported no digest", hint=result.stdout[-500:])
     return found[-1]
 
 
-def push_tag(matrix: Matrix, image_id: str, tag: str, expect: str | None) -> str:
-    """Tag the image as `tag`, push it and check the registry now holds `expect` there."""
-    ref = f"{matrix.image_name}:{tag}"
-    engine.docker("tag", image_id, ref)
-    digest = docker_push(matrix.registry, ref)
-    if expect is not None and digest != expect:
-        raise RegistryError(f"`{ref}` was pushed as {digest}, expected {expect}")
-    return digest
+def stage(matrix: Matrix, reg: oci.Registry, cand: Candidate) -> oci.Descriptor:
+    """Push the image to the staging repository, then copy it into the vetted one by digest:
+    the vetted repository holds it, but no tag anyone reads points at it yet."""
+    ref = f"{matrix.registry}/{staging_repository(matrix)}:{cand.planned.hash_tag}"
+    engine.docker("tag", cand.image_id, ref)
+    try:
+        digest = docker_push(matrix, ref)
+    finally:
+        engine.docker("image", "rm", ref, check=False)
+    return reg.copy(staging_repository(matrix), matrix.repository, digest)
 
 
-def verify(matrix: Matrix, tag: str, digest: str) -> Descriptor:
-    desc = remote(matrix.registry, matrix.repository, tag)
-    if desc is None or desc.digest != digest:
-        found = desc.digest if desc else "nothing"
-        raise RegistryError(f"registry `{matrix.registry}` has {found} at `{tag}`, but "
-                            f"`docker push` reported {digest}")
-    return desc
+def dated_tag(reg: oci.Registry, repository: str, floating: str, date: str,
+              digest: str) -> tuple[str, bool]:
+    """The first free `<floating>-<date>[.n]`, or the one already holding `digest`.
 
-
-def local_digests(matrix: Matrix, image_id: str) -> set[str]:
-    """Digests this very image already has in the matrix's repository (docker's RepoDigests)."""
-    info = engine.inspect_image(image_id) or {}
-    prefix = matrix.image_name + "@"
-    return {d.removeprefix(prefix) for d in info.get("RepoDigests") or [] if d.startswith(prefix)}
-
-
-def dated_tag(matrix: Matrix, floating: str, date: str, mine: set[str]) -> tuple[str, str | None]:
-    """The first free `<floating>-<date>[.n]`, or the one already holding this image's digest.
-
-    Returns (tag, digest when reused). A tag holding another digest is never overwritten.
+    Returns (tag, whether it already holds the digest). A tag holding another digest is never
+    overwritten.
     """
     for n in range(MAX_SUFFIX + 1):
         tag = f"{floating}-{date}" + (f".{n}" if n else "")
-        desc = remote(matrix.registry, matrix.repository, tag)
+        desc = reg.head(repository, tag)
         if desc is None:
-            return tag, None
-        if desc.digest in mine:
-            return tag, desc.digest
+            return tag, False
+        if desc.digest == digest:
+            return tag, True
     raise RegistryError(f"`{floating}-{date}` has {MAX_SUFFIX} suffixes taken today")
 
 
-# ---- OCI artifacts ----------------------------------------------------------------------------
+def tag_image(reg: oci.Registry, matrix: Matrix, digest: str, tag: str) -> None:
+    reg.tag(matrix.repository, digest, tag)
 
 
-def oras_client(registry: str) -> Any:
-    import oras.client
-
-    client = oras.client.OrasClient(hostname=registry,
-                                    insecure=plan.registry_url(registry).startswith("http:"))
-    user, password = os.environ.get("REGISTRY_USERNAME"), os.environ.get("REGISTRY_PASSWORD")
-    if user and password:
-        client.auth.set_basic_auth(user, password)  # in memory only; never written or printed
-    return client
-
-
-def push_artifact(matrix: Matrix, subject: Descriptor, kind: str, path: Path,
-                  media_type: str) -> dict[str, str]:
-    """Push `path` as an artifact whose subject is the image; tag `sha256-<hex>.<kind>`."""
-    tag = f"{subject.digest.replace(':', '-')}.{kind}"
-    digest = retry(f"pushing the {kind} artifact `{tag}`", matrix.registry,
-                   lambda: _oras_push(matrix, tag, subject, path, media_type))
-    return {"tag": tag, "digest": digest, "media_type": media_type,
-            "reference": f"{matrix.image_name}@{digest}"}
-
-
-def _oras_push(matrix: Matrix, tag: str, subject: Descriptor, path: Path,
-               media_type: str) -> str:
-    import requests
-
-    client = oras_client(matrix.registry)
-    container = client.get_container(f"{matrix.image_name}:{tag}")
-    client.auth.load_configs(container)  # credentials from the Docker config, if any
-    with tempfile.TemporaryDirectory() as tmp:
-        config_path = Path(tmp) / "config.json"
-        config_path.write_bytes(b"{}")
-        config = _descriptor(config_path, EMPTY_CONFIG)
-        layer = _descriptor(path, media_type) | {"annotations": {
-            "org.opencontainers.image.title": path.name}}
-        try:
-            for blob, desc in ((config_path, config), (path, layer)):
-                _check(client.upload_blob(str(blob), container, desc))
-            manifest = {
-                "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": media_type,
-                "config": config, "layers": [layer],
-                "subject": {"mediaType": subject.media_type, "digest": subject.digest,
-                            "size": subject.size},
-                "annotations": {REF_NAME: tag,
-                                "io.torch-images.subject": subject.digest},
-            }
-            response = client.upload_manifest(manifest, container)
-        except requests.RequestException as exc:
-            raise _RequestError(str(exc)) from None
-    _check(response)
-    return response.headers["Docker-Content-Digest"]
-
-
-def _descriptor(path: Path, media_type: str) -> dict[str, Any]:
-    data = path.read_bytes()
-    return {"mediaType": media_type, "digest": "sha256:" + hashlib.sha256(data).hexdigest(),
-            "size": len(data)}
-
-
-def _check(response: Any) -> None:
-    if response.status_code not in (200, 201, 202):
-        raise _RequestError(f"{response.request.method} {response.url}: HTTP "
-                            f"{response.status_code} {response.text[:200]}")
+def attach(reg: oci.Registry, matrix: Matrix, subject: oci.Descriptor, kind: str, path: Path,
+           media_type: str) -> dict[str, str]:
+    """Push `path` as an artifact whose subject is the image (tag `sha256-<hex>.<kind>`)."""
+    desc = reg.push_artifact(matrix.repository, subject, media_type, path.read_bytes(),
+                             kind=kind, title=path.name)
+    return {"tag": oci.artifact_tag(subject.digest, kind), "digest": desc.digest,
+            "media_type": media_type, "reference": f"{matrix.image_name}@{desc.digest}"}
 
 
 # ---- one variant ------------------------------------------------------------------------------
@@ -310,20 +189,22 @@ def dry_run_entry(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
 
 
 def publish_one(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
-    """Push one gated image; returns its publication record (see the published.json schema)."""
+    """Publish one gated image; returns its publication record (see the published.json schema).
+
+    Every step is idempotent, and what users and `builder plan` read comes last: a run that
+    stops anywhere leaves no tag on an image without its evidence, and the next run completes.
+    """
     p = cand.planned
     date = today()
-    tag, reused = dated_tag(matrix, p.floating_tag, date, local_digests(matrix, cand.image_id))
-    digest = reused or push_tag(matrix, cand.image_id, tag, None)
-    push_tag(matrix, cand.image_id, p.hash_tag, digest)
-    subject = verify(matrix, tag, digest)
+    reg = oci.Registry(matrix.registry)
+    subject = stage(matrix, reg, cand)
+    digest = subject.digest
     assert cand.sbom_path is not None and cand.smoke_path is not None
-    sbom_ref = push_artifact(matrix, subject, "sbom", cand.sbom_path, SBOM_TYPE)
-    smoke_ref = push_artifact(matrix, subject, "smoke", cand.smoke_path, SMOKE_TYPE)
-    # Only now, with the image verified and its evidence attached, do moving tags change.
-    for moving in p.tags:
-        push_tag(matrix, cand.image_id, moving, digest)
-    _untag(matrix, [tag, p.hash_tag, *p.tags[1:]])
+    sbom_ref = attach(reg, matrix, subject, "sbom", cand.sbom_path, SBOM_TYPE)
+    smoke_ref = attach(reg, matrix, subject, "smoke", cand.smoke_path, SMOKE_TYPE)
+    tag, held = dated_tag(reg, matrix.repository, p.floating_tag, date, digest)
+    for name in ([] if held else [tag]) + [p.hash_tag, *p.tags]:
+        tag_image(reg, matrix, digest, name)  # dated, content (`plan` reads it), then moving
     facts = p.rendered.facts
     return {
         "date": f"{date[:4]}-{date[4:6]}-{date[6:]}",
@@ -340,12 +221,6 @@ def publish_one(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
         "sbom": sbom_ref, "smoke_report": smoke_ref,
         "smoke_gpu": cand.smoke_gpu, "allow_cpu_smoke": cand.allow_cpu_smoke,
     }
-
-
-def _untag(matrix: Matrix, tags: list[str]) -> None:
-    """Drop the extra local tags this run made; the image keeps its floating tag."""
-    for tag in tags:
-        engine.docker("image", "rm", f"{matrix.image_name}:{tag}", check=False)
 
 
 # ---- published.json ---------------------------------------------------------------------------
@@ -411,7 +286,12 @@ def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
                 results.append(dry_run_entry(matrix, cand))
             else:
                 step(f"  [{p.variant.id}] publishing {cand.image}")
-                pub = publish_one(matrix, cand)
+                try:
+                    pub = publish_one(matrix, cand)
+                except RegistryError as exc:
+                    exc.hint = ((exc.hint or "") + "\n\nno tag points at an image without its "
+                                "SBOM and smoke report; run `builder publish` again to finish")
+                    raise
                 done[p.variant.id] = pub
                 results.append({"id": p.variant.id, "status": "published", **pub})
     finally:
@@ -429,7 +309,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "whose local image matches the plan, passed smoke (CUDA: on a GPU) and has a valid SBOM. "
         "Pushes `<tag>-YYYYMMDD` (never overwritten) and `build-<hash>`, verifies the digest, "
         "attaches SBOM + smoke report as OCI artifacts, then moves the floating tag and aliases. "
-        "Exit 5 when any image was refused.")
+        "Exit 1 when any image was refused.")
     p.add_argument("--locks", default="locks", type=Path)
     p.add_argument("--allow-cpu-smoke", action="store_true",
                    help="publish CUDA images whose smoke ran without a GPU (recorded)")

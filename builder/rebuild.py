@@ -25,13 +25,12 @@ import json
 import os
 import re
 import tempfile
-import urllib.request
 from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import base, engine, labels, locks, plan, proc, state
+from builder import base, engine, labels, locks, oci, plan, proc, state
 from builder.errors import BuilderError, ConfigError
 from builder.matrix import Matrix, Variant
 from builder.matrix_cmd import known_base_digests, load_selected
@@ -426,23 +425,18 @@ def old_sbom(pub: dict[str, Any]) -> dict[str, Any] | None:
         return None
     try:
         return fetch_artifact(pub["registry"], pub["repository"], artifact["digest"])
-    except (OSError, ValueError, KeyError, IndexError) as exc:
+    except (BuilderError, OSError, ValueError, KeyError, IndexError) as exc:
         step(f"  old SBOM not available from {pub['registry']}: {exc}")
         return None
 
 
 def fetch_artifact(registry: str, repository: str, digest: str) -> dict[str, Any]:
-    """The JSON blob of a one-layer OCI artifact (anonymous registry read)."""
-    from builder import publish
-
-    root = f"{plan.registry_url(registry)}/v2/{repository}"
-    request = urllib.request.Request(f"{root}/manifests/{digest}",
-                                     headers={"Accept": publish.OCI_MANIFEST})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        manifest = json.loads(response.read())
-    blob = manifest["layers"][0]["digest"]
-    with urllib.request.urlopen(f"{root}/blobs/{blob}", timeout=120) as response:
-        return json.loads(response.read())
+    """The JSON payload of a one-layer OCI artifact, by its manifest digest."""
+    reg = oci.Registry(registry)
+    found = reg.manifest(repository, digest)
+    if found is None:
+        raise ValueError(f"`{repository}@{digest}` is not in the registry")
+    return json.loads(reg.blob(repository, json.loads(found[0])["layers"][0]["digest"]))
 
 
 def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_dir: Path,

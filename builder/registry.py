@@ -17,17 +17,13 @@ import urllib.request
 from pathlib import Path
 
 from builder import matrix, proc, state
-from builder.errors import BuilderError, CommandFailed
+from builder.errors import BuilderError
+from builder.oci import RegistryError, registry_url
 from builder.output import emit_json, step
-from builder.plan import registry_url
 
 BINARY = "docker-registry"
 INSTALL_HINT = "install it: apt-get install docker-registry"
 START_TIMEOUT_S = 15.0
-
-
-class RegistryError(CommandFailed):
-    """A registry did not answer or refused an operation."""
 
 
 def home(storage: Path | None = None) -> Path:

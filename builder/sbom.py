@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from builder.errors import BuilderError
+from builder.errors import COULD_NOT_RUN, BuilderError
 
 
 def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
@@ -36,7 +36,7 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
         "audit", parents=[common], help="known vulnerabilities of an image or SBOM",
         description="Check Python packages with pip-audit and Debian packages against the "
         "security suite. Exit 0: all sources answered, nothing found; 1: vulnerabilities; "
-        "6: a source was unreachable or failed (its packages are unknown, not clean).",
+        "2: a source was unreachable or failed (its packages are unknown, not clean).",
     )
     a.add_argument("target", metavar="IMAGE|SBOM")
     a.add_argument("--write-into", metavar="SBOM", type=Path,
@@ -85,12 +85,21 @@ def _run_diff(args: argparse.Namespace) -> int:
 
 
 def _load(path: Path) -> dict[str, Any]:
+    """A CycloneDX JSON document from `path`, or an error naming the file and the problem."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise BuilderError(f"no SBOM file `{path}`") from None
+    except IsADirectoryError:
+        raise BuilderError(f"`{path}` is a folder, not an SBOM file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BuilderError(f"cannot read `{path}`: {exc}") from None
     except json.JSONDecodeError as exc:
         raise BuilderError(f"`{path}` is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("bomFormat") != "CycloneDX":
+        raise BuilderError(f"`{path}` is not a CycloneDX document (no \"bomFormat\": "
+                           "\"CycloneDX\" at its top)")
+    return doc
 
 
 def run_audit(args: argparse.Namespace) -> int:
@@ -98,7 +107,8 @@ def run_audit(args: argparse.Namespace) -> int:
     from sbom.audit import DEBIAN_SECURITY_MIRROR, add_to_sbom
 
     target = Path(args.target)
-    doc = _load(target) if target.suffix == ".json" and target.exists() else None
+    # A path-like target is a file to read: never look such a name up in the engine.
+    doc = _load(target) if target.suffix == ".json" or target.exists() else None
     doc = doc if doc is not None else sbom.generate(args.target)
     report = sbom.audit(doc, debian_security_suite=args.debian_security_suite,
                         debian_mirror=args.debian_mirror or DEBIAN_SECURITY_MIRROR)
@@ -108,7 +118,7 @@ def run_audit(args: argparse.Namespace) -> int:
     print(json.dumps(report, indent=2) if args.json else format_audit(report))
     if report["vulnerabilities"]:
         return 1
-    return 0 if report["ok"] else 6
+    return 0 if report["ok"] else COULD_NOT_RUN
 
 
 def format_audit(report: dict[str, Any]) -> str:

@@ -1,30 +1,10 @@
-"""Shared fixtures. Docker tests are marked `docker` and skip when no engine answers."""
+"""Fixtures for every test; tests/unit and tests/e2e each add their own conftest."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def engine_up() -> bool:
-    docker = shutil.which("/usr/bin/docker") or shutil.which("docker")
-    if not docker:
-        return False
-    return subprocess.run([docker, "info"], capture_output=True, check=False).returncode == 0
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if engine_up():
-        return
-    skip = pytest.mark.skip(reason="no Docker engine (start dockerd: tools/setup.sh)")
-    for item in items:
-        if "docker" in item.keywords:
-            item.add_marker(skip)
 
 
 @pytest.fixture

@@ -14,8 +14,14 @@ if ((${#need_apt[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
-echo "setup: installing the project (pip install -e .[dev])"
-python3 -m pip install -q --disable-pip-version-check -e '.[dev]'
+# The project venv has no system site-packages, so an import that pyproject.toml does not
+# declare fails here too instead of working by accident on a hand-prepared machine.
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  python3 -m venv .venv
+fi
+echo "setup: installing the project into .venv (pip install -e .[dev])"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
 
 # A CPU torch venv for the smoke suite's own tests (runs python -m smoke without Docker).
 if [ ! -x .venv-smoke/bin/python ]; then
@@ -32,5 +38,5 @@ if ! /usr/bin/docker info >/dev/null 2>&1; then
   /usr/bin/docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start:"; tail -20 /tmp/dockerd.log; exit 1; }
 fi
 
-python3 -m builder registry start
+.venv/bin/python -m builder registry start
 echo "setup: ready"

@@ -8,13 +8,13 @@ user's registry; the wheelhouse in .state/ is shared with `nox -s build` (downlo
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import free_port
 
 from builder import engine, labels, registry
 
@@ -24,12 +24,6 @@ CPU = "2.13.0-py3.11-cpu-runtime"
 SLIM = "2.15.0-py3.11-cuda-slim"
 DEVEL = "2.15.0-py3.11-cuda-devel"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

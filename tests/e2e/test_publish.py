@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import urllib.error
 import urllib.request
 import uuid
@@ -19,10 +18,10 @@ from typing import Any
 
 import jsonschema
 import pytest
+from helpers import free_port
 
-from builder import engine, labels, matrix, plan, publish, registry, smoke
-from builder.errors import BuilderError
-from builder.registry import RegistryError
+from builder import engine, labels, matrix, oci, plan, publish, registry, smoke
+from builder.oci import RegistryError
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_ID = "2.13.0-py3.11-cpu-runtime"
@@ -34,12 +33,6 @@ SCHEMA = json.loads(publish.SCHEMA_PATH.read_text())
 # ---- helpers -----------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def tags(addr: str, repo: str) -> list[str]:
     try:
         with urllib.request.urlopen(f"http://{addr}/v2/{repo}/tags/list", timeout=5) as r:
@@ -49,7 +42,7 @@ def tags(addr: str, repo: str) -> list[str]:
 
 
 def digest_at(addr: str, repo: str, tag: str) -> str | None:
-    desc = publish.head_manifest(addr, repo, tag)
+    desc = oci.Registry(addr).head(repo, tag)
     return desc.digest if desc else None
 
 
@@ -100,7 +93,7 @@ def base_matrix() -> matrix.Matrix:
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     state_dir = tmp_path / "state"
     monkeypatch.setenv("BUILDER_STATE", str(state_dir))
-    monkeypatch.setattr(publish, "BACKOFF_S", (0.05, 0.05, 0.05))
+    monkeypatch.setattr(oci, "BACKOFF_S", (0.05, 0.05, 0.05))
     monkeypatch.setattr(publish, "today", lambda: DATE)
     return state_dir
 
@@ -243,7 +236,7 @@ def test_publish_tags_artifacts_and_manifest(images: Images, tmp_path: Path) -> 
         art = get_manifest(addr, repo, f"sha256-{hexd}.{kind}")
         assert art["artifactType"] == media_type
         assert art["subject"]["digest"] == digest
-        assert art["annotations"][publish.REF_NAME] == f"sha256-{hexd}.{kind}"
+        assert art["annotations"][oci.REF_NAME] == f"sha256-{hexd}.{kind}"
         assert art["layers"][0]["mediaType"] == media_type
     doc = json.loads((tmp_path / "published.json").read_text())
     jsonschema.validate(doc, SCHEMA)
@@ -298,7 +291,7 @@ def test_registry_down_leaves_floating_tag(images: Images, tmp_path: Path,
         assert not registry.is_up(addr)
         with pytest.raises(RegistryError, match=addr) as exc:
             run(images, [p2], tmp_path)
-        assert "no floating tag was moved" in (exc.value.hint or "")
+        assert "run `builder publish` again" in (exc.value.hint or "")
         registry.start(addr, folder)
         assert digest_at(addr, images.matrix.repository, p1.floating_tag) == first["digest"]
         history = json.loads((tmp_path / "published.json").read_text())["variants"][CPU_ID]
@@ -324,38 +317,44 @@ def test_registry_start_is_idempotent(registry_addr: str, tmp_path: Path) -> Non
     assert not (tmp_path / "unused" / "registry.pid").exists()
 
 
-# ---- no Docker ---------------------------------------------------------------------------------
+# ---- interrupted publications ------------------------------------------------------------------
+
+STEPS = [("stage", 1), ("attach", 1), ("attach", 2), ("tag_image", 1), ("tag_image", 2),
+         ("tag_image", 3)]
 
 
-def test_dated_tag_skips_other_digests(monkeypatch: pytest.MonkeyPatch,
-                                       base_matrix: matrix.Matrix) -> None:
-    taken = {"t-20260102": "sha256:" + "a" * 64, "t-20260102.1": "sha256:" + "b" * 64}
-
-    def fake(registry: str, repo: str, ref: str) -> publish.Descriptor | None:
-        return publish.Descriptor(taken[ref], publish.OCI_MANIFEST, 1) if ref in taken else None
-
-    monkeypatch.setattr(publish, "head_manifest", fake)
-    assert publish.dated_tag(base_matrix, "t", DATE, set()) == ("t-20260102.2", None)
-    mine = {"sha256:" + "b" * 64}
-    assert publish.dated_tag(base_matrix, "t", DATE, mine) == ("t-20260102.1", "sha256:" + "b" * 64)
-
-
-def test_retry_names_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(publish, "BACKOFF_S", (0, 0, 0))
+@pytest.mark.docker
+@pytest.mark.parametrize(("function", "nth"), STEPS)
+def test_a_crash_at_any_step_leaves_nothing_half_done(
+        images: Images, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        function: str, nth: int) -> None:
+    """Fail the nth call of one publish step: no tag a user or `plan` reads may point at an
+    image without its SBOM and smoke report; the next `publish` completes the publication."""
+    addr, repo = images.matrix.registry, images.matrix.repository
+    p, _ = images.build(CPU_ID)
+    real = getattr(publish, function)
     calls = []
 
-    def fail() -> None:
+    def crash(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
-        raise OSError("connection refused")
+        if len(calls) == nth:
+            raise RuntimeError(f"injected crash in {function} #{nth}")
+        return real(*args, **kwargs)
 
-    with pytest.raises(RegistryError, match=r"registry `r\.example:5000`"):
-        publish.retry("reading x", "r.example:5000", fail)
-    assert len(calls) == 4
+    monkeypatch.setattr(publish, function, crash)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        run(images, [p], tmp_path)
+    user_tags = [t for t in tags(addr, repo) if not t.startswith("sha256-")]
+    for tag in user_tags:
+        hexd = digest_at(addr, repo, tag).removeprefix("sha256:")
+        assert {f"sha256-{hexd}.sbom", f"sha256-{hexd}.smoke"} <= set(tags(addr, repo)), tag
+    assert not (tmp_path / "published.json").exists()
 
-
-def test_manifest_rejects_invalid(tmp_path: Path) -> None:
-    path = tmp_path / "published.json"
-    path.write_text(json.dumps({"schema_version": 1, "variants": {"x": {"publications": []}}}))
-    with pytest.raises(BuilderError, match=r"published\.json"):
-        publish.load_manifest(path)
-    assert publish.load_manifest(tmp_path / "none.json") == {"schema_version": 1, "variants": {}}
+    monkeypatch.setattr(publish, function, real)
+    [result] = run(images, [p], tmp_path)
+    assert result["status"] == "published"
+    hexd = result["digest"].removeprefix("sha256:")
+    assert tags(addr, repo) == sorted([f"{p.floating_tag}-{DATE}", p.hash_tag, p.floating_tag,
+                                       f"sha256-{hexd}.sbom", f"sha256-{hexd}.smoke"])
+    doc = json.loads((tmp_path / "published.json").read_text())
+    assert len(doc["variants"][CPU_ID]["publications"]) == 1

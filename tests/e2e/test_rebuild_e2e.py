@@ -14,7 +14,6 @@ is `unknown` (exit 2), never clean; the test checks that once and skips that sou
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import free_port
 
 from builder import base, engine, publish, registry
 from builder.matrix import Base
@@ -36,12 +36,6 @@ SOURCE_BASE = Base("mmdebstrap:bookworm")
 NEW_PACKAGE = "less"  # not in the images (OS_PACKAGES_APT): the SBOM diff must list it
 SKIP = ("--skip-source", "python-vuln")
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_base(tmp: Path, name: str, dockerfile: str) -> str:

@@ -1,0 +1,39 @@
+"""End-to-end fixtures: a real Docker engine, a real registry, the `builder` CLI.
+
+Under CI (`CI=true`) a missing engine or fixture is a failure, never a skip: CI must not go
+green by testing nothing. Elsewhere such tests skip with the reason. Collection never calls
+docker: the engine is asked once, by the first test that needs it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+
+import pytest
+
+DOCKER = "/usr/bin/docker"
+
+
+def missing(reason: str) -> None:
+    """Fail under CI, skip elsewhere."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true: required)", pytrace=False)
+    pytest.skip(reason)
+
+
+@functools.cache
+def engine_problem() -> str | None:
+    docker = DOCKER if os.access(DOCKER, os.X_OK) else shutil.which("docker")
+    if not docker:
+        return "no docker client (tools/setup.sh installs docker.io)"
+    result = subprocess.run([docker, "info"], capture_output=True, check=False, timeout=60)
+    return None if result.returncode == 0 else "no Docker engine answers (tools/setup.sh starts it)"
+
+
+@pytest.fixture(autouse=True)
+def _engine(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("docker") and (problem := engine_problem()):
+        missing(problem)
