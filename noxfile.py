@@ -1,17 +1,27 @@
 """Sessions: `nox -s build` (the main job), `tests`, `lint`, `lock`, `render`, `rebuild`, `bench`.
 
-Sessions reuse the current environment's Python packages (`pip install -e .[dev]`), since the
-pipeline drives the machine's Docker engine rather than anything inside a virtualenv.
+`tools/setup.sh` installs the project and these tools into `.venv` (no system site-packages);
+run nox from there (`.venv/bin/nox`). Sessions reuse that environment rather than making their
+own, since the pipeline drives the machine's Docker engine, not anything inside a virtualenv.
 """
 
 from __future__ import annotations
+
+import glob
+import os
+import sys
+from pathlib import Path
 
 import nox
 
 nox.options.default_venv_backend = "none"
 nox.options.sessions = ["lint", "tests"]
 
-BUILDER = ["python", "-m", "builder"]
+# The interpreter running nox and the tools beside it (ruff, hadolint, deptry …) come first.
+BIN = Path(sys.executable).parent
+os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+PYTHON = sys.executable
+BUILDER = [PYTHON, "-m", "builder"]
 
 
 @nox.session
@@ -22,24 +32,24 @@ def build(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the test suite, end-to-end tests against a real engine and registry included."""
-    session.run("python", "-m", "pytest", *(session.posargs or ["-ra"]))
+    """Unit tests (seconds) and end-to-end tests against a real engine and registry.
+    `nox -s tests -- tests/unit` runs only the unit tests."""
+    session.run(PYTHON, "-m", "pytest", "-ra", *(session.posargs or ["tests"]))
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff, the matrix schema, hadolint on every rendered Dockerfile, workflow linters."""
+    """ruff, deptry, the matrix schema, hadolint on every rendered Dockerfile, workflow linters."""
     session.run("ruff", "check", ".")
+    session.run("deptry", ".")
     session.run(*BUILDER, "validate")
     session.run("check-jsonschema", "--schemafile", "builder/schema/matrix.schema.json",
                 "matrix.yaml")
     out = ".state/lint-render"
     session.run(*BUILDER, "render", "--out", out, "--json", silent=True)
-    import glob
-
     dockerfiles = sorted(glob.glob(f"{out}/*/Dockerfile"))
     session.run("hadolint", "--failure-threshold", "info", *dockerfiles)
-    session.run("python", "tools/lint_workflows.py")
+    session.run(PYTHON, "tools/lint_workflows.py")
 
 
 @nox.session
@@ -64,4 +74,4 @@ def rebuild(session: nox.Session) -> None:
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Benchmarks against the naive Dockerfile and syft (`-- --quick` for the CPU variant)."""
-    session.run("python", "-m", "bench", *session.posargs)
+    session.run(PYTHON, "-m", "bench", *session.posargs)

@@ -14,6 +14,7 @@ import traceback
 
 from builder import __version__
 from builder.errors import COULD_NOT_RUN, BuilderError
+from builder.output import emit_json
 
 EXIT_CODES = """exit status (every command):
   0        ok, or nothing to do
@@ -73,18 +74,24 @@ def main(argv: list[str] | None = None) -> int:
     except BuilderError as exc:
         if args.debug:
             traceback.print_exc()
-        print(f"error: {exc}", file=sys.stderr)
-        if exc.hint:
-            print(f"\n{exc.hint}", file=sys.stderr)
-        return exc.exit_code
+        return report_error(args, str(exc), exc.hint, exc.exit_code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # a bug, or a case without its own message: still no traceback
         if args.debug:
             traceback.print_exc()
-        print(f"error: unexpected {type(exc).__name__}: {exc}", file=sys.stderr)
-        if not args.debug:
-            print("\nrun again with --debug for the traceback, and please report it",
-                  file=sys.stderr)
-        return COULD_NOT_RUN
+        return report_error(args, f"unexpected {type(exc).__name__}: {exc}",
+                            "run again with --debug for the traceback, and please report it",
+                            COULD_NOT_RUN)
+
+
+def report_error(args: argparse.Namespace, message: str, hint: str | None, code: int) -> int:
+    """The error on stderr; with --json also as an object on stdout, so a script that parses
+    stdout never mistakes an error for a result."""
+    print(f"error: {message}", file=sys.stderr)
+    if hint:
+        print(f"\n{hint}", file=sys.stderr)
+    if getattr(args, "json", False):
+        emit_json({"error": message, "hint": hint, "exit_code": code})
+    return code

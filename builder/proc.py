@@ -16,8 +16,11 @@ VERBOSE = os.environ.get("BUILDER_VERBOSE", "") not in ("", "0")
 
 
 def which(name: str, hint: str | None = None) -> str:
-    """The absolute path of `name`, or a clear error naming it."""
-    path = name if os.path.isabs(name) and os.access(name, os.X_OK) else shutil.which(name)
+    """The absolute path of `name`, or a clear error naming it. The tools installed beside this
+    interpreter (uv, pip-audit, syft in the project venv) come first, activated or not."""
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    path = (name if os.path.isabs(name) and os.access(name, os.X_OK)
+            else shutil.which(name, path=search))
     if not path:
         raise BuilderError(f"couldn't find `{name}` on PATH", hint=hint)
     return path

@@ -552,7 +552,7 @@ def print_findings(findings: list[Finding], skip: Collection[str] = ()) -> None:
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
     if not args.manifest.exists():
-        raise ConfigError(f"no {args.manifest}: nothing has been published",
+        raise BuilderError(f"no {args.manifest}: nothing has been published",
                           hint="publish first: builder publish")
     matrix, variants = _selected(args)
     skip = sorted(set(getattr(args, "skip_source", None) or ()))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent machine set-up for the pipeline and its tests: system packages, Python packages,
+# Idempotent machine set-up for the pipeline and its tests: system packages, the project venv,
 # a running Docker engine and the embedded registry. Safe to run again at any time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +8,7 @@ need_apt=()
 for pkg in docker.io docker-registry mmdebstrap skopeo; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
+python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if ((${#need_apt[@]})); then
   echo "setup: installing ${need_apt[*]}"
   apt-get update -qq
@@ -24,9 +25,9 @@ echo "setup: installing the project into .venv (pip install -e .[dev])"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
 
 # A CPU torch venv for the smoke suite's own tests (runs python -m smoke without Docker).
-if [ ! -x .venv-smoke/bin/python ]; then
+if ! .venv-smoke/bin/python -c 'import torch, numpy' >/dev/null 2>&1; then
   echo "setup: creating .venv-smoke (CPU torch for the smoke-suite tests)"
-  python3 -m venv .venv-smoke
+  python3 -m venv --clear .venv-smoke
   .venv-smoke/bin/pip install -q --disable-pip-version-check torch==2.13.0 numpy
 fi
 
@@ -39,4 +40,4 @@ if ! /usr/bin/docker info >/dev/null 2>&1; then
 fi
 
 .venv/bin/python -m builder registry start
-echo "setup: ready"
+echo "setup: ready — run .venv/bin/nox -s build (main job) or .venv/bin/nox -s lint tests"

@@ -13,15 +13,9 @@ import shutil
 import subprocess
 
 import pytest
+from helpers import missing
 
 DOCKER = "/usr/bin/docker"
-
-
-def missing(reason: str) -> None:
-    """Fail under CI, skip elsewhere."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: required)", pytrace=False)
-    pytest.skip(reason)
 
 
 @functools.cache

