@@ -4,8 +4,8 @@ Per variant, in this order (each step idempotent; what users and `builder plan` 
   gate     the local image matches the plan's content hash, its smoke report passed (CUDA: on a
            GPU unless --allow-cpu-smoke, which is recorded) and its SBOM validates
   stage    `docker push` to `<repository>-staging`, then copy into the vetted repository by digest
-  attach   SBOM and smoke report as OCI artifacts whose subject is that digest
-           (also tagged `sha256-<hex>.sbom` / `.smoke`)
+  attach   SBOM, smoke report and SLSA provenance as OCI artifacts whose subject is that
+           digest (also tagged `sha256-<hex>.sbom` / `.smoke` / `.provenance`)
   tag      `<floating>-YYYYMMDD` (UTC; `.1`, `.2`… when taken by another digest, never
            overwritten), the content tag `build-<hash20>`, the floating tag, then the aliases
 A run stopped at any step leaves no tag on an image without its evidence; run it again to
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import engine, labels, oci, plan, smoke, state
+from builder import engine, labels, oci, plan, provenance, smoke, state
 from builder.errors import BuilderError, CommandFailed, GateRefused
 from builder.matrix import Matrix
 from builder.matrix_cmd import known_base_digests, load_selected
@@ -167,8 +167,24 @@ def tag_image(reg: oci.Registry, matrix: Matrix, digest: str, tag: str) -> None:
 def attach(reg: oci.Registry, matrix: Matrix, subject: oci.Descriptor, kind: str, path: Path,
            media_type: str) -> dict[str, str]:
     """Push `path` as an artifact whose subject is the image (tag `sha256-<hex>.<kind>`)."""
-    desc = reg.push_artifact(matrix.repository, subject, media_type, path.read_bytes(),
-                             kind=kind, title=path.name)
+    return attach_bytes(reg, matrix, subject, kind, path.read_bytes(), path.name, media_type)
+
+
+def attach_provenance(reg: oci.Registry, matrix: Matrix, subject: oci.Descriptor,
+                      cand: Candidate) -> dict[str, str]:
+    """The SLSA provenance statement, from the image's labels, attached like the others."""
+    info = engine.inspect_image(cand.image_id) or {}
+    doc = provenance.statement(matrix.image_name, subject.digest,
+                               (info.get("Config") or {}).get("Labels") or {})
+    data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+    return attach_bytes(reg, matrix, subject, "provenance", data, "provenance.intoto.json",
+                        provenance.MEDIA_TYPE)
+
+
+def attach_bytes(reg: oci.Registry, matrix: Matrix, subject: oci.Descriptor, kind: str,
+                 data: bytes, title: str, media_type: str) -> dict[str, str]:
+    desc = reg.push_artifact(matrix.repository, subject, media_type, data, kind=kind,
+                             title=title)
     return {"tag": oci.artifact_tag(subject.digest, kind), "digest": desc.digest,
             "media_type": media_type, "reference": f"{matrix.image_name}@{desc.digest}"}
 
@@ -202,6 +218,7 @@ def publish_one(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
     assert cand.sbom_path is not None and cand.smoke_path is not None
     sbom_ref = attach(reg, matrix, subject, "sbom", cand.sbom_path, SBOM_TYPE)
     smoke_ref = attach(reg, matrix, subject, "smoke", cand.smoke_path, SMOKE_TYPE)
+    provenance_ref = attach_provenance(reg, matrix, subject, cand)
     tag, held = dated_tag(reg, matrix.repository, p.floating_tag, date, digest)
     for name in ([] if held else [tag]) + [p.hash_tag, *p.tags]:
         tag_image(reg, matrix, digest, name)  # dated, content (`plan` reads it), then moving
@@ -218,7 +235,7 @@ def publish_one(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
         "accelerator": p.variant.accelerator, "cuda": facts.get("cuda"),
         "cudnn": facts.get("cudnn"), "nccl": facts.get("nccl"),
         "min_driver": facts.get("min_driver"), "flavor": p.variant.flavor,
-        "sbom": sbom_ref, "smoke_report": smoke_ref,
+        "sbom": sbom_ref, "smoke_report": smoke_ref, "provenance": provenance_ref,
         "smoke_gpu": cand.smoke_gpu, "allow_cpu_smoke": cand.allow_cpu_smoke,
     }
 

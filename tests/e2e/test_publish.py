@@ -228,7 +228,8 @@ def test_publish_tags_artifacts_and_manifest(images: Images, tmp_path: Path) -> 
     hexd = digest.removeprefix("sha256:")
     dated = f"{p.floating_tag}-{DATE}"
     assert tags(addr, repo) == sorted([dated, p.hash_tag, p.floating_tag,
-                                       f"sha256-{hexd}.sbom", f"sha256-{hexd}.smoke"])
+                                       f"sha256-{hexd}.sbom", f"sha256-{hexd}.smoke",
+                                       f"sha256-{hexd}.provenance"])
     for tag in (dated, p.hash_tag, p.floating_tag):
         assert digest_at(addr, repo, tag) == digest
     # Each artifact names the image as its subject and carries the file it stands for.
@@ -319,8 +320,8 @@ def test_registry_start_is_idempotent(registry_addr: str, tmp_path: Path) -> Non
 
 # ---- interrupted publications ------------------------------------------------------------------
 
-STEPS = [("stage", 1), ("attach", 1), ("attach", 2), ("tag_image", 1), ("tag_image", 2),
-         ("tag_image", 3)]
+STEPS = [("stage", 1), ("attach", 1), ("attach", 2), ("attach_provenance", 1),
+         ("tag_image", 1), ("tag_image", 2), ("tag_image", 3)]
 
 
 @pytest.mark.docker
@@ -347,7 +348,8 @@ def test_a_crash_at_any_step_leaves_nothing_half_done(
     user_tags = [t for t in tags(addr, repo) if not t.startswith("sha256-")]
     for tag in user_tags:
         hexd = digest_at(addr, repo, tag).removeprefix("sha256:")
-        assert {f"sha256-{hexd}.sbom", f"sha256-{hexd}.smoke"} <= set(tags(addr, repo)), tag
+        evidence = {f"sha256-{hexd}.{kind}" for kind in ("sbom", "smoke", "provenance")}
+        assert evidence <= set(tags(addr, repo)), tag
     assert not (tmp_path / "published.json").exists()
 
     monkeypatch.setattr(publish, function, real)
@@ -355,6 +357,33 @@ def test_a_crash_at_any_step_leaves_nothing_half_done(
     assert result["status"] == "published"
     hexd = result["digest"].removeprefix("sha256:")
     assert tags(addr, repo) == sorted([f"{p.floating_tag}-{DATE}", p.hash_tag, p.floating_tag,
-                                       f"sha256-{hexd}.sbom", f"sha256-{hexd}.smoke"])
+                                       f"sha256-{hexd}.sbom", f"sha256-{hexd}.smoke",
+                                       f"sha256-{hexd}.provenance"])
     doc = json.loads((tmp_path / "published.json").read_text())
     assert len(doc["variants"][CPU_ID]["publications"]) == 1
+
+
+# ---- builder verify ----------------------------------------------------------------------------
+
+
+@pytest.mark.docker
+def test_verify_reads_the_evidence_attached_to_a_digest(images: Images, tmp_path: Path) -> None:
+    from builder import verify
+
+    p, _ = images.build(CPU_ID)
+    [result] = run(images, [p], tmp_path)
+    digest, rows = verify.verify(verify.Reference.parse(result["reference"]))
+    by_name = {r.what: r for r in rows}
+    assert digest == result["digest"]
+    assert by_name["sbom"].status == verify.OK, by_name["sbom"]
+    assert by_name["provenance"].status == verify.OK, by_name["provenance"]
+    # The test image lacks the facts labels a real build writes: verify says so.
+    assert by_name["labels"].status == verify.BAD and "io.torch-images.torch" in by_name[
+        "labels"].detail
+    assert by_name["smoke"].status == verify.BAD and "≠ label" in by_name["smoke"].detail
+
+    # The staged copy has no evidence attached: each piece is reported missing.
+    staged = f"{images.matrix.registry}/{publish.staging_repository(images.matrix)}@{digest}"
+    _, rows = verify.verify(verify.Reference.parse(staged))
+    assert {r.what: r.status for r in rows if r.what in ("sbom", "smoke", "provenance")} == {
+        "sbom": verify.MISSING, "smoke": verify.MISSING, "provenance": verify.MISSING}
