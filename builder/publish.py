@@ -1,11 +1,15 @@
-"""`builder publish`: push gated images with immutable dated tags; record them in published.json.
+"""`builder publish`: promote gated images from staging to the vetted repository.
 
-Per variant, in this order (each step idempotent; what users and `builder plan` read comes last):
-  gate     the local image matches the plan's content hash, its smoke report passed (CUDA: on a
-           GPU unless --allow-cpu-smoke, which is recorded) and its SBOM validates
-  stage    `docker push` to `<repository>-staging`, then copy into the vetted repository by digest
-  attach   SBOM, smoke report and SLSA provenance as OCI artifacts whose subject is that
-           digest (also tagged `sha256-<hex>.sbom` / `.smoke` / `.provenance`)
+Publishing is promotion by digest; it never builds. Per variant, in this order (each step
+idempotent; what users and `builder plan` read comes last):
+  find     the staged image of the plan's content hash (`<repository>-staging:build-<hash20>`);
+           a local image with that content hash is staged first (`docker push`)
+  gate     its smoke report passed (CUDA: on a GPU unless --allow-cpu-smoke, which is recorded)
+           and its SBOM validates — read from the registry (attached to the staged digest) or,
+           when only this machine has them, from .state/ and then attached
+  copy     into the vetted repository by digest (blob mounts; no tag yet)
+  attach   SBOM, smoke report and SLSA provenance as OCI artifacts whose subject is that digest
+           (also tagged `sha256-<hex>.sbom` / `.smoke` / `.provenance`)
   tag      `<floating>-YYYYMMDD` (UTC; `.1`, `.2`… when taken by another digest, never
            overwritten), the content tag `build-<hash20>`, the floating tag, then the aliases
 A run stopped at any step leaves no tag on an image without its evidence; run it again to
@@ -18,13 +22,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import engine, labels, oci, plan, provenance, smoke, state
-from builder.errors import BuilderError, CommandFailed, GateRefused
+from builder import engine, evidence, labels, oci, plan, provenance, smoke, state
+from builder.errors import BuilderError, GateRefused
+from builder.evidence import Staged
 from builder.matrix import Matrix
 from builder.matrix_cmd import known_base_digests, load_selected
 from builder.oci import RegistryError
@@ -32,22 +36,19 @@ from builder.output import emit_json, step, table
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "published.schema.json"
 SCHEMA_VERSION = 1
-SBOM_TYPE = "application/vnd.cyclonedx+json"
-SMOKE_TYPE = "application/vnd.torch-images.smoke-report+json"
-PUSH_DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64}) size:")
 MAX_SUFFIX = 99
 
 
 @dataclass
 class Candidate:
-    """One variant after the gate: what to push, or why not."""
+    """One variant after the gate: what to promote, or why not."""
 
     planned: plan.PlannedVariant
     image: str
     image_id: str = ""
+    staged: Staged | None = None
     reason: str = ""  # non-empty: refused
-    smoke_path: Path | None = None
-    sbom_path: Path | None = None
+    evidence: dict[str, bytes] = field(default_factory=dict)  # kind → the attached file
     smoke_gpu: bool = False
     allow_cpu_smoke: bool = False
 
@@ -56,30 +57,49 @@ class Candidate:
 
 
 def sbom_file(image_id: str) -> Path:
-    """Where `builder build` stores an image's SBOM."""
-    return state.sbom_path(image_id)
+    """Where `builder build` caches an image's SBOM on this machine."""
+    return evidence.local_file("sbom", image_id)
 
 
 def gate(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: bool) -> Candidate:
-    image = f"{matrix.image_name}:{p.floating_tag}"
-    cand = Candidate(p, image)
-    info = engine.inspect_image(image)
-    if info is None:
-        cand.reason = f"no local image `{image}`: build it first (builder build)"
+    cand = Candidate(p, f"{matrix.image_name}:{p.floating_tag}")
+    cand.staged = evidence.find_staged(matrix, p.hash_tag)
+    cand.image_id = cand.staged.image_id if cand.staged else _local_image(cand)
+    if cand.reason:
         return cand
-    cand.image_id = info["Id"]
-    have = (info["Config"].get("Labels") or {}).get(labels.CONTENT_HASH, "")
-    if have != p.content_hash:
-        cand.reason = (f"stale image: its content hash {have[:12] or '(none)'} is not the plan's "
-                       f"{p.content_hash[:12]}; rebuild it (builder build)")
-        return cand
+    for kind in ("smoke", "sbom"):
+        data = evidence.fetch(cand.staged, kind) if cand.staged else _local_evidence(cand, kind)
+        if data is not None:
+            cand.evidence[kind] = data
     cand.reason = _smoke_gate(cand, allow_cpu_smoke) or _sbom_gate(cand)
     return cand
 
 
+def _local_image(cand: Candidate) -> str:
+    """The id of the local image with the plan's content hash (not staged yet), or a reason."""
+    info = engine.inspect_image(cand.image)
+    if info is None:
+        cand.reason = (f"`{cand.planned.hash_tag}` is not staged and there is no local image "
+                       f"`{cand.image}`: build it first (builder build)")
+        return ""
+    have = (info["Config"].get("Labels") or {}).get(labels.CONTENT_HASH, "")
+    if have != cand.planned.content_hash:
+        cand.reason = (f"stale image: its content hash {have[:12] or '(none)'} is not the plan's "
+                       f"{cand.planned.content_hash[:12]}; rebuild it (builder build)")
+    return info["Id"]
+
+
+def _local_evidence(cand: Candidate, kind: str) -> bytes | None:
+    path = evidence.local_file(kind, cand.image_id)
+    return path.read_bytes() if path.is_file() else None
+
+
 def _smoke_gate(cand: Candidate, allow_cpu_smoke: bool) -> str:
     is_cuda = cand.planned.variant.accelerator == "cuda"
-    report = smoke.load_report(cand.image_id)
+    try:
+        report = json.loads(cand.evidence["smoke"]) if "smoke" in cand.evidence else None
+    except ValueError as exc:
+        return f"the smoke report is not JSON: {exc}"
     passed, why = smoke.report_passed(report, require_gpu=is_cuda and not allow_cpu_smoke)
     if not passed:
         return why
@@ -88,7 +108,8 @@ def _smoke_gate(cand: Candidate, allow_cpu_smoke: bool) -> str:
     if accel != cand.planned.variant.accelerator:
         want = cand.planned.variant.accelerator
         return f"the smoke report checked a `{accel}` image, not a `{want}` one"
-    cand.smoke_path = smoke.report_file(cand.image_id)
+    if (report.get("image") or {}).get("id") not in (None, cand.image_id):
+        return "the smoke report is of another image"
     gpu_passed = all(c["status"] == "pass" for c in report["checks"]
                      if c["name"] in smoke.GPU_CHECKS)
     cand.smoke_gpu = is_cuda and bool(report.get("require_gpu")) and gpu_passed
@@ -99,48 +120,20 @@ def _smoke_gate(cand: Candidate, allow_cpu_smoke: bool) -> str:
 def _sbom_gate(cand: Candidate) -> str:
     import sbom
 
-    path = sbom_file(cand.image_id)
-    if not path.is_file():
-        return f"no SBOM for this image ({path}): run `builder build` or `builder sbom IMAGE -o …`"
+    if "sbom" not in cand.evidence:
+        return (f"no SBOM for image {cand.image_id[:19]}: run `builder build` (or "
+                f"`builder sbom {cand.staged.reference if cand.staged else cand.image}`)")
     try:
-        sbom.validate(json.loads(path.read_text()))
+        sbom.validate(json.loads(cand.evidence["sbom"]))
     except ValueError as exc:
-        return f"the SBOM {path} is not JSON: {exc}"
+        return f"the SBOM is not JSON: {exc}"
     except sbom.SbomInvalid as exc:
-        return f"the SBOM {path} is not valid CycloneDX 1.6" + (f": {exc.hint[:200]}"
-                                                                 if exc.hint else "")
-    cand.sbom_path = path
+        return "the SBOM is not valid CycloneDX 1.6" + (f": {exc.hint[:200]}"
+                                                         if exc.hint else "")
     return ""
 
 
 # ---- the registry -----------------------------------------------------------------------------
-
-
-def staging_repository(matrix: Matrix) -> str:
-    """Where images wait, by digest, until their artifacts are attached and they are tagged."""
-    return f"{matrix.repository}-staging"
-
-
-def docker_push(matrix: Matrix, ref: str) -> str:
-    """`docker push ref` (retried); returns the digest it reports."""
-    result = oci.retry(f"pushing `{ref}`", matrix.registry,
-                       lambda: engine.docker("push", ref, timeout=3600), (CommandFailed,))
-    found = PUSH_DIGEST.findall(result.stdout)
-    if not found:
-        raise RegistryError(f"`docker push {ref}` reported no digest", hint=result.stdout[-500:])
-    return found[-1]
-
-
-def stage(matrix: Matrix, reg: oci.Registry, cand: Candidate) -> oci.Descriptor:
-    """Push the image to the staging repository, then copy it into the vetted one by digest:
-    the vetted repository holds it, but no tag anyone reads points at it yet."""
-    ref = f"{matrix.registry}/{staging_repository(matrix)}:{cand.planned.hash_tag}"
-    engine.docker("tag", cand.image_id, ref)
-    try:
-        digest = docker_push(matrix, ref)
-    finally:
-        engine.docker("image", "rm", ref, check=False)
-    return reg.copy(staging_repository(matrix), matrix.repository, digest)
 
 
 def dated_tag(reg: oci.Registry, repository: str, floating: str, date: str,
@@ -160,33 +153,37 @@ def dated_tag(reg: oci.Registry, repository: str, floating: str, date: str,
     raise RegistryError(f"`{floating}-{date}` has {MAX_SUFFIX} suffixes taken today")
 
 
-def tag_image(reg: oci.Registry, matrix: Matrix, digest: str, tag: str) -> None:
-    reg.tag(matrix.repository, digest, tag)
+def stage(matrix: Matrix, cand: Candidate) -> Staged:
+    """The staged image, staging the local one first, with this machine's evidence attached
+    there too, so the next machine finds it."""
+    staged = cand.staged or evidence.stage(matrix, cand.image_id, cand.planned.hash_tag)
+    for kind, data in cand.evidence.items():
+        evidence.attach(staged, kind, data)
+    return staged
 
 
-def attach(reg: oci.Registry, matrix: Matrix, subject: oci.Descriptor, kind: str, path: Path,
-           media_type: str) -> dict[str, str]:
-    """Push `path` as an artifact whose subject is the image (tag `sha256-<hex>.<kind>`)."""
-    return attach_bytes(reg, matrix, subject, kind, path.read_bytes(), path.name, media_type)
+def promote(matrix: Matrix, staged: Staged) -> Staged:
+    """Copy the staged image into the vetted repository, by digest: no tag points at it yet."""
+    reg = oci.Registry(matrix.registry)
+    reg.copy(staged.repository, matrix.repository, staged.digest)
+    return Staged(matrix.registry, matrix.repository, staged.descriptor, staged.image_id)
 
 
-def attach_provenance(reg: oci.Registry, matrix: Matrix, subject: oci.Descriptor,
-                      cand: Candidate) -> dict[str, str]:
-    """The SLSA provenance statement, from the image's labels, attached like the others."""
-    info = engine.inspect_image(cand.image_id) or {}
-    doc = provenance.statement(matrix.image_name, subject.digest,
-                               (info.get("Config") or {}).get("Labels") or {})
+def attach(vetted: Staged, kind: str, data: bytes) -> dict[str, str]:
+    return evidence.attach(vetted, kind, data)
+
+
+def attach_provenance(vetted: Staged) -> dict[str, str]:
+    """The SLSA provenance statement, from the image's labels in the registry."""
+    doc = provenance.statement(f"{vetted.registry}/{vetted.repository}", vetted.digest,
+                               evidence.image_labels(vetted))
     data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
-    return attach_bytes(reg, matrix, subject, "provenance", data, "provenance.intoto.json",
-                        provenance.MEDIA_TYPE)
+    return evidence.attach(vetted, "provenance", data, provenance.MEDIA_TYPE,
+                           "provenance.intoto.json")
 
 
-def attach_bytes(reg: oci.Registry, matrix: Matrix, subject: oci.Descriptor, kind: str,
-                 data: bytes, title: str, media_type: str) -> dict[str, str]:
-    desc = reg.push_artifact(matrix.repository, subject, media_type, data, kind=kind,
-                             title=title)
-    return {"tag": oci.artifact_tag(subject.digest, kind), "digest": desc.digest,
-            "media_type": media_type, "reference": f"{matrix.image_name}@{desc.digest}"}
+def tag_image(vetted: Staged, tag: str) -> None:
+    oci.Registry(vetted.registry).tag(vetted.repository, vetted.digest, tag)
 
 
 # ---- one variant ------------------------------------------------------------------------------
@@ -199,29 +196,30 @@ def today() -> str:
 def dry_run_entry(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
     p = cand.planned
     return {"id": p.variant.id, "status": "would-publish", "image_id": cand.image_id,
+            "staged": cand.staged.reference if cand.staged else None,
             "tags": [f"{p.floating_tag}-{today()}[.n]", p.hash_tag, *p.tags],
-            "artifacts": ["sha256-<digest>.sbom", "sha256-<digest>.smoke"],
+            "artifacts": ["sha256-<digest>.sbom", "sha256-<digest>.smoke",
+                          "sha256-<digest>.provenance"],
             "registry": matrix.registry, "repository": matrix.repository}
 
 
 def publish_one(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
-    """Publish one gated image; returns its publication record (see the published.json schema).
+    """Promote one gated image; returns its publication record (published.json schema).
 
     Every step is idempotent, and what users and `builder plan` read comes last: a run that
     stops anywhere leaves no tag on an image without its evidence, and the next run completes.
     """
     p = cand.planned
     date = today()
-    reg = oci.Registry(matrix.registry)
-    subject = stage(matrix, reg, cand)
-    digest = subject.digest
-    assert cand.sbom_path is not None and cand.smoke_path is not None
-    sbom_ref = attach(reg, matrix, subject, "sbom", cand.sbom_path, SBOM_TYPE)
-    smoke_ref = attach(reg, matrix, subject, "smoke", cand.smoke_path, SMOKE_TYPE)
-    provenance_ref = attach_provenance(reg, matrix, subject, cand)
-    tag, held = dated_tag(reg, matrix.repository, p.floating_tag, date, digest)
+    vetted = promote(matrix, stage(matrix, cand))
+    sbom_ref = attach(vetted, "sbom", cand.evidence["sbom"])
+    smoke_ref = attach(vetted, "smoke", cand.evidence["smoke"])
+    provenance_ref = attach_provenance(vetted)
+    digest = vetted.digest
+    tag, held = dated_tag(oci.Registry(matrix.registry), matrix.repository, p.floating_tag, date,
+                          digest)
     for name in ([] if held else [tag]) + [p.hash_tag, *p.tags]:
-        tag_image(reg, matrix, digest, name)  # dated, content (`plan` reads it), then moving
+        tag_image(vetted, name)  # dated, content (`plan` reads it), then the moving tags
     facts = p.rendered.facts
     return {
         "date": f"{date[:4]}-{date[4:6]}-{date[6:]}",
@@ -294,26 +292,30 @@ def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
     done: dict[str, dict[str, Any]] = {}
     try:
         for p in planned:
-            cand = gate(matrix, p, allow_cpu_smoke=allow_cpu_smoke)
-            if cand.reason:
-                step(f"  [{p.variant.id}] refused: {cand.reason}")
-                results.append({"id": p.variant.id, "status": "refused", "reason": cand.reason,
-                                "image_id": cand.image_id})
-            elif dry_run:
-                results.append(dry_run_entry(matrix, cand))
-            else:
-                step(f"  [{p.variant.id}] publishing {cand.image}")
-                try:
-                    pub = publish_one(matrix, cand)
-                except RegistryError as exc:
-                    exc.hint = ((exc.hint or "") + "\n\nno tag points at an image without its "
-                                "SBOM and smoke report; run `builder publish` again to finish")
-                    raise
-                done[p.variant.id] = pub
-                results.append({"id": p.variant.id, "status": "published", **pub})
+            result = publish_variant(matrix, p, allow_cpu_smoke=allow_cpu_smoke, dry_run=dry_run)
+            if result["status"] == "published":
+                done[p.variant.id] = {k: v for k, v in result.items() if k not in ("id", "status")}
+            results.append(result)
+    except RegistryError as exc:
+        exc.hint = ((exc.hint or "") + "\n\nno tag points at an image without its SBOM and "
+                    "smoke report; run `builder publish` again to finish")
+        raise
     finally:
         record(manifest, done)
     return results
+
+
+def publish_variant(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: bool,
+                    dry_run: bool) -> dict[str, Any]:
+    cand = gate(matrix, p, allow_cpu_smoke=allow_cpu_smoke)
+    if cand.reason:
+        step(f"  [{p.variant.id}] refused: {cand.reason}")
+        return {"id": p.variant.id, "status": "refused", "reason": cand.reason,
+                "image_id": cand.image_id}
+    if dry_run:
+        return dry_run_entry(matrix, cand)
+    step(f"  [{p.variant.id}] publishing {cand.staged.reference if cand.staged else cand.image}")
+    return {"id": p.variant.id, "status": "published", **publish_one(matrix, cand)}
 
 
 # ---- CLI --------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 from helpers import free_port
 
-from builder import engine, labels, matrix, oci, plan, publish, registry, smoke
+from builder import engine, evidence, labels, matrix, oci, plan, publish, registry, smoke
 from builder.oci import RegistryError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -233,7 +233,7 @@ def test_publish_tags_artifacts_and_manifest(images: Images, tmp_path: Path) -> 
     for tag in (dated, p.hash_tag, p.floating_tag):
         assert digest_at(addr, repo, tag) == digest
     # Each artifact names the image as its subject and carries the file it stands for.
-    for kind, media_type in (("sbom", publish.SBOM_TYPE), ("smoke", publish.SMOKE_TYPE)):
+    for kind, media_type in (("sbom", evidence.SBOM_TYPE), ("smoke", evidence.SMOKE_TYPE)):
         art = get_manifest(addr, repo, f"sha256-{hexd}.{kind}")
         assert art["artifactType"] == media_type
         assert art["subject"]["digest"] == digest
@@ -320,7 +320,7 @@ def test_registry_start_is_idempotent(registry_addr: str, tmp_path: Path) -> Non
 
 # ---- interrupted publications ------------------------------------------------------------------
 
-STEPS = [("stage", 1), ("attach", 1), ("attach", 2), ("attach_provenance", 1),
+STEPS = [("stage", 1), ("promote", 1), ("attach", 1), ("attach", 2), ("attach_provenance", 1),
          ("tag_image", 1), ("tag_image", 2), ("tag_image", 3)]
 
 
@@ -382,8 +382,26 @@ def test_verify_reads_the_evidence_attached_to_a_digest(images: Images, tmp_path
         "labels"].detail
     assert by_name["smoke"].status == verify.BAD and "≠ label" in by_name["smoke"].detail
 
-    # The staged copy has no evidence attached: each piece is reported missing.
-    staged = f"{images.matrix.registry}/{publish.staging_repository(images.matrix)}@{digest}"
-    _, rows = verify.verify(verify.Reference.parse(staged))
+    # A staged image nobody smoked or described: each piece is reported missing.
+    _, image_id = images.build(CPU_ID, nonce="bare")
+    bare = evidence.stage(images.matrix, image_id, "build-bare")
+    _, rows = verify.verify(verify.Reference.parse(bare.reference))
     assert {r.what: r.status for r in rows if r.what in ("sbom", "smoke", "provenance")} == {
         "sbom": verify.MISSING, "smoke": verify.MISSING, "provenance": verify.MISSING}
+
+
+@pytest.mark.docker
+def test_a_staged_image_is_published_from_an_empty_workspace(
+        images: Images, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built and smoked on one machine, published from another: the registry carries the image
+    and its evidence; the second machine has neither the image nor a .state/."""
+    p, image_id = images.build(CPU_ID)
+    staged = evidence.stage(images.matrix, image_id, p.hash_tag)
+    for kind in ("smoke", "sbom"):
+        evidence.attach(staged, kind, evidence.local_file(kind, image_id).read_bytes())
+    monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "another-machine"))
+    engine.remove_image(image_id)
+    assert engine.inspect_image(image_id) is None
+    [result] = run(images, [p], tmp_path)
+    assert result["status"] == "published", result
+    assert result["image_id"] == image_id and result["digest"] == staged.digest

@@ -1,0 +1,109 @@
+"""An image's evidence — smoke report, SBOM, provenance — where every machine can find it.
+
+The registry is the truth between machines: a built image waits in the staging repository
+(`<repository>-staging`, tag `build-<hash20>`) and its evidence is attached to its digest there,
+so a GPU runner can smoke it, another runner can SBOM it and a third can publish it, each from
+an empty checkout. `.state/` (reports and SBOMs by image id) is only a cache of the same files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder import engine, oci, smoke, state
+from builder.errors import CommandFailed
+from builder.matrix import Matrix
+
+SBOM_TYPE = "application/vnd.cyclonedx+json"
+SMOKE_TYPE = "application/vnd.torch-images.smoke-report+json"
+MEDIA_TYPES = {"smoke": SMOKE_TYPE, "sbom": SBOM_TYPE}
+FILE_NAMES = {"smoke": "smoke-report.json", "sbom": "sbom.cdx.json"}
+
+
+@dataclass(frozen=True)
+class Staged:
+    """An image in a registry, by digest, with its image id (the config digest)."""
+
+    registry: str
+    repository: str
+    descriptor: oci.Descriptor
+    image_id: str
+
+    @property
+    def digest(self) -> str:
+        return self.descriptor.digest
+
+    @property
+    def reference(self) -> str:
+        return f"{self.registry}/{self.repository}@{self.digest}"
+
+
+def staging_repository(matrix: Matrix) -> str:
+    """Where images wait, by digest, until their evidence is complete and they are promoted."""
+    return f"{matrix.repository}-staging"
+
+
+def local_file(kind: str, image_id: str) -> Path:
+    """The cached copy of an image's evidence on this machine."""
+    return smoke.report_file(image_id) if kind == "smoke" else state.sbom_path(image_id)
+
+
+def find_staged(matrix: Matrix, hash_tag: str) -> Staged | None:
+    """The staged image of this content hash, if any machine staged it."""
+    reg = oci.Registry(matrix.registry)
+    return staged_at(reg, staging_repository(matrix), hash_tag)
+
+
+def staged_at(reg: oci.Registry, repository: str, ref: str) -> Staged | None:
+    found = reg.manifest(repository, ref)
+    if found is None:
+        return None
+    body, desc = found
+    config = (json.loads(body).get("config") or {}).get("digest", "")
+    return Staged(reg.registry, repository, desc, config)
+
+
+def stage(matrix: Matrix, image_id: str, hash_tag: str) -> Staged:
+    """`docker push` the local image to the staging repository under its content tag."""
+    ref = f"{matrix.registry}/{staging_repository(matrix)}:{hash_tag}"
+    engine.docker("tag", image_id, ref)
+    try:
+        oci.retry(f"pushing `{ref}`", matrix.registry,
+                  lambda: engine.docker("push", ref, timeout=3600), (CommandFailed,))
+    finally:
+        engine.docker("image", "rm", ref, check=False)
+    staged = find_staged(matrix, hash_tag)
+    if staged is None or staged.image_id != image_id:
+        raise oci.RegistryError(f"`{ref}` does not hold image {image_id[:19]} after the push")
+    return staged
+
+
+def fetch(staged: Staged, kind: str) -> bytes | None:
+    """The evidence attached to the staged digest, else this machine's cached copy."""
+    reg = oci.Registry(staged.registry)
+    data = reg.fetch_artifact(staged.repository, staged.digest, kind)
+    if data is None:
+        path = local_file(kind, staged.image_id)
+        data = path.read_bytes() if path.is_file() else None
+    return data
+
+
+def attach(staged: Staged, kind: str, data: bytes, media_type: str | None = None,
+           title: str | None = None) -> dict[str, str]:
+    """Attach `data` to the staged digest (idempotent: the same bytes give the same digest)."""
+    reg = oci.Registry(staged.registry)
+    desc = reg.push_artifact(staged.repository, staged.descriptor,
+                             media_type or MEDIA_TYPES[kind], data, kind=kind,
+                             title=title or FILE_NAMES[kind])
+    return {"tag": oci.artifact_tag(staged.digest, kind), "digest": desc.digest,
+            "media_type": media_type or MEDIA_TYPES[kind],
+            "reference": f"{staged.registry}/{staged.repository}@{desc.digest}"}
+
+
+def image_labels(staged: Staged) -> dict[str, str]:
+    """The image's labels, read from its config blob in the registry (no engine needed)."""
+    reg = oci.Registry(staged.registry)
+    config = json.loads(reg.blob(staged.repository, staged.image_id))
+    return (config.get("config") or {}).get("Labels") or {}
