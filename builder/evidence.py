@@ -107,3 +107,32 @@ def image_labels(staged: Staged) -> dict[str, str]:
     reg = oci.Registry(staged.registry)
     config = json.loads(reg.blob(staged.repository, staged.image_id))
     return (config.get("config") or {}).get("Labels") or {}
+
+
+def from_reference(text: str) -> Staged | None:
+    """`REGISTRY/REPOSITORY@sha256:…` as a staged image; None for a local name or image id."""
+    name, sep, digest = text.partition("@")
+    registry, _, repository = name.partition("/")
+    if not (sep and digest.startswith("sha256:") and repository):
+        return None
+    staged = staged_at(oci.Registry(registry), repository, digest)
+    if staged is None:
+        raise oci.RegistryError(f"`{registry}/{repository}` has no image {digest}")
+    return staged
+
+
+def pull(staged: Staged) -> str:
+    """Make the staged image present in the local engine; returns its local reference."""
+    if engine.inspect_image(staged.image_id) is None:
+        oci.retry(f"pulling `{staged.reference}`", staged.registry,
+                  lambda: engine.docker("pull", "-q", staged.reference, timeout=3600),
+                  (CommandFailed,))
+    return staged.image_id
+
+
+def record(staged: Staged | None, kind: str, data: bytes) -> None:
+    """Keep `data` in this machine's cache and, for a staged image, attach it in the registry."""
+    if staged is None:
+        return
+    state.atomic_write(local_file(kind, staged.image_id), data)
+    attach(staged, kind, data)

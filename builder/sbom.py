@@ -22,7 +22,8 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
         "sbom", parents=[common], help="write an image's CycloneDX 1.6 SBOM, or diff two SBOMs",
         description="Read the image's filesystem (dpkg, Python dist-info, bundled native "
         "libraries) into a validated CycloneDX 1.6 SBOM. `builder sbom diff OLD NEW` compares "
-        "two SBOM files.",
+        "two SBOM files. IMAGE may be REGISTRY/REPOSITORY@sha256:DIGEST (a staged image): it is "
+        "pulled, and the SBOM is attached to that digest in the registry for `builder publish`.",
     )
     p.add_argument("target", nargs="+", metavar="IMAGE | diff OLD NEW")
     p.add_argument("-o", "--output", metavar="FILE", help="SBOM file (default: stdout)")
@@ -53,9 +54,13 @@ def run_sbom(args: argparse.Namespace) -> int:
     if len(args.target) != 1:
         raise BuilderError("`builder sbom` takes one image", hint="or: builder sbom diff OLD NEW")
     import sbom
+    from builder import evidence
 
     start = time.monotonic()
-    doc = sbom.generate(args.target[0], reproducible=args.reproducible)
+    staged = evidence.from_reference(args.target[0])
+    image = evidence.pull(staged) if staged else args.target[0]
+    doc = sbom.generate(image, reproducible=args.reproducible)
+    evidence.record(staged, "sbom", (json.dumps(doc, indent=2) + "\n").encode())
     if args.output in (None, "-"):
         from sbom.validate import render
 

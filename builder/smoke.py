@@ -318,7 +318,10 @@ never `pass`; --require-gpu turns those into failures, and publishing a CUDA ima
 made with --require-gpu.
 
 The report is stored at $BUILDER_STATE/reports/<image-id>.json (default .state/) and, with
---report, also written to FILE. Exit status: 0 when the report passes, 1 when it does not.
+--report, also written to FILE. IMAGE may be REGISTRY/REPOSITORY@sha256:DIGEST (a staged
+image): it is pulled, and the report is attached to that digest in the registry, where
+`builder publish` on any machine finds it. Exit status: 0 when the report passes, 1 when it
+does not, 2 when it could not run.
 """
 
 
@@ -341,8 +344,13 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    report = run_smoke(args.image, require_gpu=args.require_gpu, gpus=args.gpus,
+    from builder import evidence
+
+    staged = evidence.from_reference(args.image)
+    image = evidence.pull(staged) if staged else args.image
+    report = run_smoke(image, require_gpu=args.require_gpu, gpus=args.gpus,
                        report_path=args.report, timeout_scale=args.timeout_scale)
+    evidence.record(staged, "smoke", (json.dumps(report, indent=2) + "\n").encode())
     passed, reason = report_passed(report, require_gpu=args.require_gpu)
     if args.json:
         print(json.dumps(report, indent=2))
