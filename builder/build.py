@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder import base, engine, labels, plan, state
+from builder import base, engine, labels, locks, plan, state
 from builder.errors import BuilderError, EngineError
 from builder.matrix import Matrix
 from builder.matrix_cmd import load_selected
@@ -192,6 +192,9 @@ def write_image_sbom(image_id: str, image: str) -> Path:
 
 def run_build(args: argparse.Namespace) -> list[Outcome]:
     matrix, variants = load_selected(args)
+    if getattr(args, "relock", False):
+        stale = [v for v in variants if not locks.is_current(args.locks, v)]
+        locks.lock_all(matrix, stale, args.locks, progress=step)
     ensure_buildkit()
     digests: dict[str, str] = {}
     for v in variants:
@@ -231,6 +234,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "each new image. Logs: .state/logs/<variant>.log.")
     p.add_argument("--locks", default="locks", type=Path)
     p.add_argument("--force", action="store_true", help="rebuild even up-to-date variants")
+    p.add_argument("--relock", action="store_true",
+                   help="re-lock variants whose lock is out of date (instead of refusing them)")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed variant")
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke suite")
     p.add_argument("--no-sbom", action="store_true", help="skip the SBOM")

@@ -256,6 +256,9 @@ def _run_container(args: list[str], name: str, timeout: float) -> tuple[int | No
     except CommandFailed as exc:  # proc.run's timeout: the client died, the container may not
         engine.docker("rm", "-f", name, check=False)
         return None, "", f"{exc}\n{exc.hint or ''}"
+    except KeyboardInterrupt:  # SIGINT/SIGTERM: the container must not outlive the tool
+        engine.docker("rm", "-f", name, check=False)
+        raise
     return result.returncode, result.stdout or "", result.stderr or ""
 
 
