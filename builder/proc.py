@@ -138,8 +138,11 @@ def _tail(result: subprocess.CompletedProcess[str], log: Path | None, lines: int
 
 
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+CA_BUNDLE_ENV = "BUILDER_CA_BUNDLE"  # `builder build --ca-bundle FILE` sets it
 
 
 def host_ca_bundle() -> str | None:
-    """The host's CA bundle, for host-side HTTPS clients (pip, uv, urllib) that need it."""
-    return HOST_CA_BUNDLE if os.path.exists(HOST_CA_BUNDLE) else None
+    """The CA bundle for host-side HTTPS clients (pip, uv, urllib): $BUILDER_CA_BUNDLE, else
+    the system's."""
+    chosen = os.environ.get(CA_BUNDLE_ENV) or HOST_CA_BUNDLE
+    return chosen if os.path.exists(chosen) else None

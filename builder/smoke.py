@@ -337,10 +337,22 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
                    help='GPUs for the container: "all", a count, "0,1" or "device=1" '
                    "(default: all when the host has NVIDIA GPUs, none otherwise)")
     p.add_argument("--report", type=Path, metavar="FILE", help="also write the report here")
-    p.add_argument("--timeout-scale", type=float, default=1.0, metavar="X",
+    p.add_argument("--timeout-scale", type=positive_float, default=1.0, metavar="X",
                    help="multiply every per-check timeout, e.g. 3 on a slow machine "
                    "(default %(default)s)")
     p.set_defaults(func=_cmd)
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number above zero (a zero or negative scale times every check
+    out at once, and its error report would replace the image's stored one)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a number above 0")
+    return value
 
 
 def _cmd(args: argparse.Namespace) -> int:
