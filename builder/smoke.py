@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from builder import engine, labels, proc
+from builder import engine, labels, proc, state
 from builder.errors import BuilderError, CommandFailed, EngineError
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "smoke" / "report.schema.json"
@@ -173,9 +173,13 @@ def _atomic_write(path: Path, report: dict[str, Any]) -> None:
 
 def store_report(report: dict[str, Any], image_id: str, report_path: Path | None) -> Path:
     path = report_file(image_id)
-    _atomic_write(path, report)
-    if report_path is not None:
-        _atomic_write(report_path, report)
+    for target in (path, report_path):
+        if target is None:
+            continue
+        try:
+            _atomic_write(target, report)
+        except OSError as exc:
+            raise state.path_error(target, exc) from None
     return path
 
 

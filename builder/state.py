@@ -24,16 +24,17 @@ def path(*parts: str) -> Path:
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise path_error(p, exc, hint="BUILDER_STATE must name a folder this user can write "
-                         "(default: .state)") from None
+        raise path_error(p, exc, folder=True, hint="BUILDER_STATE must name a folder this "
+                         "user can write (default: .state)") from None
     return p
 
 
-def path_error(target: Path, exc: OSError, hint: str | None = None) -> BuilderError:
-    """An OSError about `target` as a message (exit 2), never a traceback."""
+def path_error(target: Path, exc: OSError, *, folder: bool = False,
+               hint: str | None = None) -> BuilderError:
+    """An OSError about `target` (a file, or a folder when `folder`) as a message (exit 2)."""
     why = exc.strerror or str(exc)
     blocker = next((p for p in (target, *target.parents) if p.exists() and not p.is_dir()), None)
-    if blocker is not None and blocker != target:
+    if blocker is not None and (blocker != target or folder):
         why = f"{blocker} is a file, not a folder"
     return BuilderError(f"cannot write {target}: {why}", hint=hint)
 
