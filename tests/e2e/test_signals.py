@@ -58,3 +58,30 @@ def test_signal_stops_the_smoke_container_and_exits_128_plus_signal(
     assert f"run got {name}" in text  # the docker client was told, not left running
     assert "rm -f builder-smoke-" in text  # and the container it started was removed
     assert not list((tmp_path / "state").rglob("*.json"))  # no report was written
+
+
+CHILD = """\
+import sys
+from pathlib import Path
+from builder import proc
+proc.install_signal_handlers()
+try:
+    proc.run(["bash", "-c", sys.argv[1]], log=Path(sys.argv[2]))
+except proc.Interrupted as exc:
+    sys.exit(exc.exit_code)
+"""
+
+
+def test_a_logged_child_like_docker_build_gets_the_signal_not_sigkill(tmp_path: Path) -> None:
+    record = tmp_path / "record"
+    script = (f"sleep 60 & c=$!; trap 'echo TERM > {record}; kill $c; exit 1' TERM; "
+              f"echo started > {record}; wait $c")
+    tool = subprocess.Popen([sys.executable, "-c", CHILD, script, str(tmp_path / "build.log")],
+                            cwd=ROOT, env={**os.environ, "PATH": "/usr/bin:/bin"})
+    deadline = time.monotonic() + 30
+    while not (record.exists() and record.read_text().strip() == "started"):
+        assert time.monotonic() < deadline and tool.poll() is None
+        time.sleep(0.05)
+    tool.send_signal(signal.SIGTERM)
+    assert tool.wait(timeout=30) == 143
+    assert record.read_text().strip() == "TERM"
