@@ -252,7 +252,7 @@ def _compose(text: str, file: str) -> yaml.Node | None:
         raise _yaml_problem(exc, file) from None
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Walk:
     """What walking the composed tree records besides the data."""
 
@@ -271,10 +271,12 @@ def _walk(node: yaml.Node, path: Path_, seen: _Walk) -> Any:
     if isinstance(node, yaml.MappingNode):
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag not in _PLAIN_TAGS:
-                problems.append(_tag_problem(key_node, path) if isinstance(
-                    key_node, yaml.ScalarNode) else Problem(
-                    key_node.start_mark.line + 1, path, "a key must be plain text"))
+            if not isinstance(key_node, yaml.ScalarNode):
+                problems.append(Problem(key_node.start_mark.line + 1, path,
+                                        "a key must be plain text"))
+                continue
+            if key_node.tag not in _PLAIN_TAGS:
+                problems.append(_tag_problem(key_node, path))
                 continue
             key = key_node.value
             if key_node.tag != "tag:yaml.org,2002:str":
