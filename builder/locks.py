@@ -304,8 +304,8 @@ def stale_reason(locks_dir: Path, variant: Variant) -> str | None:
         return None
     was = meta.get("inputs") or {}
     changed = [k for k, v in lock_inputs(variant).items() if k in was and was[k] != v]
-    if not changed and recorded[: len(base)] != base:
-        changed = ["packages"]
+    if not changed and recorded[: len(base)] != base:  # metadata from before `inputs`
+        changed = ["torch"] if recorded[:1] != base[:1] else ["packages"]
     what = ", ".join(changed) if changed else "inputs"
     return f"{txt_path} is out of date ({what} changed): run builder lock"
 
