@@ -215,6 +215,8 @@ def run_build(args: argparse.Namespace) -> list[Outcome]:
     if getattr(args, "relock", False):
         stale = [v for v in variants if not locks.is_current(args.locks, v)]
         locks.lock_all(matrix, stale, args.locks, progress=step)
+    for v in variants:  # a missing or stale lock fails now, not after the bases are made
+        locks.require_lock(args.locks, v)
     ensure_buildkit()
     digests: dict[str, str] = {}
     for v in variants:

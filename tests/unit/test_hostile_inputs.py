@@ -77,6 +77,14 @@ def test_a_lock_made_from_other_inputs_is_refused(tmp_path, capsys, old, new, wh
     assert message in capsys.readouterr().out
 
 
+def test_build_refuses_a_stale_lock_before_touching_the_engine(tmp_path, monkeypatch):
+    path = shipped_with(tmp_path, "packages: [numpy]", "packages: [numpy, requests]")
+    monkeypatch.setattr(build, "ensure_buildkit", lambda: pytest.fail("reached the engine"))
+    args = argparse.Namespace(matrix=str(path), select=[f"id={CPU}"], locks=LOCKS, relock=False)
+    with pytest.raises(ConfigError, match=r"\(packages changed\): run builder lock"):
+        build.run_build(args)
+
+
 def test_the_shipped_locks_record_their_inputs():
     m = matrix.load(ROOT / "matrix.yaml")
     for v in m.variants:
