@@ -12,14 +12,16 @@ import contextlib
 import datetime as dt
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder import base, engine, labels, plan, state
+from builder import base, engine, labels, locks, plan, proc, state
 from builder.errors import BuilderError, EngineError
 from builder.matrix import Matrix
 from builder.matrix_cmd import load_selected
@@ -77,6 +79,27 @@ def git(*args: str) -> str:
     return result.stdout.strip() if result.returncode == 0 else ""
 
 
+def source_url() -> str:
+    """The repository's public URL for `org.opencontainers.image.source`: CI's, else origin's
+    when it is a URL (credentials dropped, scp-style `git@host:org/repo` made https); a local
+    path is no source anyone else can open, so it gives no label."""
+    server, repo = os.environ.get("GITHUB_SERVER_URL"), os.environ.get("GITHUB_REPOSITORY")
+    if server and repo:
+        return f"{server.rstrip('/')}/{repo}"
+    return public_url(git("remote", "get-url", "origin"))
+
+
+def public_url(remote: str) -> str:
+    scp = re.fullmatch(r"[\w.-]+@([\w.-]+):(?!//)(.+)", remote)
+    if scp:
+        remote = f"https://{scp.group(1)}/{scp.group(2)}"
+    parts = urllib.parse.urlsplit(remote)
+    if parts.scheme not in ("https", "http", "ssh", "git") or not parts.hostname:
+        return ""
+    host = parts.hostname + (f":{parts.port}" if parts.port and parts.scheme != "ssh" else "")
+    return urllib.parse.urlunsplit(("https", host, parts.path.removesuffix(".git"), "", ""))
+
+
 def created_time(variant_id: str, locks_dir: Path) -> str:
     """When the inputs were fixed (the lock's commit), not wall-clock: same inputs, same config."""
     committed = git("log", "-1", "--format=%cI", "--", str(locks_dir / f"{variant_id}.txt"))
@@ -91,7 +114,7 @@ def build_labels(p: plan.PlannedVariant, locks_dir: Path) -> dict[str, str]:
     return {
         labels.OCI + "created": created_time(p.variant.id, locks_dir),
         labels.OCI + "revision": git("rev-parse", "HEAD") or "unknown",
-        labels.OCI + "source": git("remote", "get-url", "origin") or "torch-images",
+        **({labels.OCI + "source": url} if (url := source_url()) else {}),
         labels.OCI + "base.digest": p.base_digest or "",
         labels.CONTENT_HASH: p.content_hash,
         labels.LOCK_HASH: p.lock_hash,
@@ -116,8 +139,7 @@ def prepare_context(p: plan.PlannedVariant, wheelhouse: Wheelhouse) -> tuple[Pat
 
 
 def docker_build(p: plan.PlannedVariant, image: str, context: Path, dockerfile: Path,
-                 locks_dir: Path, log: Path, *, ca_bundle: Path | None = None,
-                 apt_refresh: str = "") -> str:
+                 locks_dir: Path, log: Path, *, apt_refresh: str = "") -> str:
     """Run the BuildKit build; returns the image id. Tags only on success."""
     iidfile = log.with_suffix(".iid")
     iidfile.unlink(missing_ok=True)
@@ -125,8 +147,6 @@ def docker_build(p: plan.PlannedVariant, image: str, context: Path, dockerfile: 
             "-t", image]
     for key, value in build_labels(p, locks_dir).items():
         argv += ["--label", f"{key}={value}"]
-    if ca_bundle:
-        argv += ["--secret", f"id=ca,src={ca_bundle}"]
     if apt_refresh:
         argv += ["--build-arg", f"APT_REFRESH={apt_refresh}"]
     log.unlink(missing_ok=True)
@@ -146,7 +166,7 @@ def build_variant(matrix: Matrix, p: plan.PlannedVariant, wheelhouse: Wheelhouse
         context, dockerfile = prepare_context(p, wheelhouse)
         step(f"  [{vid}] building (log: {log})")
         image_id = docker_build(p, image, context, dockerfile, args.locks, log,
-                                ca_bundle=args.ca_bundle, apt_refresh=args.apt_refresh)
+                                apt_refresh=args.apt_refresh)
     except BuilderError as exc:
         step(f"  [{vid}] FAILED: {exc}" + (f"\n{exc.hint}" if exc.hint else ""))
         return Outcome(vid, "failed", image, seconds=time.monotonic() - start, message=str(exc))
@@ -192,6 +212,11 @@ def write_image_sbom(image_id: str, image: str) -> Path:
 
 def run_build(args: argparse.Namespace) -> list[Outcome]:
     matrix, variants = load_selected(args)
+    if getattr(args, "relock", False):
+        stale = [v for v in variants if not locks.is_current(args.locks, v)]
+        locks.lock_all(matrix, stale, args.locks, progress=step)
+    for v in variants:  # a missing or stale lock fails now, not after the bases are made
+        locks.require_lock(args.locks, v)
     ensure_buildkit()
     digests: dict[str, str] = {}
     for v in variants:
@@ -231,14 +256,19 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "each new image. Logs: .state/logs/<variant>.log.")
     p.add_argument("--locks", default="locks", type=Path)
     p.add_argument("--force", action="store_true", help="rebuild even up-to-date variants")
+    p.add_argument("--relock", action="store_true",
+                   help="re-lock variants whose lock is out of date (instead of refusing them)")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed variant")
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke suite")
     p.add_argument("--no-sbom", action="store_true", help="skip the SBOM")
     p.add_argument("--require-gpu", action="store_true",
                    help="GPU checks that cannot run on this host fail instead of being skipped")
-    p.add_argument("--ca-bundle", type=Path, default=os.environ.get("BUILDER_CA_BUNDLE") or None,
-                   help="CA bundle for downloads inside the build, passed as a BuildKit secret "
-                   "(never stored in a layer); default: none ($BUILDER_CA_BUNDLE)")
+    # Nothing inside a build downloads (wheels arrive through the context), so the bundle is for
+    # the host-side downloads: the wheelhouse, uv and the wheel checks.
+    p.add_argument("--ca-bundle", type=readable_file,
+                   default=os.environ.get("BUILDER_CA_BUNDLE") or None,
+                   help="CA bundle for the wheel downloads on this host (a TLS-intercepting "
+                   "proxy); default: $BUILDER_CA_BUNDLE, else the system bundle")
     p.add_argument("--apt-refresh", default="", metavar="TOKEN",
                    help="re-run the apt upgrade step (security rebuilds pass a new token)")
     p.set_defaults(func=cmd_build)
@@ -256,9 +286,19 @@ def cmd_base(args: argparse.Namespace) -> int:
     return 0
 
 
+def readable_file(text: str) -> Path:
+    """argparse type: a file this user can read (checked now, not halfway through a build)."""
+    path = Path(text)
+    if not path.is_file() or not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{text} is not a readable file")
+    return path
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     if not args.select:
         args.select = ["default=true"]
+    if args.ca_bundle:
+        os.environ[proc.CA_BUNDLE_ENV] = str(args.ca_bundle)  # read by proc.host_ca_bundle()
     with build_lock():
         outcomes = run_build(args)
     if args.json:

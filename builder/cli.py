@@ -12,7 +12,7 @@ import os
 import sys
 import traceback
 
-from builder import __version__
+from builder import __version__, proc
 from builder.errors import COULD_NOT_RUN, BuilderError
 from builder.output import emit_json
 
@@ -43,9 +43,10 @@ def common_parser() -> argparse.ArgumentParser:
     )
     common.add_argument(
         "--select", action="append", default=[], metavar="KEY=VALUE",
-        help="only variants whose KEY equals VALUE (repeatable; all must match), e.g. "
-        "--select flavor=slim --select python=3.11; KEY is torch, python, accelerator, flavor, "
-        "id or default (default=true picks the matrix's default selection)",
+        help="only variants whose KEY equals VALUE (repeatable: different keys must all match, "
+        "a repeated key matches any of its values), e.g. --select flavor=slim --select "
+        "flavor=runtime --select python=3.11 (slim or runtime, on 3.11); KEY is torch, python, "
+        "accelerator, flavor, id or default (default=true picks the matrix's default selection)",
     )
     common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     return common
@@ -70,15 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    proc.install_signal_handlers()
     try:
         return int(args.func(args) or 0)
     except BuilderError as exc:
         if args.debug:
             traceback.print_exc()
         return report_error(args, str(exc), exc.hint, exc.exit_code)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # proc.Interrupted for SIGTERM too: 130 or 143
+        print(f"interrupted ({exc or 'SIGINT'}); child processes were stopped", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
     except Exception as exc:  # a bug, or a case without its own message: still no traceback
         if args.debug:
             traceback.print_exc()

@@ -80,14 +80,32 @@ TOOLKIT_WHEELS = ("nvidia-cuda-nvcc", "nvidia-cuda-runtime", "nvidia-cuda-cccl",
                   "nvidia-cuda-crt")
 
 
+# Names how resolve() asks uv for a lock; change it whenever resolve()'s flags change, so every
+# lock made the old way reads as out of date.
+RESOLVER = "uv pip compile --generate-hashes --emit-find-links --emit-index-url (1)"
+
+
+def lock_inputs(variant: Variant) -> dict[str, Any]:
+    """Every input that shapes a variant's lock, by name (so a stale lock can say which moved)."""
+    return {
+        "torch": variant.torch, "packages": list(variant.packages),
+        "index_url": variant.index_url, "find_links": list(variant.find_links),
+        "python": variant.python, "platform": PLATFORM, "resolver": RESOLVER,
+    }
+
+
 def inputs_hash(variant: Variant, reqs: Iterable[str]) -> str:
     """Everything resolution depends on; a lock whose recorded hash matches is reused."""
-    payload = {
-        "format": LOCK_FORMAT, "requirements": sorted(reqs), "python": variant.python,
-        "platform": PLATFORM, "find_links": list(variant.find_links),
-        "index_url": variant.index_url,
-    }
+    payload = {"format": LOCK_FORMAT, "requirements": sorted(reqs), **lock_inputs(variant)}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def lock_metadata(variant: Variant, reqs: list[str], facts: Mapping[str, Any]) -> str:
+    """The text of locks/<id>.json: the inputs (and their hash) beside the derived facts."""
+    return json.dumps(
+        {"format": LOCK_FORMAT, "inputs_hash": inputs_hash(variant, reqs),
+         "inputs": lock_inputs(variant), "requirements": reqs, "facts": facts},
+        indent=2, sort_keys=True) + "\n"
 
 
 def uv_env() -> dict[str, str]:
@@ -223,9 +241,13 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 
 def require_lock(locks_dir: Path, variant: Variant) -> Lock:
+    """The variant's lock, refusing one made from other inputs than the matrix now gives."""
     lock = read_lock(locks_dir, variant)
     if lock is None:
         raise ConfigError(f"no lock for {variant.id} in {locks_dir}/", hint="run: builder lock")
+    reason = stale_reason(locks_dir, variant)
+    if reason:
+        raise ConfigError(reason, hint="or pass --relock to `builder build` to re-lock first")
     return lock
 
 
@@ -256,9 +278,7 @@ def lock_variant(matrix: Matrix, variant: Variant, locks_dir: Path, *, upgrade: 
     if with_toolkit:
         atomic_write(base_lock_path(locks_dir, variant), base_text)
     atomic_write(txt_path, text)
-    atomic_write(json_path, json.dumps(
-        {"format": LOCK_FORMAT, "inputs_hash": key, "requirements": reqs, "facts": facts},
-        indent=2, sort_keys=True) + "\n")
+    atomic_write(json_path, lock_metadata(variant, reqs, facts))
     return Lock(variant.id, text, facts), True
 
 
@@ -270,20 +290,32 @@ def _resolve_memo(variant: Variant, reqs: list[str], upgrade: bool, memo: dict[s
 
 
 def is_current(locks_dir: Path, variant: Variant) -> bool:
-    """True when the recorded inputs hash matches the variant as the matrix now describes it.
+    """True when the lock exists and was made from the inputs the matrix now describes."""
+    txt_path, json_path = lock_paths(locks_dir, variant)
+    return txt_path.exists() and json_path.exists() and stale_reason(locks_dir, variant) is None
+
+
+def stale_reason(locks_dir: Path, variant: Variant) -> str | None:
+    """`locks/<id>.txt is out of date (packages changed): run builder lock`, or None when the
+    recorded inputs hash matches (or there is no lock: require_lock says that).
 
     A devel lock may carry toolkit pins; its hash is checked against the requirements it
     recorded, so adding or removing packages in the matrix still shows as a change.
     """
-    _, json_path = lock_paths(locks_dir, variant)
+    txt_path, json_path = lock_paths(locks_dir, variant)
     if not json_path.exists():
-        return False
+        return None
     meta = read_meta(json_path)
-    recorded = meta.get("requirements", [])
+    recorded = list(meta.get("requirements") or [])
     base = requirements(variant)
-    if recorded[: len(base)] != base:
-        return False
-    return meta.get("inputs_hash") == inputs_hash(variant, recorded)
+    if recorded[: len(base)] == base and meta.get("inputs_hash") == inputs_hash(variant, recorded):
+        return None
+    was = meta.get("inputs") or {}
+    changed = [k for k, v in lock_inputs(variant).items() if k in was and was[k] != v]
+    if not changed and recorded[: len(base)] != base:  # metadata from before `inputs`
+        changed = ["torch"] if recorded[:1] != base[:1] else ["packages"]
+    what = ", ".join(changed) if changed else "inputs"
+    return f"{txt_path} is out of date ({what} changed): run builder lock"
 
 
 def lock_all(matrix: Matrix, variants: list[Variant], locks_dir: Path, *, upgrade: bool = False,

@@ -11,7 +11,7 @@ import difflib
 import hashlib
 import itertools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from builder import tags
 from builder.errors import ConfigError
 
 SCHEMA_PATH = Path(__file__).parent / "schema" / "matrix.schema.json"
@@ -47,7 +48,9 @@ def format_path(path: Path_) -> str:
 
 class MatrixError(ConfigError):
     def __init__(self, file: str, problems: Sequence[Problem]) -> None:
-        self.problems = sorted(problems, key=lambda p: (p.line, format_path(p.path)))
+        # An include entry merged into many combinations reports its problem once, not per merge.
+        unique = dict.fromkeys(problems)
+        self.problems = sorted(unique, key=lambda p: (p.line, format_path(p.path)))
         lines = [p.format(file) for p in self.problems]
         super().__init__(
             f"{file} is invalid ({len(lines)} problem{'s' * (len(lines) != 1)}):\n  "
@@ -99,6 +102,10 @@ class Variant:
     def matches(self, selector: Mapping[str, str]) -> bool:
         return all(self.value(k) == str(v) for k, v in selector.items())
 
+    def matches_any(self, wanted: Mapping[str, Iterable[str]]) -> bool:
+        """Every key matches one of its values (a repeated --select key means "any of")."""
+        return all(self.value(k) in values for k, values in wanted.items())
+
 
 @dataclass(frozen=True)
 class Alias:
@@ -122,9 +129,9 @@ class Matrix:
         return f"{self.registry}/{self.repository}"
 
     def select(self, selectors: Iterable[str] = ()) -> list[Variant]:
-        """Variants matching every KEY=VALUE selector."""
+        """Variants matching every key of the KEY=VALUE selectors (any of a repeated key's)."""
         wanted = parse_selectors(selectors)
-        return [v for v in self.variants if v.matches(wanted)]
+        return [v for v in self.variants if v.matches_any(wanted)]
 
     def variant(self, variant_id: str) -> Variant:
         for v in self.variants:
@@ -138,16 +145,17 @@ class Matrix:
         return self.toolkits.get(cuda) or self.toolkits.get(cuda.split(".")[0] + ".*")
 
 
-def parse_selectors(selectors: Iterable[str]) -> dict[str, str]:
-    wanted: dict[str, str] = {}
+def parse_selectors(selectors: Iterable[str]) -> dict[str, frozenset[str]]:
+    """KEY=VALUE items as KEY → the values it may take: keys AND, a repeated key ORs."""
+    wanted: dict[str, set[str]] = {}
     for item in selectors:
         key, sep, value = item.partition("=")
         if not sep or key not in SELECT_KEYS:
             raise ConfigError(
                 f"--select {item!r}: expected KEY=VALUE with KEY one of {', '.join(SELECT_KEYS)}"
             )
-        wanted[key] = value
-    return wanted
+        wanted.setdefault(key, set()).add(value)
+    return {key: frozenset(values) for key, values in wanted.items()}
 
 
 def suggest(word: str, choices: Iterable[str]) -> str | None:
@@ -158,36 +166,140 @@ def suggest(word: str, choices: Iterable[str]) -> str | None:
 # ---------------------------------------------------------------- YAML with line numbers
 
 
-class _Loader(yaml.SafeLoader):
+# libyaml's parser when PyYAML has it (about 10x faster on a large matrix), else the Python one.
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     pass
+
+
+# These bounds stop alias bombs ("billion laughs") and deep nesting long before they cost time or
+# memory (or a RecursionError in the composer). Only what aliases add counts against the node
+# budget: the written-out document is already bounded by its size.
+MAX_DEPTH = 32
+MAX_ALIAS_NODES = 10_000
+# Only tags the safe loader constructs; `!!python/...` and unknown tags are problems.
+_PLAIN_TAGS = frozenset(tag for tag in _Loader.yaml_constructors if tag is not None)
+
+
+def _read_text(path: Path) -> str:
+    file = str(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {file}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise MatrixError(file, [Problem(line, (), f"not UTF-8 text (byte 0x{data[exc.start]:02x} "
+                                         f"at offset {exc.start})")]) from None
+
+
+def _yaml_problem(exc: yaml.YAMLError, file: str) -> MatrixError:
+    mark = getattr(exc, "problem_mark", None)
+    line = mark.line + 1 if mark else 1
+    return MatrixError(file, [Problem(line, (), f"not valid YAML: {exc}")])
+
+
+def _check_bounds(text: str, file: str) -> None:
+    """One streaming pass over the parser's events (no tree, no recursion): refuse nesting
+    deeper than MAX_DEPTH and aliases that add more than MAX_ALIAS_NODES nodes in all."""
+    sizes: dict[str, int] = {}  # anchor → how many nodes one use of it expands to
+    anchor_lines: dict[str, int] = {}
+    open_frames: list[list[Any]] = []  # [anchor, nodes so far] per open collection
+    added = 0  # nodes that aliases add to the document
+    for event in yaml.parse(text, Loader=_Loader):
+        line = event.start_mark.line + 1
+        if isinstance(event, yaml.CollectionEndEvent):
+            anchor, count = open_frames.pop()
+            if anchor:
+                sizes[anchor] = count
+            if open_frames:
+                open_frames[-1][1] += count
+            continue
+        if not isinstance(event, yaml.NodeEvent):
+            continue
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in anchor_lines and event.anchor not in sizes:
+                raise MatrixError(file, [Problem(line, (), f"alias *{event.anchor} refers to its "
+                                                 "own anchor (a recursive structure)")])
+            count = sizes.get(event.anchor, 1)
+            added += count
+            if added > MAX_ALIAS_NODES:
+                raise MatrixError(file, [Problem(line, (), (
+                    f"alias *{event.anchor} (anchor at line {anchor_lines.get(event.anchor, '?')}"
+                    f") expands the document past {MAX_ALIAS_NODES} more nodes; write the values "
+                    "out instead"))])
+        else:
+            count = 1
+            if event.anchor:
+                anchor_lines[event.anchor] = line
+        if isinstance(event, yaml.CollectionStartEvent):
+            if len(open_frames) >= MAX_DEPTH:
+                raise MatrixError(file, [Problem(line, (), f"nested deeper than {MAX_DEPTH} "
+                                                 "levels")])
+            open_frames.append([event.anchor, 1])
+        elif open_frames:
+            open_frames[-1][1] += count
+        elif event.anchor:
+            sizes[event.anchor] = 1
 
 
 def _compose(text: str, file: str) -> yaml.Node | None:
     try:
+        _check_bounds(text, file)
         return yaml.compose(text, Loader=_Loader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else 1
-        raise MatrixError(file, [Problem(line, (), f"not valid YAML: {exc}")]) from None
+        raise _yaml_problem(exc, file) from None
 
 
-def _walk(node: yaml.Node, path: Path_, lines: dict[Path_, int], problems: list[Problem]) -> Any:
+@dataclass(frozen=True)
+class _Walk:
+    """What walking the composed tree records besides the data."""
+
+    lines: dict[Path_, int] = field(default_factory=dict)
+    raw: dict[Path_, str] = field(default_factory=dict)  # source text of scalars: `3.10`
+    problems: list[Problem] = field(default_factory=list)
+
+
+def _walk(node: yaml.Node, path: Path_, seen: _Walk) -> Any:
     """Turn a composed node into plain data, recording each path's line and YAML traps."""
-    lines[path] = node.start_mark.line + 1
+    problems = seen.problems
+    seen.lines[path] = node.start_mark.line + 1
+    if node.tag not in _PLAIN_TAGS:
+        problems.append(_tag_problem(node, path))
+        return None
     if isinstance(node, yaml.MappingNode):
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                problems.append(Problem(key_node.start_mark.line + 1, path,
+                                        "a key must be plain text"))
+                continue
+            if key_node.tag not in _PLAIN_TAGS:
+                problems.append(_tag_problem(key_node, path))
+                continue
             key = key_node.value
             if key_node.tag != "tag:yaml.org,2002:str":
-                problems.append(_number_trap(key_node, path + (key,)))
+                problems.append(_key_trap(key_node, path + (key,)))
             if key in out:
                 problems.append(Problem(key_node.start_mark.line + 1, path + (key,),
                                         "duplicate key (YAML keeps only the last one)"))
-            out[key] = _walk(value_node, path + (key,), lines, problems)
+            out[key] = _walk(value_node, path + (key,), seen)
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_walk(item, path + (i,), lines, problems) for i, item in enumerate(node.value)]
-    return _scalar(node)
+        return [_walk(item, path + (i,), seen) for i, item in enumerate(node.value)]
+    seen.raw[path] = node.value
+    try:
+        return _scalar(node)
+    except (yaml.YAMLError, ValueError, TypeError):
+        problems.append(Problem(node.start_mark.line + 1, path,
+                                f"`{node.value}` is not a valid {node.tag.rsplit(':', 1)[-1]}"))
+        return None
+
+
+def _tag_problem(node: yaml.Node, path: Path_) -> Problem:
+    return Problem(node.start_mark.line + 1, path,
+                   f"the tag `{node.tag}` is not allowed (plain YAML values only)")
 
 
 def _scalar(node: yaml.ScalarNode) -> Any:
@@ -195,25 +307,33 @@ def _scalar(node: yaml.ScalarNode) -> Any:
     return loader.construct_object(node, deep=True)
 
 
-def _number_trap(node: yaml.Node, path: Path_) -> Problem:
-    shown = _scalar(node)
-    return Problem(node.start_mark.line + 1, path,
-                   f'{shown} is a number; write "{node.value}" (quoted) so YAML keeps it a string')
-
-
-def load_yaml(path: Path) -> tuple[Any, dict[Path_, int], list[Problem]]:
-    file = str(path)
+def _key_trap(node: yaml.ScalarNode, path: Path_) -> Problem:
+    """A key YAML reads as something other than text: `3.10`, `~`, `yes`."""
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {file}: {exc.strerror}") from None
+        shown = _scalar(node)
+    except (yaml.YAMLError, ValueError, TypeError):
+        shown = node.value
+    if shown is None:
+        what = f"`{node.value}` is read as null"
+    elif isinstance(shown, bool):
+        what = f"`{node.value}` is read as the boolean {str(shown).lower()}"
+    elif isinstance(shown, int | float):
+        what = f"{shown} is a number"
+    else:
+        what = f"`{node.value}` is read as a {type(shown).__name__}"
+    return Problem(node.start_mark.line + 1, path,
+                   f'{what}; write "{node.value}" (quoted) so YAML keeps it a string')
+
+
+def load_yaml(path: Path) -> tuple[Any, _Walk]:
+    file = str(path)
+    text = _read_text(path)
     node = _compose(text, file)
     if node is None:
         raise MatrixError(file, [Problem(1, (), "the file is empty")])
-    lines: dict[Path_, int] = {}
-    problems: list[Problem] = []
-    data = _walk(node, (), lines, problems)
-    return data, lines, problems
+    seen = _Walk()
+    data = _walk(node, (), seen)
+    return data, seen
 
 
 # ---------------------------------------------------------------- schema checks
@@ -260,32 +380,13 @@ def _explain(err: Any, path: Path_, lines: Mapping[Path_, int],
         text = raw.get(path, str(err.instance))
         return [Problem(line, path, f'{err.instance} is a number; write "{text}" (quoted)')]
     if err.validator == "pattern":
-        return [Problem(line, path, f"{json.dumps(err.instance)} is not allowed here (letters, "
-                        "digits and . _ - : / only, in the documented shape)")]
+        shape = err.schema.get("description") or f"the pattern {err.validator_value}"
+        return [Problem(line, path, f"{json.dumps(err.instance)} is not allowed here; expected "
+                        f"{shape}")]
     if err.validator == "enum":
         choices = ", ".join(map(str, err.validator_value))
         return [Problem(line, path, f"{json.dumps(err.instance)} is not one of: {choices}")]
     return [Problem(line, path, err.message)]
-
-
-def _raw_scalars(path: Path) -> dict[Path_, str]:
-    """The source text of every scalar (so `3.10` can be quoted back to the user)."""
-    node = yaml.compose(path.read_text(), Loader=_Loader)
-    out: dict[Path_, str] = {}
-
-    def visit(n: yaml.Node, p: Path_) -> None:
-        if isinstance(n, yaml.MappingNode):
-            for k, v in n.value:
-                visit(v, p + (k.value,))
-        elif isinstance(n, yaml.SequenceNode):
-            for i, item in enumerate(n.value):
-                visit(item, p + (i,))
-        else:
-            out[p] = n.value
-
-    if node is not None:
-        visit(node, ())
-    return out
 
 
 # ---------------------------------------------------------------- expansion
@@ -297,7 +398,8 @@ def expand(axes: Mapping[str, Sequence[Any]], include: Sequence[Mapping[str, Any
     the include entry that created it (-1 for combinations from the axes)."""
     keys = list(axes)
     combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*axes.values())]
-    combos = [c for c in combos if not any(_subset(e, c) for e in exclude)]
+    excluded = _exclude_matcher(exclude)
+    combos = [c for c in combos if not excluded(c)]
     originals = [dict(c) for c in combos]
     added: list[dict[str, Any]] = []
     origin = [-1] * len(combos)
@@ -314,8 +416,27 @@ def expand(axes: Mapping[str, Sequence[Any]], include: Sequence[Mapping[str, Any
     return combos + added, origin
 
 
-def _subset(selector: Mapping[str, Any], combo: Mapping[str, Any]) -> bool:
-    return all(combo.get(k) == v for k, v in selector.items())
+def _exclude_matcher(exclude: Sequence[Mapping[str, Any]]) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether any exclude entry is a subset of a combination, with one set lookup per distinct
+    key set instead of comparing every combination with every entry."""
+    index: dict[tuple[str, ...], set[tuple[Any, ...]]] = {}
+    for entry in exclude:
+        keys = tuple(sorted(entry))
+        index.setdefault(keys, set()).add(tuple(_hashable(entry[k]) for k in keys))
+
+    def excluded(combo: Mapping[str, Any]) -> bool:
+        return any(tuple(_hashable(combo.get(k)) for k in keys) in values
+                   for keys, values in index.items())
+
+    return excluded
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+    except TypeError:
+        return json.dumps(value, sort_keys=True, default=str)
+    return value
 
 
 # ---------------------------------------------------------------- semantic checks and build
@@ -325,12 +446,13 @@ def load(path: str | Path = "matrix.yaml") -> Matrix:
     """Parse, validate and expand a matrix file, or raise MatrixError listing every problem."""
     path = Path(path)
     file = str(path)
-    data, lines, problems = load_yaml(path)
+    data, seen = load_yaml(path)
+    lines, problems = seen.lines, seen.problems
     if not isinstance(data, dict):
         raise MatrixError(file, [Problem(1, (), "the top level must be a mapping of keys")])
     marker = _schema_ok_marker(path)
     if not marker.exists():
-        problems += schema_problems(data, lines, _raw_scalars(path))
+        problems += schema_problems(data, lines, seen.raw)
     if problems:
         raise MatrixError(file, problems)
     matrix, problems = _build(path, data, lines)
@@ -385,6 +507,7 @@ def _build(path: Path, data: dict[str, Any],
         seen[variant.id] = where
         variants.append(variant)
     problems += _selector_problems(data, lines, variants)
+    problems += _alias_problems(data.get("aliases", []), lines)
     aliases = tuple(
         Alias(a["tag"], {k: v for k, v in a.items() if k != "tag"}) for a in data.get("aliases", [])
     )
@@ -428,6 +551,24 @@ def _variant(combo: dict[str, Any], data: dict[str, Any], bases: Mapping[str, Ba
     )
     is_default = any(variant.matches(s) for s in defaults)
     return Variant(**{**variant.__dict__, "default": is_default}), []
+
+
+def _alias_problems(aliases: Sequence[Mapping[str, Any]],
+                    lines: Mapping[Path_, int]) -> list[Problem]:
+    """Alias names that repeat or take a generated tag's shape (see builder.tags). Whether one
+    equals a variant's floating tag needs the locks: plan.tag_problems checks that."""
+    problems = []
+    first: dict[str, int] = {}
+    for i, alias in enumerate(aliases):
+        path: Path_ = ("aliases", i, "tag")
+        tag = str(alias.get("tag", ""))
+        why = tags.alias_shape_problem(tag)
+        if tag in first:
+            why = f"alias `{tag}` is already aliases[{first[tag]}]"
+        first.setdefault(tag, i)
+        if why:
+            problems.append(Problem(_line_of(lines, path), path, why))
+    return problems
 
 
 def _selector_problems(data: dict[str, Any], lines: Mapping[Path_, int],

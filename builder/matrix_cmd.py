@@ -19,6 +19,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                        "exit 1 when there is any.")
     p.add_argument("--offline", action="store_true",
                    help="skip the check that each torch release has a wheel for its python")
+    p.add_argument("--locks", default="locks", type=Path, help="lock folder (default: locks)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("lock", parents=[common], help="resolve variants into hash-pinned locks",
@@ -55,12 +56,16 @@ def load_selected(args: argparse.Namespace) -> tuple[matrix.Matrix, list[matrix.
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    m, variants = load_selected(args)
+    try:
+        m, variants = load_selected(args)
+    except matrix.MatrixError as exc:
+        if not args.json:
+            raise
+        emit_json({"valid": False, "variants": [],
+                   "problems": [p.format(args.matrix) for p in exc.problems]})
+        return exc.exit_code
     problems, notes = ([], []) if args.offline else wheels.missing_wheel_problems(variants)
-    for v in variants:
-        lock = locks.read_lock(Path("locks"), v)
-        if lock:
-            problems += locks.check_facts(v, lock.facts, m)
+    problems += lock_problems(m, variants, args.locks)
     for note in notes:
         step(f"note: {note}")
     if args.json:
@@ -73,6 +78,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
               f"{', all valid' if not problems else ''}; default: "
               + ", ".join(v.id for v in variants if v.default))
     return 1 if problems else 0
+
+
+def lock_problems(m: matrix.Matrix, variants: list[matrix.Variant], locks_dir: Path) -> list[str]:
+    """What only the locks show: stale locks, facts the matrix cannot hold, colliding tags."""
+    problems = []
+    for v in variants:
+        stale = locks.stale_reason(locks_dir, v)
+        lock = locks.read_lock(locks_dir, v)
+        if stale:
+            problems.append(stale)
+        elif lock:
+            problems += locks.check_facts(v, lock.facts, m)
+    return problems + plan.tag_problems(m, locks_dir)
 
 
 def cmd_lock(args: argparse.Namespace) -> int:

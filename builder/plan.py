@@ -1,8 +1,10 @@
 """`builder plan`: per variant its tags, content hash and whether it needs building.
 
 content hash = sha256 over the rendered Dockerfile and ignore file, every file copied in (lock
-parts, facts, the smoke package) and the base image digest. A variant is `up-to-date` when an
-image with that hash label exists locally or the registry has its `build-<hash>` tag.
+parts, facts, the smoke package) and the base image digest. A variant is `up-to-date` when the
+local image `<registry>/<repository>:<floating tag>` carries that hash label, or the configured
+registry/repository has its `build-<hash>` tag: changing `registry:` or `repository:` means
+building (and publishing) again, never "up to date" under the old name.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import labels, locks
+from builder import labels, locks, tags
+from builder.errors import ConfigError
 from builder.matrix import Matrix, Variant
 from builder.oci import MANIFEST_TYPES, registry_url
+from builder.output import step
 from builder.render import SMOKE_DIR, Rendered, render
 
-HASH_TAG_PREFIX = "build-"
+HASH_TAG_PREFIX = tags.HASH_TAG_PREFIX
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,29 @@ def tags_for(matrix: Matrix, variant: Variant, facts: Mapping[str, Any]) -> tupl
     return (tag_for(variant, facts), *aliases)
 
 
+def tag_problems(matrix: Matrix, locks_dir: Path) -> list[str]:
+    """Tags a publish of the whole matrix would write twice (floating tags and aliases; dated,
+    `build-` and artifact tags derive from a floating tag or a digest, and aliases may not take
+    their shapes). Variants without a lock have no floating tag yet and are left out."""
+    owned: list[tuple[str, str]] = []
+    for v in matrix.variants:
+        lock = locks.read_lock(locks_dir, v)
+        if lock is not None:
+            owned.append((tag_for(v, lock.facts), f"{v.id} (floating)"))
+    owned += [(a.tag, f"alias `{a.tag}`") for a in matrix.aliases]
+    problems = tags.collisions(owned)
+    problems += [why for a in matrix.aliases if (why := tags.alias_shape_problem(a.tag))]
+    return problems
+
+
+def check_tags(matrix: Matrix, locks_dir: Path) -> None:
+    """Refuse to publish anything while two owners would share a tag."""
+    problems = tag_problems(matrix, locks_dir)
+    if problems:
+        raise ConfigError(f"{matrix.path}: tags collide:\n  " + "\n  ".join(problems),
+                          hint="rename the alias (or variant) in the matrix; nothing was pushed")
+
+
 def smoke_files_hash() -> str:
     digest = hashlib.sha256()
     for path in sorted(SMOKE_DIR.rglob("*")):
@@ -106,12 +133,17 @@ def make_plan(matrix: Matrix, variants: Iterable[Variant], locks_dir: Path,
     from builder import engine  # only needed when an engine is there to ask
 
     smoke_hash = smoke_files_hash()
-    local = local_content_hashes(engine) if engine_available(engine) else set()
+    if engine_available(engine):
+        local = local_content_hashes(engine)
+    else:
+        local = {}
+        step("warning: the Docker engine does not answer: local images were not checked "
+             "(states below may say `build` for images that exist)")
     planned = []
     for variant in variants:
         p = plan_variant(matrix, variant, locks_dir, base_digests.get(variant.base.image),
                          smoke_hash)
-        if p.content_hash in local:
+        if f"{matrix.image_name}:{p.floating_tag}" in local.get(p.content_hash, ()):
             p = _with_state(p, "up-to-date", "local")
         elif check_registry and registry_has(matrix.registry, matrix.repository, p.hash_tag):
             p = _with_state(p, "up-to-date", "registry")
@@ -132,16 +164,20 @@ def engine_available(engine) -> bool:
         return False
 
 
-def local_content_hashes(engine) -> set[str]:
-    """Content-hash labels of every local image, in one engine call."""
+def local_content_hashes(engine) -> dict[str, set[str]]:
+    """Content-hash label → the names (repo:tag) of the local images carrying it, in one call."""
     result = engine.docker("images", "--filter", f"label={labels.CONTENT_HASH}",
                            "--format", "{{.ID}}", check=False)
     ids = sorted(set(result.stdout.split()))
     if not ids:
-        return set()
-    fmt = "{{index .Config.Labels \"" + labels.CONTENT_HASH + "\"}}"
+        return {}
+    fmt = "{{index .Config.Labels \"" + labels.CONTENT_HASH + "\"}} {{join .RepoTags \" \"}}"
     out = engine.docker("image", "inspect", "--format", fmt, *ids, check=False)
-    return set(out.stdout.split())
+    names: dict[str, set[str]] = {}
+    for line in out.stdout.splitlines():
+        if fields := line.split():
+            names.setdefault(fields[0], set()).update(fields[1:])
+    return names
 
 
 def registry_has(registry: str, repository: str, tag: str, timeout: float = 3.0) -> bool:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from builder.errors import BuilderError, CommandFailed
 
@@ -52,15 +54,12 @@ def run(
             with log.open("a") as fh:
                 fh.write(f"$ {shlex.join(args)}\n")
                 fh.flush()
-                result = subprocess.run(
-                    args, env=full_env, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT,
-                    text=True, timeout=timeout, input=input, check=False,
-                )
+                result = _run_child(args, env=full_env, cwd=cwd, stdout=fh,
+                                    stderr=subprocess.STDOUT, timeout=timeout, input=input)
         else:
-            result = subprocess.run(
-                args, env=full_env, cwd=cwd, capture_output=capture, text=True,
-                timeout=timeout, input=input, check=False,
-            )
+            pipe = subprocess.PIPE if capture else None
+            result = _run_child(args, env=full_env, cwd=cwd, stdout=pipe, stderr=pipe,
+                                timeout=timeout, input=input)
     except subprocess.TimeoutExpired as exc:
         raise CommandFailed(f"`{shlex.join(args)}` timed out after {timeout:.0f} s") from exc
     if check and result.returncode != 0:
@@ -69,6 +68,66 @@ def run(
             hint=_tail(result, log),
         )
     return result
+
+
+# ---- signals ------------------------------------------------------------------------------------
+
+# How long a child (docker build, docker run, docker push) gets to act on a forwarded signal (the
+# docker client cancels the build or push, or stops the container) before it is killed.
+STOP_GRACE_S = 10.0
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the tool. A KeyboardInterrupt, so every `finally` runs and no
+    `except Exception` swallows it; main() exits with 128 + the signal number (130, 143)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def _raise_interrupted(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def install_signal_handlers() -> None:
+    """SIGINT and SIGTERM become Interrupted in the main thread (SIGTERM would otherwise end
+    the process at once, leaving its children running)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _raise_interrupted)
+
+
+def _run_child(args: list[str], *, timeout: float | None, input: str | bytes | None,
+               **popen: Any) -> subprocess.CompletedProcess[str]:
+    """subprocess.run, except that a signal or timeout is passed on to the child (which then
+    gets STOP_GRACE_S to clean up) instead of SIGKILLing it at once."""
+    with subprocess.Popen(args, text=True, stdin=subprocess.PIPE if input is not None else None,
+                          **popen) as child:
+        try:
+            stdout, stderr = child.communicate(input, timeout=timeout)
+        except BaseException as exc:
+            stop_child(child, exc.signum if isinstance(exc, Interrupted) else signal.SIGTERM)
+            raise
+    return subprocess.CompletedProcess(args, child.returncode, stdout, stderr)
+
+
+def stop_child(child: subprocess.Popen[str], signum: int) -> None:
+    """Send `signum` to a running child, wait STOP_GRACE_S for it to end, then kill it."""
+    if child.poll() is not None:
+        return
+    try:
+        child.send_signal(signum)
+        child.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
 
 
 def _tail(result: subprocess.CompletedProcess[str], log: Path | None, lines: int = 25) -> str:
@@ -82,8 +141,11 @@ def _tail(result: subprocess.CompletedProcess[str], log: Path | None, lines: int
 
 
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+CA_BUNDLE_ENV = "BUILDER_CA_BUNDLE"  # `builder build --ca-bundle FILE` sets it
 
 
 def host_ca_bundle() -> str | None:
-    """The host's CA bundle, for host-side HTTPS clients (pip, uv, urllib) that need it."""
-    return HOST_CA_BUNDLE if os.path.exists(HOST_CA_BUNDLE) else None
+    """The CA bundle for host-side HTTPS clients (pip, uv, urllib): $BUILDER_CA_BUNDLE, else
+    the system's."""
+    chosen = os.environ.get(CA_BUNDLE_ENV) or HOST_CA_BUNDLE
+    return chosen if os.path.exists(chosen) else None

@@ -284,9 +284,12 @@ def record(path: Path, publications: dict[str, dict[str, Any]]) -> None:
 
 def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
                      allow_cpu_smoke: bool, dry_run: bool = False,
-                     manifest: Path = Path("published.json")) -> list[dict[str, Any]]:
+                     manifest: Path = Path("published.json"),
+                     locks_dir: Path = Path("locks")) -> list[dict[str, Any]]:
     """Gate and publish each variant. Returns one result per variant (`status`: published,
-    refused, would-publish). Records what was published even when a later variant fails."""
+    refused, would-publish). Records what was published even when a later variant fails.
+    Every tag of the whole matrix is checked for collisions before anything is pushed."""
+    plan.check_tags(matrix, locks_dir)
     engine.ensure_engine()
     results: list[dict[str, Any]] = []
     done: dict[str, dict[str, Any]] = {}
@@ -346,7 +349,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     planned = plan.make_plan(matrix, variants, args.locks, known_base_digests(variants),
                              check_registry=False)
     results = publish_variants(matrix, planned, allow_cpu_smoke=args.allow_cpu_smoke,
-                               dry_run=args.dry_run, manifest=args.manifest)
+                               dry_run=args.dry_run, manifest=args.manifest,
+                               locks_dir=args.locks)
     if args.json:
         emit_json(results)
     else:

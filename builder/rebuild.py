@@ -368,9 +368,7 @@ def upgrade_packages(matrix: Matrix, variant: Variant, locks_dir: Path,
     if base_text is not None:
         state.atomic_write(base_path, base_text)
     state.atomic_write(txt_path, text)
-    state.atomic_write(json_path, json.dumps(
-        {"format": locks.LOCK_FORMAT, "inputs_hash": locks.inputs_hash(variant, reqs),
-         "requirements": reqs, "facts": facts}, indent=2, sort_keys=True) + "\n")
+    state.atomic_write(json_path, locks.lock_metadata(variant, reqs, facts))
     return True
 
 
@@ -481,7 +479,7 @@ def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_di
                 planned = plan.make_plan(matrix, [variant], locks_dir,
                                          known_base_digests([variant]), check_registry=False)
                 results = publish_fn(matrix, planned, allow_cpu_smoke=allow_cpu_smoke,
-                                     dry_run=False, manifest=manifest)
+                                     dry_run=False, manifest=manifest, locks_dir=locks_dir)
                 result = results[0] if results else {"status": "refused", "reason": "no result"}
                 if result.get("status") != "published":
                     a.state, a.message = "failed", f"publish: {result.get('reason', '')}"

@@ -158,8 +158,13 @@ def cmd_registry(args: argparse.Namespace) -> int:
         if not is_up(addr) and addr.split(":")[0] not in ("127.0.0.1", "localhost"):
             raise BuilderError(f"`{addr}` is not a loopback address; a local registry serves only "
                                "127.0.0.1/localhost", hint="pass --addr 127.0.0.1:5000")
-        start(addr)
-        step(f"registry up on {addr} (storage: {home() / 'storage'})")
+        already_up = is_up(addr)
+        pid = start(addr)
+        if already_up and pid is None:
+            step(f"a registry already answers on {addr}, not one started from {home()}: "
+                 "its storage is its own (stop it, or point `registry:` elsewhere)")
+        else:
+            step(f"registry up on {addr} (storage: {home() / 'storage'})")
     elif args.action == "stop":
         step("registry stopped" if stop() else "no registry was running from " + str(home()))
     up = is_up(addr)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 from collections.abc import Mapping
@@ -21,8 +22,8 @@ from typing import Any
 
 import jinja2
 
-from builder import labels
-from builder.errors import ConfigError
+from builder import labels, state
+from builder.errors import BuilderError, ConfigError
 from builder.locks import Lock, normalize, parse_pins
 from builder.matrix import Matrix, Variant
 
@@ -238,17 +239,39 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
 
 
 def write(rendered: Rendered, out_dir: Path) -> Path:
-    """Write DIR/<id>/ atomically: a half-written variant directory is never left behind."""
+    """Write DIR/<id>/ atomically: stage a sibling folder, then rename it into place, so DIR/<id>
+    is always the old output or the new one, never half-written or half-deleted."""
     target = out_dir / rendered.variant.id
-    staging = out_dir / f".{rendered.variant.id}.tmp"
-    if staging.exists():
-        shutil.rmtree(staging)
-    for rel, text in {"Dockerfile": rendered.dockerfile,
-                      "Dockerfile.dockerignore": rendered.dockerignore, **rendered.files}.items():
-        path = staging / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    if target.exists():
-        shutil.rmtree(target)
-    staging.rename(target)
+    staging = out_dir / f".{rendered.variant.id}.{os.getpid()}.tmp"
+    try:
+        if target.exists() and not target.is_dir():
+            raise BuilderError(f"cannot write {target}: it is a file, not a folder")
+        shutil.rmtree(staging, ignore_errors=True)
+        for rel, text in {"Dockerfile": rendered.dockerfile,
+                          "Dockerfile.dockerignore": rendered.dockerignore,
+                          **rendered.files}.items():
+            path = staging / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        _swap_into_place(staging, target)
+    except OSError as exc:
+        raise state.path_error(target, exc) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # only still there when something failed
     return target
+
+
+def _swap_into_place(staging: Path, target: Path) -> None:
+    """Rename `staging` to `target`; an existing `target` is moved aside first and restored
+    when the rename fails or is interrupted."""
+    old = staging.with_name(staging.name + ".old")
+    if not target.exists():
+        staging.rename(target)
+        return
+    target.rename(old)
+    try:
+        staging.rename(target)
+    except BaseException:
+        old.rename(target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from builder import state
 from builder.errors import COULD_NOT_RUN, BuilderError
 
 
@@ -57,20 +59,38 @@ def run_sbom(args: argparse.Namespace) -> int:
     from builder import evidence
 
     start = time.monotonic()
+    to_file = args.output not in (None, "-")
+    if to_file:
+        check_writable(Path(args.output))  # before the slow part, not after it
     staged = evidence.from_reference(args.target[0])
     image = evidence.pull(staged) if staged else args.target[0]
     doc = sbom.generate(image, reproducible=args.reproducible)
     evidence.record(staged, "sbom", (json.dumps(doc, indent=2) + "\n").encode())
-    if args.output in (None, "-"):
+    if not to_file:
         from sbom.validate import render
 
         sys.stdout.write(render(doc, args.format))
     else:
-        sbom.write(doc, Path(args.output), args.format)
+        try:
+            sbom.write(doc, Path(args.output), args.format)
+        except OSError as exc:
+            raise state.path_error(Path(args.output), exc) from None
     count = sum(1 for _ in _iter(doc))
     print(f"sbom: {args.target[0]} → {args.output or 'stdout'} ({count} components, "
           f"{time.monotonic() - start:.1f} s)", file=sys.stderr)
     return 0
+
+
+def check_writable(target: Path) -> None:
+    """Fail now, with a message, when `target` cannot be written (a folder, an unwritable or
+    missing parent that cannot be made)."""
+    if target.is_dir():
+        raise BuilderError(f"cannot write {target}: it is a folder")
+    parent = next((p for p in target.parents if p.exists()), Path("."))
+    if not parent.is_dir():
+        raise BuilderError(f"cannot write {target}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise BuilderError(f"cannot write {target}: {parent} is not writable")
 
 
 def _iter(doc: dict[str, Any]) -> Any:

@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from builder import engine, labels, proc
+from builder import engine, labels, proc, state
 from builder.errors import BuilderError, CommandFailed, EngineError
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "smoke" / "report.schema.json"
@@ -173,9 +173,13 @@ def _atomic_write(path: Path, report: dict[str, Any]) -> None:
 
 def store_report(report: dict[str, Any], image_id: str, report_path: Path | None) -> Path:
     path = report_file(image_id)
-    _atomic_write(path, report)
-    if report_path is not None:
-        _atomic_write(report_path, report)
+    for target in (path, report_path):
+        if target is None:
+            continue
+        try:
+            _atomic_write(target, report)
+        except OSError as exc:
+            raise state.path_error(target, exc) from None
     return path
 
 
@@ -256,6 +260,9 @@ def _run_container(args: list[str], name: str, timeout: float) -> tuple[int | No
     except CommandFailed as exc:  # proc.run's timeout: the client died, the container may not
         engine.docker("rm", "-f", name, check=False)
         return None, "", f"{exc}\n{exc.hint or ''}"
+    except KeyboardInterrupt:  # SIGINT/SIGTERM: the container must not outlive the tool
+        engine.docker("rm", "-f", name, check=False)
+        raise
     return result.returncode, result.stdout or "", result.stderr or ""
 
 
@@ -337,10 +344,22 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
                    help='GPUs for the container: "all", a count, "0,1" or "device=1" '
                    "(default: all when the host has NVIDIA GPUs, none otherwise)")
     p.add_argument("--report", type=Path, metavar="FILE", help="also write the report here")
-    p.add_argument("--timeout-scale", type=float, default=1.0, metavar="X",
+    p.add_argument("--timeout-scale", type=positive_float, default=1.0, metavar="X",
                    help="multiply every per-check timeout, e.g. 3 on a slow machine "
                    "(default %(default)s)")
     p.set_defaults(func=_cmd)
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number above zero (a zero or negative scale times every check
+    out at once, and its error report would replace the image's stored one)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a number above 0")
+    return value
 
 
 def _cmd(args: argparse.Namespace) -> int:

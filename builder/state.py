@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from builder.errors import BuilderError
+
 
 def root() -> Path:
     return Path(os.environ.get("BUILDER_STATE", ".state")).resolve()
@@ -19,19 +21,38 @@ def root() -> Path:
 
 def path(*parts: str) -> Path:
     p = root().joinpath(*parts)
-    p.mkdir(parents=True, exist_ok=True)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise path_error(p, exc, folder=True, hint="BUILDER_STATE must name a folder this "
+                         "user can write (default: .state)") from None
     return p
+
+
+def path_error(target: Path, exc: OSError, *, folder: bool = False,
+               hint: str | None = None) -> BuilderError:
+    """An OSError about `target` (a file, or a folder when `folder`) as a message (exit 2)."""
+    why = exc.strerror or str(exc)
+    blocker = next((p for p in (target, *target.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None and (blocker != target or folder):
+        why = f"{blocker} is a file, not a folder"
+    return BuilderError(f"cannot write {target}: {why}", hint=hint)
 
 
 def atomic_write(target: Path, data: str | bytes) -> None:
     """Write via a temporary file and rename, so readers never see half a file."""
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    if isinstance(data, bytes):
-        tmp.write_bytes(data)
-    else:
-        tmp.write_text(data)
-    os.replace(tmp, target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data)
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise path_error(target, exc) from None
+    finally:
+        tmp.unlink(missing_ok=True)  # only still there when the write or rename failed
 
 
 def _hex(image_id: str) -> str:

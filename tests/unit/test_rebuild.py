@@ -187,7 +187,7 @@ def test_rebuild_builds_with_apt_refresh_and_publishes(clean, tmp_path: Path) ->
     assert [b.apt_refresh for b in built] == ["20250101-ab"] and built[0].force
     assert built[0].select == [f"id={VID}"]
     assert published == [{"allow_cpu_smoke": True, "dry_run": False,
-                          "manifest": Path("p.json")}]
+                          "manifest": Path("p.json"), "locks_dir": Path("locks")}]
     assert a.changelog["changed"][0]["name"] == "libssl3"
 
 

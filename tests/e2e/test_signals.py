@@ -1,0 +1,87 @@
+"""#17.5: SIGINT/SIGTERM to the builder process alone stop its children and its containers.
+
+A fake `docker` (BUILDER_DOCKER) stands in for the engine: `run` records the signal it gets and
+`rm` records its arguments, so no engine is needed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+FAKE_DOCKER = """\
+#!/bin/bash
+log={log}
+case "$1" in
+  info) echo '{{"ServerVersion": "24.0"}}' ;;
+  image) echo '[{{"Id": "sha256:0123", "RepoDigests": [], "Config": {{"Labels": {{}}}}}}]' ;;
+  run)
+    sleep 60 & child=$!
+    trap 'echo "run got TERM" >> $log; kill $child; exit 143' TERM
+    trap 'echo "run got INT" >> $log; kill $child; exit 130' INT
+    echo started >> $log
+    wait $child ;;
+  rm) echo "rm $*" >> $log ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(("signum", "code", "name"), [(signal.SIGTERM, 143, "TERM"),
+                                                      (signal.SIGINT, 130, "INT")])
+def test_signal_stops_the_smoke_container_and_exits_128_plus_signal(
+        tmp_path: Path, signum: int, code: int, name: str) -> None:
+    log = tmp_path / "docker.log"
+    docker = tmp_path / "docker"
+    docker.write_text(FAKE_DOCKER.format(log=log))
+    docker.chmod(0o755)
+    env = {**os.environ, "BUILDER_DOCKER": str(docker), "BUILDER_STATE": str(tmp_path / "state"),
+           "PATH": "/usr/bin:/bin"}
+    tool = subprocess.Popen([sys.executable, "-m", "builder", "smoke", "img:tag"], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (log.exists() and "started" in log.read_text()):
+        assert time.monotonic() < deadline and tool.poll() is None, tool.communicate()
+        time.sleep(0.05)
+    tool.send_signal(signum)  # to the Python process alone, as `timeout` and CI do
+    _, stderr = tool.communicate(timeout=30)
+    assert tool.returncode == code, stderr
+    assert "Traceback" not in stderr
+    text = log.read_text()
+    assert f"run got {name}" in text  # the docker client was told, not left running
+    assert "rm -f builder-smoke-" in text  # and the container it started was removed
+    assert not list((tmp_path / "state").rglob("*.json"))  # no report was written
+
+
+CHILD = """\
+import sys
+from pathlib import Path
+from builder import proc
+proc.install_signal_handlers()
+try:
+    proc.run(["bash", "-c", sys.argv[1]], log=Path(sys.argv[2]))
+except proc.Interrupted as exc:
+    sys.exit(exc.exit_code)
+"""
+
+
+def test_a_logged_child_like_docker_build_gets_the_signal_not_sigkill(tmp_path: Path) -> None:
+    record = tmp_path / "record"
+    script = (f"sleep 60 & c=$!; trap 'echo TERM > {record}; kill $c; exit 1' TERM; "
+              f"echo started > {record}; wait $c")
+    tool = subprocess.Popen([sys.executable, "-c", CHILD, script, str(tmp_path / "build.log")],
+                            cwd=ROOT, env={**os.environ, "PATH": "/usr/bin:/bin"})
+    deadline = time.monotonic() + 30
+    while not (record.exists() and record.read_text().strip() == "started"):
+        assert time.monotonic() < deadline and tool.poll() is None
+        time.sleep(0.05)
+    tool.send_signal(signal.SIGTERM)
+    assert tool.wait(timeout=30) == 143
+    assert record.read_text().strip() == "TERM"
