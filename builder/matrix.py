@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from builder import tags
-from builder.errors import ConfigError
+from builder.errors import BuilderError, ConfigError
 
 SCHEMA_PATH = Path(__file__).parent / "schema" / "matrix.schema.json"
 AXES = ("torch", "python", "accelerator", "flavor")
@@ -185,7 +185,7 @@ def _read_text(path: Path) -> str:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"cannot read {file}: {exc.strerror or exc}") from None
+        raise BuilderError(f"cannot read {file}: {exc.strerror or exc}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
