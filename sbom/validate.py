@@ -1,15 +1,21 @@
-"""Schema validation and atomic writing: an invalid SBOM is an error and leaves no file."""
+"""Schema validation and atomic writing: an invalid SBOM is an error and leaves no file.
+
+A document is validated once, where it leaves the process (`render`, `write`) and again at
+publish, strictly (CycloneDX 1.6 JSON, no unknown keys, formats checked). The validator is built
+once per process; `iri`/`iri-reference` are checked by `sbom.iri` (a regex) instead of
+rfc3987-syntax's Earley parser, which cost 1.2 s to import and 60 ms per URL.
+"""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
-
-from cyclonedx.schema import OutputFormat, SchemaVersion
-from cyclonedx.validation.json import JsonStrictValidator
 
 from builder.errors import GateRefused
 
@@ -27,27 +33,72 @@ def dumps(doc: dict[str, Any]) -> str:
 
 def validate(doc: dict[str, Any]) -> None:
     """Raise SbomInvalid unless `doc` is valid CycloneDX 1.6 JSON (strict: no unknown keys)."""
-    errors = JsonStrictValidator(SchemaVersion.V1_6).validate_str(dumps(doc), all_errors=True)
-    if errors is not None:
+    _check(json.loads(dumps(doc)))  # as a reader will see it: tuples become lists, and so on
+
+
+def _check(data: Any) -> None:
+    errors = list(itertools.islice(_validator().iter_errors(data), 10))
+    if errors:
         raise SbomInvalid(
             "the SBOM is not valid CycloneDX 1.6",
-            hint="\n".join(str(e)[:300] for e in list(errors)[:10]),
+            hint="\n".join(str(e)[:300] for e in errors),
         )
+
+
+@functools.cache
+def _validator() -> Any:
+    """cyclonedx-python-lib's strict 1.6 JSON validator, with the fast IRI format checks."""
+    _import_jsonschema()
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+    from jsonschema import Draft7Validator, FormatChecker
+
+    from sbom import iri
+
+    checker = FormatChecker(())
+    checker.checkers = {**Draft7Validator.FORMAT_CHECKER.checkers}
+    checker.checks("iri", raises=ValueError)(iri.is_iri)
+    checker.checks("iri-reference", raises=ValueError)(iri.is_iri_reference)
+    # The library's schema and $ref registry (SPDX, JSF, cryptography definitions), built once.
+    strict = JsonStrictValidator(SchemaVersion.V1_6)._validator  # type: ignore[attr-defined]
+    return strict.evolve(format_checker=checker)
+
+
+def _import_jsonschema() -> None:
+    """Import jsonschema without rfc3987-syntax, then give its checkers `sbom.iri` instead.
+
+    jsonschema imports rfc3987-syntax when it is installed, and that builds its parser at import.
+    Whoever imports jsonschema later in this process gets the same IRI checks, only faster.
+    """
+    if "jsonschema" in sys.modules or "rfc3987_syntax" in sys.modules:
+        return
+    sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]  # import raises ImportError
+    try:
+        import jsonschema
+    finally:
+        del sys.modules["rfc3987_syntax"]
+    from sbom import iri
+
+    for checker in (jsonschema.FormatChecker, jsonschema.Draft7Validator.FORMAT_CHECKER,
+                    jsonschema.Draft201909Validator.FORMAT_CHECKER,
+                    jsonschema.Draft202012Validator.FORMAT_CHECKER):
+        checker.checkers.setdefault("iri", (iri.is_iri, ValueError))
+        checker.checkers.setdefault("iri-reference", (iri.is_iri_reference, ValueError))
 
 
 def render(doc: dict[str, Any], fmt: str = "json") -> str:
     """The validated document as JSON or CycloneDX XML text."""
     if fmt not in FORMATS:
         raise SbomInvalid(f"unknown SBOM format `{fmt}`", hint="use one of: " + ", ".join(FORMATS))
-    validate(doc)
-    if fmt == "json":
-        return dumps(doc)
-    return _to_xml(doc)
+    text = dumps(doc)
+    _check(json.loads(text))
+    return text if fmt == "json" else _to_xml(doc)
 
 
 def _to_xml(doc: dict[str, Any]) -> str:
     from cyclonedx.model.bom import Bom
     from cyclonedx.output import make_outputter
+    from cyclonedx.schema import OutputFormat, SchemaVersion
 
     # The model has no compositions; the XML carries everything else.
     bom = Bom.from_json({k: v for k, v in doc.items() if k != "compositions"})  # type: ignore[attr-defined]
@@ -58,6 +109,7 @@ def _to_xml(doc: dict[str, Any]) -> str:
 
 def _validate_xml(text: str) -> None:
     from cyclonedx.exception import MissingOptionalDependencyException
+    from cyclonedx.schema import SchemaVersion
     from cyclonedx.validation.xml import XmlValidator
 
     try:
