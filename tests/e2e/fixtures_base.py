@@ -2,7 +2,8 @@
 
 `minbase_image` bootstraps `torch-images-base:bookworm` (mmdebstrap --variant=minbase, then
 `docker import`), or reuses it while its content key (suite, packages, day) holds, so a test
-machine needs nothing prepared by hand. Import the fixture into a test module to use it.
+machine needs nothing prepared by hand. Import the fixture into a test module to use it
+(`from fixtures_base import minbase_image`: pytest puts tests/e2e on sys.path).
 
 A missing engine, mmdebstrap or Debian mirror skips the tests that need it; under CI=true it fails
 them instead, so that CI cannot pass by skipping.
@@ -10,22 +11,13 @@ them instead, so that CI cannot pass by skipping.
 
 from __future__ import annotations
 
-import os
-from typing import NoReturn
-
 import pytest
+from helpers import missing
 
 from builder.errors import BuilderError
 from builder.matrix import Base
 
 MINBASE = Base(image="mmdebstrap:bookworm")
-
-
-def unavailable(reason: str) -> NoReturn:
-    """Skip the test, or fail it under CI (CI=true), where everything needed must be there."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: engine tests must run, not skip)", pytrace=False)
-    pytest.skip(reason)
 
 
 def ensure_minbase() -> str:
@@ -35,7 +27,7 @@ def ensure_minbase() -> str:
     try:
         base.ensure(MINBASE)
     except BuilderError as exc:
-        unavailable(f"cannot provide {base.local_ref(MINBASE)}: {exc}")
+        missing(f"cannot provide {base.local_ref(MINBASE)}: {exc}")
     return base.local_ref(MINBASE)
 
 

@@ -14,6 +14,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+from fixtures_base import minbase_image  # noqa: F401  (a fixture)
+from helpers import missing
 from packageurl import PackageURL
 
 import sbom
@@ -22,7 +24,6 @@ from sbom.audit import audit
 from sbom.collect import read_export, read_layers
 from sbom.diff import diff_sboms
 from sbom.validate import write
-from tests.e2e.fixtures_base import minbase_image, unavailable  # noqa: F401  (a fixture)
 from tests.unit.test_sbom_unit import ORDERED_VERSIONS
 
 SITE = "/opt/venv/lib/python3.11/site-packages"
@@ -376,7 +377,7 @@ def test_collect_says_which_path_it_used(layered_image, monkeypatch):
 
 def test_compare_versions_agrees_with_dpkg():
     if not shutil.which("dpkg"):
-        unavailable("no dpkg on this host")
+        missing("no dpkg on this host")
     for a, b in ORDERED_VERSIONS:
         for x, y in ((a, b), (b, a), (a, a)):
             for op, holds in (("lt", dpkg.compare_versions(x, y) < 0),
