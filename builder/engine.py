@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from builder import proc
 from builder.errors import CommandFailed, EngineError
@@ -103,6 +103,12 @@ def images_with_label(key: str, value: str) -> list[str]:
 
 def remove_image(ref: str) -> None:
     docker("image", "rm", "-f", ref, check=False)
+
+
+def export(container_id: str) -> contextlib.AbstractContextManager[BinaryIO]:
+    """`docker export` of a container: its filesystem as a tar byte stream (any engine address
+    the CLI reaches: unix, tcp with TLS, ssh). Use as a context manager."""
+    return proc.stream([client(), "export", container_id])
 
 
 @contextlib.contextmanager

@@ -357,6 +357,30 @@ def test_overlay2_layers_give_the_same_contents_as_export(layered_image):
 
 
 @pytest.mark.docker
+def test_cli_export_stream_gives_the_same_contents(layered_image, monkeypatch):
+    """A remote engine (tcp, ssh) is read through the `docker export` CLI: the same contents."""
+    from builder import engine
+
+    via_socket = read_export(layered_image["Id"])
+    monkeypatch.setattr(engine, "engine_address", lambda: "tcp://remote.invalid:2376")
+    via_cli = read_export(layered_image["Id"])
+    assert _contents_key(via_cli) == _contents_key(via_socket)
+    assert via_cli.bytes_read == via_socket.bytes_read
+
+
+def test_stream_drains_what_the_reader_leaves_and_reports_failures():
+    from builder import proc
+    from builder.errors import CommandFailed
+
+    with proc.stream(["sh", "-c", "head -c 3000000 /dev/zero"]) as out:
+        assert out.read(10) == bytes(10)  # the rest is drained, not a broken pipe
+    with pytest.raises(CommandFailed, match="exited with 3") as info, \
+            proc.stream(["sh", "-c", "printf data; echo oops >&2; exit 3"]) as out:
+        assert out.read() == b"data"
+    assert "oops" in (info.value.hint or "")
+
+
+@pytest.mark.docker
 def test_collect_says_which_path_it_used(layered_image, monkeypatch):
     from builder import engine
     from sbom.collect import read_contents
