@@ -339,6 +339,8 @@ def native_lib_component(lib: NativeLib, owner: pydist.Dist | None) -> Component
     purl = PackageURL(type="generic", namespace=namespace, name=stem, version=version,
                       qualifiers={"checksum": f"sha256:{lib.sha256}"})
     props = [Prop(name=PROP + "file.size", value=str(lib.size))]
+    if lib.digest_from != "file":
+        props.append(Prop(name=PROP + "digest-from", value=lib.digest_from))
     if so_version:
         props.append(Prop(name=PROP + "soname-version", value=so_version))
     if owner is not None:

@@ -4,8 +4,9 @@ Only the few files the SBOM needs are read (dpkg status, copyright files, os-rel
 metadata), and native libraries bundled in wheels are hashed. Two ways, same result:
 
 - fast: with a local engine storing images as overlay2, straight from the image's layer
-  directories on disk, merged with overlayfs' rules (sbom/layers.py); the libraries are hashed
-  by a small thread pool;
+  directories on disk, merged with overlayfs' rules (sbom/layers.py); a library's digest is its
+  wheel's RECORD line when that gives the same size and lies in the same layer (one install
+  wrote both; nothing replaced the file since), else it is hashed by a small thread pool;
 - fallback (remote engine, another storage driver, not root, unreadable layers): one pass over
   `docker export` of a created (never started) container, read as a tar stream, the libraries
   hashed while they stream past.
@@ -17,7 +18,9 @@ and only in-image paths are recorded.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import csv
 import hashlib
 import http.client
 import logging
@@ -61,6 +64,7 @@ class NativeLib:
     rel: str  # path relative to `site`, as RECORD names it
     sha256: str
     size: int
+    digest_from: str = "file"  # "file": hashed here; "wheel-record": its RECORD line, same size
 
 
 @dataclass
@@ -330,18 +334,19 @@ def read_tar_stream(stream: Readable) -> ImageContents:
 def read_layers(dirs: list[bytes]) -> ImageContents:
     """The same contents as `read_tar_stream` of an export, from overlay2 layer directories.
 
-    Walks the union view (see sbom.layers), opens only the needed files, and hashes bundled
-    native libraries in a thread pool (largest first) while the texts are read. Raises
-    layers.Unavailable when a directory or file cannot be read, or changes while read.
+    Walks the union view (see sbom.layers) and opens only the needed files. A bundled native
+    library's digest is taken from its wheel's RECORD when that names it with its size and both
+    files come from the same layer (written by one install, nothing changed them since);
+    others are hashed in a thread pool, largest first. Raises layers.Unavailable when a
+    directory or file cannot be read, or changes while read.
     """
     from sbom import layers
 
     acc = _Accumulator()
-    hasher = layers.Hasher()
     total = 0
+    texts: list[tuple[tuple[str, Any], bytes]] = []
+    libs: list[tuple[int, bytes, tuple[str, str]]] = []
     try:
-        texts: list[tuple[tuple[str, Any], bytes]] = []
-        libs: list[tuple[int, bytes, tuple[str, str]]] = []
         for member in layers.walk(dirs):
             if member.kind == "2":
                 if member.name in _OS_RELEASE:
@@ -355,25 +360,64 @@ def read_layers(dirs: list[bytes]) -> ImageContents:
                     libs.append((size, member.path, wanted[1]))
                 else:
                     texts.append((wanted, member.path))
-        # Largest first, so that the pool does not end on one big library; the texts (in walk
-        # order, which dpkg_status keeps) are read meanwhile.
-        for size, path, where in sorted(libs, key=lambda lib: -lib[0]):
-            hasher.submit(path, (where, size))
-        for wanted, path in texts:
+        recorded: dict[str, tuple[str, int, bytes]] = {}  # lib path → (sha256, size, layer)
+        for wanted, path in texts:  # walk order, which dpkg_status keeps
             with open(path, "rb") as f:
                 data = f.read()
             total += len(data)
             acc.add_text(wanted, data)
+            if wanted[0] == "dist" and wanted[1][3] == "record":
+                layer = _layer_of(path, dirs)
+                for rel, digest, size in record_digests(data.decode("utf-8", "replace")):
+                    recorded[f"{wanted[1][0]}/{rel}"] = (digest, size, layer)
+        total += _hash_libs(acc, libs, recorded, dirs)
+    except OSError as exc:
+        raise layers.Unavailable(f"cannot read the image's layers: {exc}") from exc
+    return acc.finish(total, "overlay2")
+
+
+def _hash_libs(acc: _Accumulator, libs: list[tuple[int, bytes, tuple[str, str]]],
+               recorded: dict[str, tuple[str, int, bytes]], dirs: list[bytes]) -> int:
+    """Add each library's digest, from RECORD (see read_layers) or hashed; bytes read."""
+    from sbom import layers
+
+    hasher = layers.Hasher()
+    total = 0
+    try:
+        for size, path, where in sorted(libs, key=lambda lib: -lib[0]):
+            known = recorded.get(f"{where[0]}/{where[1]}")
+            if known and known[1] == size and known[2] == _layer_of(path, dirs):
+                acc.add_lib(where, known[0], size, "wheel-record")
+            else:
+                hasher.submit(path, (where, size))
         for (where, size), hexdigest, n in hasher.results():
             if n != size:
                 raise layers.Unavailable(f"{where[0]}/{where[1]} changed size while read")
             total += n
             acc.add_lib(where, hexdigest, size)
-    except OSError as exc:
-        raise layers.Unavailable(f"cannot read the image's layers: {exc}") from exc
     finally:
         hasher.close()
-    return acc.finish(total, "overlay2")
+    return total
+
+
+def _layer_of(path: bytes, dirs: list[bytes]) -> bytes:
+    return next((d for d in dirs if path.startswith(d + b"/")), b"")
+
+
+def record_digests(record: str) -> Iterator[tuple[str, str, int]]:
+    """(path, sha256 hex, size) of the bundled native libraries a RECORD lists with both."""
+    for row in csv.reader(record.splitlines()):
+        if len(row) != 3 or not is_bundled_native_lib(row[0]) or not row[2].isdigit():
+            continue
+        algo, _, value = row[1].partition("=")
+        if algo != "sha256" or len(value) != 43:
+            continue
+        try:
+            digest = base64.urlsafe_b64decode(value + "=")
+        except ValueError:
+            continue
+        if len(digest) == 32:
+            yield row[0], digest.hex(), int(row[2])
 
 
 def _wanted(name: str, size: int | None) -> tuple[str, Any] | None:
@@ -426,9 +470,11 @@ class _Accumulator:
                 f"{site}/{dist_info}", PythonDist(site=site, dist_info=dist_info, python=python))
             setattr(dist, file, text)
 
-    def add_lib(self, where: tuple[str, str], sha256: str, size: int) -> None:
+    def add_lib(self, where: tuple[str, str], sha256: str, size: int,
+                digest_from: str = "file") -> None:
         site, rel = where
-        self.out.native_libs.append(NativeLib(f"{site}/{rel}", site, rel, sha256, size))
+        self.out.native_libs.append(
+            NativeLib(f"{site}/{rel}", site, rel, sha256, size, digest_from))
 
     def finish(self, bytes_read: int, collector: str) -> ImageContents:
         out = self.out

@@ -3,6 +3,7 @@ the tar reader and the overlay2 walk, a whole document from synthetic facts."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import os
@@ -25,6 +26,7 @@ from sbom.collect import (
     PythonDist,
     read_layers,
     read_tar_stream,
+    record_digests,
 )
 from sbom.diff import diff_sboms, format_diff
 from sbom.validate import SbomInvalid, write
@@ -311,3 +313,44 @@ def test_document_from_synthetic_facts_is_valid(tmp_path):
     (lib,) = wheel["components"]
     assert PackageURL.from_string(lib["purl"]).qualifiers["checksum"].startswith("sha256:")
     assert doc["metadata"]["timestamp"].startswith("2024-05-01T12:00:00")
+
+
+def _record_hash(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def test_record_digests_lists_libraries_with_a_valid_sha256_and_size():
+    good = _record_hash(b"lib")
+    record = (f'torch/lib/libc10.so,sha256={good},3\n"torch/lib/lib,comma.so",sha256={good},3\n'
+              f"torch/__init__.py,sha256={good},3\ntorch/lib/libnosize.so,sha256={good},\n"
+              "torch/lib/libbad.so,sha256=x,3\ntorch/lib/libmd5.so,md5=abc,3\n"
+              "torch-1.dist-info/RECORD,,\n")
+    assert list(record_digests(record)) == [
+        ("torch/lib/libc10.so", hashlib.sha256(b"lib").hexdigest(), 3),
+        ("torch/lib/lib,comma.so", hashlib.sha256(b"lib").hexdigest(), 3),
+    ]
+
+
+def test_library_digest_from_record_only_when_size_and_layer_agree(tmp_path):
+    sp = "usr/local/lib/python3.11/site-packages"
+    claimed = b"the bytes the wheel held"  # RECORD's digest: proves the file was not read
+    n = len(claimed)
+    record = "".join(f"torch/lib/{name},sha256={_record_hash(claimed)},{n}\n"
+                     for name in ("libsame.so", "libresized.so", "libreplaced.so"))
+    lower = _mklayer(tmp_path / "0", {
+        f"{sp}/torch-1.dist-info/METADATA": b"Name: torch\nVersion: 1\n",
+        f"{sp}/torch-1.dist-info/RECORD": record.encode(),
+        f"{sp}/torch/lib/libsame.so": b"s" * n,
+        f"{sp}/torch/lib/libresized.so": b"short",
+        f"{sp}/torch/lib/libreplaced.so": b"r" * n,
+        f"{sp}/torch/lib/libunlisted.so": b"u",
+    })
+    upper = _mklayer(tmp_path / "1", {f"{sp}/torch/lib/libreplaced.so": b"R" * n})
+    got = {lib.rel: (lib.sha256, lib.digest_from)
+           for lib in read_layers([upper, lower]).native_libs}
+    assert got == {
+        "torch/lib/libsame.so": (hashlib.sha256(claimed).hexdigest(), "wheel-record"),
+        "torch/lib/libresized.so": (hashlib.sha256(b"short").hexdigest(), "file"),
+        "torch/lib/libreplaced.so": (hashlib.sha256(b"R" * n).hexdigest(), "file"),
+        "torch/lib/libunlisted.so": (hashlib.sha256(b"u").hexdigest(), "file"),
+    }
