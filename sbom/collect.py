@@ -23,11 +23,13 @@ import contextlib
 import csv
 import hashlib
 import http.client
+import json
 import logging
 import os
 import posixpath
 import re
 import socket
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -106,8 +108,7 @@ class ImageFacts:
 
 def collect(image_ref: str) -> ImageFacts:
     """Inspect `image_ref` and read its filesystem: from its overlay2 layers, else an export."""
-    engine.ensure_engine()
-    info = engine.inspect_image(image_ref)
+    info = inspect_image(image_ref)
     if info is None:
         raise EngineError(f"no image `{image_ref}` in the engine", hint="build or pull it first")
     contents = read_contents(info)
@@ -122,6 +123,35 @@ def collect(image_ref: str) -> ImageFacts:
         architecture=info.get("Architecture", "amd64"),
         contents=contents,
     )
+
+
+def inspect_image(image_ref: str) -> dict[str, Any] | None:
+    """`docker image inspect` of a local image, None when absent.
+
+    A local engine is asked over its unix socket (the same JSON, without starting the CLI twice
+    for `docker info` and `inspect`: 0.2 s on a busy host); other addresses through the CLI.
+    """
+    address = engine.engine_address()
+    if not address.startswith("unix://"):
+        engine.ensure_engine()
+        return engine.inspect_image(image_ref)
+    conn = _UnixHTTPConnection(address.removeprefix("unix://"))
+    try:
+        conn.request("GET", f"/images/{urllib.parse.quote(image_ref, safe='/:@')}/json")
+        response = conn.getresponse()
+        body = response.read()
+    except OSError as exc:
+        raise EngineError(f"cannot reach the Docker engine at {address}: {exc}",
+                          hint="start dockerd or set DOCKER_HOST") from exc
+    finally:
+        conn.close()
+    if response.status == 404:
+        return None
+    if response.status != 200:
+        raise EngineError(f"cannot inspect image `{image_ref}`: HTTP {response.status} "
+                          + body[:2000].decode(errors="replace"))
+    info: dict[str, Any] = json.loads(body)
+    return info
 
 
 def read_contents(info: dict[str, Any]) -> ImageContents:

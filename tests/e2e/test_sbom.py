@@ -368,6 +368,15 @@ def test_cli_export_stream_gives_the_same_contents(layered_image, monkeypatch):
     assert via_cli.bytes_read == via_socket.bytes_read
 
 
+@pytest.mark.docker
+def test_inspect_over_the_socket_is_the_cli_inspect(layered_image):
+    from builder import engine
+    from sbom.collect import inspect_image
+
+    assert inspect_image(layered_image["Id"]) == engine.inspect_image(layered_image["Id"])
+    assert inspect_image(f"sbomtest/absent:{uuid.uuid4().hex[:8]}") is None
+
+
 def test_stream_drains_what_the_reader_leaves_and_reports_failures():
     from builder import proc
     from builder.errors import CommandFailed
