@@ -436,7 +436,7 @@ def _layer_of(path: bytes, dirs: list[bytes]) -> bytes:
 
 def record_digests(record: str) -> Iterator[tuple[str, str, int]]:
     """(path, sha256 hex, size) of the bundled native libraries a RECORD lists with both."""
-    for row in csv.reader(record.splitlines()):
+    for row in csv.reader(line for line in record.splitlines() if ".so" in line):
         if len(row) != 3 or not is_bundled_native_lib(row[0]) or not row[2].isdigit():
             continue
         algo, _, value = row[1].partition("=")
@@ -455,19 +455,21 @@ def _wanted(name: str, size: int | None) -> tuple[str, Any] | None:
 
     `size` None asks whether the name alone could be wanted (the size limit not applied yet).
     """
+    # Cheap substring tests first: this runs for every file of the image.
+    if "-packages/" in name and (m := _SITE_RE.match(name)):
+        site, rel = "/" + m["site"], m["rel"]
+        if ".dist-info/" in rel and (d := _DIST_INFO_RE.match(rel)):
+            ok = size is None or size <= _MAX_TEXT
+            return ("dist", (site, d["dir"], m["py"], d["file"].lower())) if ok else None
+        if ".so" in rel and is_bundled_native_lib(rel):
+            return "lib", (site, rel)
+        return None
     if name in _OS_RELEASE:
         return "os", name
     if name == _DPKG_STATUS or _DPKG_STATUS_D.match(name):
         return "dpkg", None
     if m := _COPYRIGHT_RE.match(name):
         return ("copyright", m["pkg"]) if size is None or size <= _MAX_TEXT else None
-    if m := _SITE_RE.match(name):
-        site, rel = "/" + m["site"], m["rel"]
-        if d := _DIST_INFO_RE.match(rel):
-            ok = size is None or size <= _MAX_TEXT
-            return ("dist", (site, d["dir"], m["py"], d["file"].lower())) if ok else None
-        if is_bundled_native_lib(rel):
-            return "lib", (site, rel)
     return None
 
 
