@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from fixtures_base import minbase_image  # noqa: F401  (a fixture)
-from helpers import missing
+from helpers import ROOT, missing, run_builder
 from packageurl import PackageURL
 
 import sbom
@@ -24,7 +24,7 @@ from sbom.audit import audit
 from sbom.collect import read_export, read_layers
 from sbom.diff import diff_sboms
 from sbom.validate import write
-from tests.unit.test_sbom_unit import ORDERED_VERSIONS
+from tests.unit.test_sbom_unit import ORDERED_VERSIONS, tiny_doc
 
 SITE = "/opt/venv/lib/python3.11/site-packages"
 CUDNN_BYTES = b"\x7fELF fake cudnn " * 64
@@ -258,8 +258,6 @@ def _cpu_runtime_image() -> str:
         return engine.images_with_label("io.torch-images.variant", CPU_RUNTIME)
 
     if not find():
-        from helpers import ROOT, run_builder
-
         run_builder(dict(os.environ), "build", "--select", f"id={CPU_RUNTIME}", "--no-smoke",
                     cwd=ROOT)
     found = find()
@@ -285,15 +283,8 @@ def test_our_purls_are_a_superset_of_syfts_deb_and_pypi(which, images):
 # ---- audit sources unreachable, dpkg itself -----------------------------------------------------
 
 
-def _tiny_doc(components: list[dict]) -> dict:
-    return {"bomFormat": "CycloneDX", "specVersion": "1.6", "version": 1,
-            "metadata": {"component": {"type": "container", "name": "x", "version": "1",
-                                       "bom-ref": "image:x"}},
-            "components": components}
-
-
 def test_audit_reports_unreachable_debian_source():
-    doc = _tiny_doc([{"type": "library", "name": "libc6", "version": "2.36-9",
+    doc = tiny_doc([{"type": "library", "name": "libc6", "version": "2.36-9",
                       "purl": "pkg:deb/debian/libc6@2.36-9?arch=amd64&distro=debian-12"}])
     report = audit(doc, debian_mirror="http://127.0.0.1:9/debian-security", timeout=5)
     status = report["sources"]["debian-security"]
@@ -307,7 +298,7 @@ def test_audit_reports_unreachable_pypi(monkeypatch):
         pytest.skip("pip-audit not installed")
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
     monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")
-    doc = _tiny_doc([
+    doc = tiny_doc([
         {"type": "library", "name": "requests", "version": "2.19.0",
          "purl": "pkg:pypi/requests@2.19.0"},
         {"type": "library", "name": "torch", "version": "2.5.1+cpu",

@@ -37,7 +37,8 @@ ORDERED_VERSIONS = [("1.0", "1.0-1"), ("1.0~rc1", "1.0"), ("2.0", "1:0.9"),
                     ("1.0~~", "1.0~"), ("0:1.2", "1.2.0"), ("1.2-3", "1.2-3.1")]
 
 
-def _tiny_doc(components: list[dict]) -> dict:
+def tiny_doc(components: list[dict]) -> dict:
+    """A minimal valid CycloneDX 1.6 document around `components` (e2e tests use it too)."""
     return {"bomFormat": "CycloneDX", "specVersion": "1.6", "version": 1,
             "metadata": {"component": {"type": "container", "name": "x", "version": "1",
                                        "bom-ref": "image:x"}},
@@ -45,7 +46,7 @@ def _tiny_doc(components: list[dict]) -> dict:
 
 
 def test_invalid_document_raises_and_writes_nothing(tmp_path):
-    bad = _tiny_doc([{"type": "not-a-type", "name": "x"}])
+    bad = tiny_doc([{"type": "not-a-type", "name": "x"}])
     target = tmp_path / "bom.json"
     with pytest.raises(SbomInvalid):
         write(bad, target)
@@ -53,9 +54,9 @@ def test_invalid_document_raises_and_writes_nothing(tmp_path):
 
 
 def test_diff_sboms_on_dicts():
-    old = _tiny_doc([{"type": "library", "name": "a", "version": "1", "purl": "pkg:pypi/a@1"},
+    old = tiny_doc([{"type": "library", "name": "a", "version": "1", "purl": "pkg:pypi/a@1"},
                      {"type": "library", "name": "b", "version": "1", "purl": "pkg:pypi/b@1"}])
-    new = _tiny_doc([{"type": "library", "name": "a", "version": "2", "purl": "pkg:pypi/a@2"},
+    new = tiny_doc([{"type": "library", "name": "a", "version": "2", "purl": "pkg:pypi/a@2"},
                      {"type": "library", "name": "c", "version": "1", "purl": "pkg:pypi/c@1"}])
     result = diff_sboms(old, new)
     assert result["changed"] == [{"type": "pypi", "namespace": "", "name": "a",
@@ -85,7 +86,7 @@ def test_debian_audit_compares_with_dpkg_order(monkeypatch):
 def test_add_to_sbom_is_valid():
     from sbom.audit import add_to_sbom
 
-    doc = _tiny_doc([{"type": "library", "name": "libc6", "version": "2.36-9",
+    doc = tiny_doc([{"type": "library", "name": "libc6", "version": "2.36-9",
                       "bom-ref": "pkg:deb/debian/libc6@2.36-9",
                       "purl": "pkg:deb/debian/libc6@2.36-9"}])
     report = {"sources": {"debian-security": {"status": "ok", "detail": "", "checked": 1}},
@@ -255,7 +256,7 @@ def test_iri_regex_agrees_with_rfc3987_syntax():
 
 
 def test_validation_checks_iri_formats():
-    ok = _tiny_doc([{"type": "library", "name": "a", "externalReferences": [
+    ok = tiny_doc([{"type": "library", "name": "a", "externalReferences": [
         {"type": "website", "url": "https://example.org/a b"}]}])
     with pytest.raises(SbomInvalid, match="not valid"):
         sbom.validate(ok)
