@@ -9,6 +9,7 @@ rfc3987-syntax's Earley parser, which cost 1.2 s to import and 60 ms per URL.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import itertools
 import json
 import os
@@ -64,26 +65,50 @@ def _validator() -> Any:
     return strict.evolve(format_checker=checker)
 
 
-def _import_jsonschema() -> None:
-    """Import jsonschema without rfc3987-syntax, then give its checkers `sbom.iri` instead.
+# Imported by jsonschema for its format checks, each at a cost paid before any validation:
+# rfc3987-syntax builds an Earley parser (1.2 s), isoduration brings arrow (60 ms). The CycloneDX
+# schema checks IRIs (sbom.iri does that with a regex) and no durations.
+_DEFERRED = ("rfc3987_syntax", "isoduration")
 
-    jsonschema imports rfc3987-syntax when it is installed, and that builds its parser at import.
-    Whoever imports jsonschema later in this process gets the same IRI checks, only faster.
+
+def _import_jsonschema() -> None:
+    """Import jsonschema without the _DEFERRED modules, then register the same checks.
+
+    Whoever validates with jsonschema later in this process gets the same format checks: IRIs
+    through sbom.iri, durations through isoduration imported at their first use.
     """
-    if "jsonschema" in sys.modules or "rfc3987_syntax" in sys.modules:
+    if "jsonschema" in sys.modules:
         return
-    sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]  # import raises ImportError
+    blocked = [name for name in _DEFERRED if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None  # type: ignore[assignment]  # their import raises ImportError
     try:
         import jsonschema
     finally:
-        del sys.modules["rfc3987_syntax"]
+        for name in blocked:
+            del sys.modules[name]
     from sbom import iri
 
-    for checker in (jsonschema.FormatChecker, jsonschema.Draft7Validator.FORMAT_CHECKER,
-                    jsonschema.Draft201909Validator.FORMAT_CHECKER,
-                    jsonschema.Draft202012Validator.FORMAT_CHECKER):
-        checker.checkers.setdefault("iri", (iri.is_iri, ValueError))
-        checker.checkers.setdefault("iri-reference", (iri.is_iri_reference, ValueError))
+    drafts = [jsonschema.Draft201909Validator.FORMAT_CHECKER,
+              jsonschema.Draft202012Validator.FORMAT_CHECKER, jsonschema.FormatChecker]
+    checks = [("iri", iri.is_iri, [jsonschema.Draft7Validator.FORMAT_CHECKER, *drafts]),
+              ("iri-reference", iri.is_iri_reference,
+               [jsonschema.Draft7Validator.FORMAT_CHECKER, *drafts])]
+    if "isoduration" in blocked and importlib.util.find_spec("isoduration"):
+        checks.append(("duration", _is_duration, drafts))
+    for fmt, func, checkers in checks:
+        for checker in checkers:
+            checker.checkers.setdefault(fmt, (func, ValueError))
+
+
+def _is_duration(instance: object) -> bool:
+    """jsonschema's own `duration` check, importing isoduration when first needed."""
+    if not isinstance(instance, str):
+        return True
+    import isoduration  # raises DurationParsingException, a ValueError
+
+    isoduration.parse_duration(instance)
+    return instance.endswith(tuple("DMYWHMS"))  # as jsonschema: see bolsote/isoduration#25
 
 
 def render(doc: dict[str, Any], fmt: str = "json") -> str:

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -434,6 +435,20 @@ def test_collect_says_which_path_it_used(layered_image, monkeypatch):
     # Not overlay2 (or a remote engine): the export stream, same contents.
     other = {**layered_image, "GraphDriver": {"Name": "vfs", "Data": {}}}
     assert read_contents(other).collector == "docker-export"
+
+
+def test_validation_does_not_import_the_slow_format_modules():
+    """A fresh interpreter validates without rfc3987-syntax's parser or arrow, and jsonschema
+    still checks IRIs and durations afterwards."""
+    code = (
+        "import importlib, sys\n"
+        "importlib.import_module('sbom.validate')._validator()\n"
+        "assert not {'rfc3987_syntax', 'arrow'} & set(sys.modules), sorted(sys.modules)\n"
+        "import jsonschema\n"
+        "c = jsonschema.Draft202012Validator.FORMAT_CHECKER\n"
+        "assert not c.conforms('P1', 'duration') and not c.conforms('a b', 'iri-reference')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
 def test_compare_versions_agrees_with_dpkg():

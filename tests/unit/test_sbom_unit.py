@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib
 import io
 import os
 import random
@@ -359,3 +360,15 @@ def test_library_digest_from_record_only_when_size_and_layer_agree(tmp_path):
         "torch/lib/libreplaced.so": (hashlib.sha256(b"R" * n).hexdigest(), "file"),
         "torch/lib/libunlisted.so": (hashlib.sha256(b"u").hexdigest(), "file"),
     }
+
+
+def test_jsonschema_keeps_its_format_checks_after_our_import():
+    """Whether or not sbom.validate imported jsonschema first (see test_sbom's fresh-process
+    test), IRIs and durations are still checked for every schema in the process."""
+    importlib.import_module("sbom.validate")._validator()
+    import jsonschema
+
+    for checker in (jsonschema.Draft202012Validator.FORMAT_CHECKER, jsonschema.FormatChecker()):
+        assert checker.conforms("P1D", "duration") and not checker.conforms("P1", "duration")
+        assert checker.conforms("http://x/é", "iri") and not checker.conforms("x y", "iri")
+        assert not checker.conforms("a b", "iri-reference")
