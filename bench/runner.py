@@ -344,6 +344,9 @@ def section_sbom(res: Results, ref: str) -> None:
     s = r["seconds"]
     res.add(Figure(f"sbom time {ref}", s["ours"], "s", s["syft"], _ratio(s["ours"], s["syft"]),
                    "ours/syft"))
+    mem = r["peak_mb"]
+    res.add(Figure(f"sbom peak memory {ref}", mem["ours"], "MB", mem["syft"],
+                   _ratio(mem["ours"], mem["syft"]), "ours/syft, peak RSS of each process"))
     ours = r["components"]["ours"]
     syft = r["components"]["syft"]
     for kind in sorted(set(ours) | set(syft)):

@@ -14,6 +14,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator, Sequence
 from functools import cache
+from io import BufferedReader
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,12 @@ def images_with_label(key: str, value: str) -> list[str]:
 
 def remove_image(ref: str) -> None:
     docker("image", "rm", "-f", ref, check=False)
+
+
+def export(container_id: str) -> contextlib.AbstractContextManager[BufferedReader]:
+    """`docker export` of a container: its filesystem as a tar byte stream (any engine address
+    the CLI reaches: unix, tcp with TLS, ssh). Use as a context manager."""
+    return proc.stream([client(), "export", container_id])
 
 
 @contextlib.contextmanager

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from io import BufferedReader
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,40 @@ def which(name: str, hint: str | None = None) -> str:
     if not path:
         raise BuilderError(f"couldn't find `{name}` on PATH", hint=hint)
     return path
+
+
+@contextlib.contextmanager
+def stream(argv: Sequence[str | os.PathLike[str]], *,
+           env: Mapping[str, str] | None = None) -> Iterator[BufferedReader]:
+    """Run a command and yield its stdout as a binary stream (1 MiB reads), for output too large
+    to capture. When the block ends, the rest of stdout is drained and the exit checked:
+    CommandFailed with the tail of stderr on a non-zero exit. On an exception the command is
+    killed."""
+    args = [str(a) for a in argv]
+    args[0] = which(args[0])
+    if VERBOSE:
+        print(f"$ {shlex.join(args)}", file=sys.stderr)
+    full_env = {**os.environ, **env} if env else None
+    with tempfile.TemporaryFile() as err:
+        child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, env=full_env,
+                                 bufsize=1 << 20)
+        assert child.stdout is not None
+        try:
+            yield child.stdout
+            while child.stdout.read(1 << 20):  # a reader may stop before EOF (tar padding)
+                pass
+            returncode = child.wait()
+        except BaseException:
+            child.kill()
+            child.wait()
+            raise
+        finally:
+            child.stdout.close()
+        if returncode != 0:
+            err.seek(0)
+            tail = err.read()[-4000:].decode(errors="replace").strip()
+            raise CommandFailed(f"`{shlex.join(args)}` exited with {returncode}",
+                                hint="\n".join(tail.splitlines()[-25:]))
 
 
 def run(

@@ -15,7 +15,9 @@ __all__ = ["SbomInvalid", "audit", "diff_sboms", "generate", "validate", "write"
 
 
 def generate(image_ref: str, *, reproducible: bool = False) -> dict[str, Any]:
-    """The validated CycloneDX 1.6 JSON document of a local image, as a dict.
+    """The CycloneDX 1.6 JSON document of a local image, as a dict.
+
+    Validated where it leaves the process (`write`, `validate.render`), once, not here.
 
     `reproducible` (or SOURCE_DATE_EPOCH in the environment) derives the serial number from the
     image id and the timestamp from its `org.opencontainers.image.created` label.

@@ -1,95 +1,126 @@
-"""Turn collected image facts into a CycloneDX 1.6 document (as a dict, validated)."""
+"""Turn collected image facts into a CycloneDX 1.6 JSON document (a dict; validated when written).
+
+The document is built as plain JSON data, in a stable order (keys as written here, components
+and properties sorted), not through cyclonedx-python-lib's object model: that cost more than
+reading the image (sorted sets, a dependency search per edge, reflection to serialise).
+sbom.validate checks the result against the strict CycloneDX 1.6 schema wherever it is written.
+"""
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 import posixpath
 import re
 import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from importlib.metadata import version as dist_version
 from typing import Any
 
-from cyclonedx.contrib.license.exceptions import InvalidSpdxLicenseException
-from cyclonedx.contrib.license.factories import LicenseFactory
-from cyclonedx.contrib.this.builders import this_component
-from cyclonedx.model import ExternalReference, ExternalReferenceType, HashAlgorithm, HashType, XsUri
-from cyclonedx.model import Property as Prop
-from cyclonedx.model.bom import Bom, BomMetaData
-from cyclonedx.model.component import Component, ComponentType
-from cyclonedx.model.component_evidence import ComponentEvidence, Occurrence
-from cyclonedx.model.contact import OrganizationalContact, OrganizationalEntity
-from cyclonedx.model.license import License, LicenseAcknowledgement
-from cyclonedx.model.lifecycle import LifecyclePhase, PredefinedLifecycle
-from cyclonedx.model.tool import ToolRepository
-from cyclonedx.output.json import JsonV1Dot6
 from packageurl import PackageURL
 
 from builder import __version__, labels
-from sbom import dpkg, pydist
+from sbom import dpkg, iri, pydist
 from sbom.collect import ImageFacts, NativeLib
-from sbom.validate import validate
 
+Json = dict[str, Any]
 PROP = "torch-images:"  # our own property namespace
+SCHEMA = "http://cyclonedx.org/schema/bom-1.6.schema.json"
 _LABEL_PREFIXES = (labels.PREFIX, labels.OCI)
 _SERIAL_NAMESPACE = uuid.UUID("6f1c7d0e-3b7a-5d2e-9c41-7f1e0b6a2d11")
 _SONAME_RE = re.compile(r"^(?P<stem>.+?)\.so(?:\.(?P<ver>[\d.]+))?$")
-_DEBIAN = OrganizationalEntity(name="Debian")  # no URL: each one costs a slow IRI check
-_NVIDIA = OrganizationalEntity(name="NVIDIA Corporation")
-_LICENSES = LicenseFactory()
+_DEBIAN = {"name": "Debian"}
+_NVIDIA = {"name": "NVIDIA Corporation"}
+_DECLARED = "declared"
 
 
-def build_document(facts: ImageFacts, *, reproducible: bool = False) -> dict[str, Any]:
-    """The CycloneDX 1.6 JSON document for `facts`, validated; raises SbomInvalid otherwise."""
-    bom = build_bom(facts, reproducible=reproducible)
-    doc = json.loads(JsonV1Dot6(bom).output_as_string())
-    root = str(bom.metadata.component.bom_ref) if bom.metadata.component else None
-    # Honest completeness: dpkg and Python metadata only, no loose files or static binaries.
-    doc["compositions"] = [{"aggregate": "incomplete", "assemblies": [root] if root else []}]
-    validate(doc)
-    return doc
-
-
-def build_bom(facts: ImageFacts, *, reproducible: bool = False) -> Bom:
+def build_document(facts: ImageFacts, *, reproducible: bool = False) -> Json:
+    """The CycloneDX 1.6 JSON document for `facts` (sbom.validate checks it when written)."""
     image = image_component(facts)
-    os_comp = os_component(facts)
     debs, deb_graph = deb_components(facts)
     dists, dist_graph = python_components(facts)
-    top = [c for c in (os_comp, base_image_component(facts.labels)) if c] + debs + dists
-    bom = Bom(
-        components=top,
-        metadata=BomMetaData(
-            component=image,
-            tools=ToolRepository(components=[tool_component(), this_component()]),
-            authors=[OrganizationalContact(name="torch-images builder")],
-            supplier=_vendor(facts.labels),
-            manufacturer=_vendor(facts.labels),
-            lifecycles=[PredefinedLifecycle(LifecyclePhase.POST_BUILD)],
-            timestamp=_timestamp(facts, reproducible),
-            properties=[Prop(name=PROP + "collector",
-                             value=facts.contents.collector or "docker-export")],
-        ),
-        serial_number=_serial(facts, reproducible),
-    )
-    bom.register_dependency(image, top)
-    by_ref = {str(c.bom_ref): c for c in top}
-    for parent, children in (deb_graph | dist_graph).items():
-        kids = [by_ref[c] for c in children if c in by_ref]
-        bom.register_dependency(by_ref[parent], kids)
-    return bom
+    top = [c for c in (os_component(facts), base_image_component(facts.labels)) if c]
+    top = _sorted_components(top + debs + dists)
+    graph = {image["bom-ref"]: [c["bom-ref"] for c in top]} | {c["bom-ref"]: [] for c in top}
+    graph |= deb_graph | dist_graph
+    vendor = {"name": facts.labels.get(labels.OCI + "vendor") or "torch-images"}
+    return {
+        "$schema": SCHEMA,
+        "bomFormat": "CycloneDX",
+        "specVersion": "1.6",
+        "serialNumber": _serial(facts, reproducible).urn,
+        "version": 1,
+        "metadata": {
+            "timestamp": _timestamp(facts, reproducible).isoformat(),
+            "lifecycles": [{"phase": "post-build"}],
+            "tools": {"components": [tool_component(), _cyclonedx_lib()]},
+            "authors": [{"name": "torch-images builder"}],
+            "component": image,
+            "manufacturer": vendor,
+            "supplier": vendor,
+            "properties": _props([("collector", facts.contents.collector or "docker-export")]),
+        },
+        "components": top,
+        "dependencies": [_dependency(ref, graph[ref]) for ref in sorted(graph)],
+        # Honest completeness: dpkg and Python metadata only, no loose files or static binaries.
+        "compositions": [{"aggregate": "incomplete", "assemblies": [image["bom-ref"]]}],
+    }
 
 
-def tool_component() -> Component:
-    return Component(
-        type=ComponentType.APPLICATION, name="torch-images", version=__version__,
-        description="torch-images builder: SBOM stage (reads the image's filesystem)",
-        bom_ref=f"tool:torch-images@{__version__}",
-    )
+def _dependency(ref: str, depends_on: list[str]) -> Json:
+    return {"ref": ref, "dependsOn": sorted(set(depends_on))} if depends_on else {"ref": ref}
 
 
-def _vendor(image_labels: dict[str, str]) -> OrganizationalEntity:
-    return OrganizationalEntity(name=image_labels.get(labels.OCI + "vendor") or "torch-images")
+def component(kind: str, name: str, bom_ref: str, *, version: str | None = None,
+              group: str | None = None, purl: PackageURL | None = None, **fields: Any) -> Json:
+    """A component dict: the given fields in schema order, empty ones left out."""
+    out: Json = {"type": kind, "bom-ref": bom_ref}
+    for key, value in (("supplier", fields.get("supplier")),
+                       ("publisher", fields.get("publisher")), ("group", group),
+                       ("name", name), ("version", version),
+                       ("description", fields.get("description")),
+                       ("hashes", fields.get("hashes")), ("licenses", fields.get("licenses")),
+                       ("purl", purl.to_string() if purl else None),
+                       ("externalReferences", fields.get("external_references")),
+                       ("properties", fields.get("properties")),
+                       ("components", fields.get("components")),
+                       ("evidence", fields.get("evidence"))):
+        if value:
+            out[key] = value
+    return out
+
+
+def _props(pairs: Iterable[tuple[str, str]], prefix: str = PROP) -> list[Json]:
+    return [{"name": prefix + k, "value": v} for k, v in sorted(pairs)]
+
+
+def _sha256(hexdigest: str) -> list[Json]:
+    return [{"alg": "SHA-256", "content": hexdigest}]
+
+
+def _occurrences(locations: Iterable[str]) -> Json:
+    return {"occurrences": [{"location": loc} for loc in sorted(set(locations))]}
+
+
+def _sorted_components(comps: list[Json]) -> list[Json]:
+    return sorted(comps, key=lambda c: (c["type"], c.get("group", ""), c["name"],
+                                        c.get("version", ""), c["bom-ref"]))
+
+
+def tool_component() -> Json:
+    return component("application", "torch-images", f"tool:torch-images@{__version__}",
+                     version=__version__,
+                     description="torch-images builder: SBOM stage (reads the image's filesystem)")
+
+
+@functools.cache
+def _cyclonedx_lib() -> Json:
+    """cyclonedx-python-lib, which supplies the schema and license data the document uses."""
+    name = "cyclonedx-python-lib"
+    version = dist_version(name)
+    return component("library", name, f"tool:{name}@{version}", version=version,
+                     group="CycloneDX", description="CycloneDX schema and SPDX license data")
 
 
 def _serial(facts: ImageFacts, reproducible: bool) -> uuid.UUID:
@@ -140,28 +171,25 @@ def _oci_purl(repo: str, digest: str, tag: str | None) -> PackageURL:
                       qualifiers=qualifiers)
 
 
-def image_component(facts: ImageFacts) -> Component:
+def image_component(facts: ImageFacts) -> Json:
     ref = facts.ref
     if ref.startswith("sha256:") or re.fullmatch(r"[0-9a-f]{12,64}", ref):
         ref = facts.repo_tags[0] if facts.repo_tags else f"image:{facts.image_id[7:19]}"
     name, tag = _split_ref(ref)
-    props = [Prop(name=PROP + "image.id", value=facts.image_id),
-             Prop(name=PROP + "image.platform", value=f"{facts.os}/{facts.architecture}")]
-    props += [Prop(name=PROP + "image.repo-digest", value=d) for d in facts.repo_digests]
-    props += [Prop(name=k, value=v) for k, v in sorted(facts.labels.items())
-              if k.startswith(_LABEL_PREFIXES)]
+    props = [("image.id", facts.image_id), ("image.platform", f"{facts.os}/{facts.architecture}")]
+    props += [("image.repo-digest", d) for d in facts.repo_digests]
+    label_props = _props(((k, v) for k, v in facts.labels.items()
+                          if k.startswith(_LABEL_PREFIXES)), prefix="")
     digest = next((d.split("@", 1)[1] for d in facts.repo_digests if "@" in d), None)
     purl = _oci_purl(name, digest, tag) if digest else None
-    return Component(
-        type=ComponentType.CONTAINER, name=name, version=tag,
-        bom_ref=purl.to_string() if purl else f"image:{name}@{facts.image_id}",
-        purl=purl,
-        hashes=[HashType(alg=HashAlgorithm.SHA_256, content=facts.image_id.split(":")[-1])],
-        properties=props,
+    return component(
+        "container", name, purl.to_string() if purl else f"image:{name}@{facts.image_id}",
+        version=tag, purl=purl, hashes=_sha256(facts.image_id.split(":")[-1]),
+        properties=label_props + _props(props),
     )
 
 
-def base_image_component(image_labels: dict[str, str]) -> Component | None:
+def base_image_component(image_labels: dict[str, str]) -> Json | None:
     """The base image named by the OCI base.* labels, when the build recorded them."""
     base = image_labels.get(labels.OCI + "base.name")
     if not base:
@@ -169,59 +197,77 @@ def base_image_component(image_labels: dict[str, str]) -> Component | None:
     digest = image_labels.get(labels.OCI + "base.digest", "")
     name, tag = _split_ref(base)
     purl = _oci_purl(name, digest, tag) if digest.startswith("sha256:") else None
-    hashes = [HashType(alg=HashAlgorithm.SHA_256, content=digest[7:])] if purl else []
-    return Component(
-        type=ComponentType.CONTAINER, name=name, version=digest or tag, purl=purl, hashes=hashes,
-        bom_ref=purl.to_string() if purl else f"base-image:{base}",
-        properties=[Prop(name=PROP + "role", value="base-image")],
+    return component(
+        "container", name, purl.to_string() if purl else f"base-image:{base}",
+        version=digest or tag, purl=purl, hashes=_sha256(digest[7:]) if purl else None,
+        properties=_props([("role", "base-image")]),
     )
 
 
-def os_component(facts: ImageFacts) -> Component | None:
+def os_component(facts: ImageFacts) -> Json | None:
     osr = facts.contents.os_release
     if not osr.get("ID"):
         return None
     version = osr.get("VERSION_ID", "")
-    return Component(
-        type=ComponentType.OPERATING_SYSTEM, name=osr["ID"], version=version or None,
-        description=osr.get("PRETTY_NAME") or None, bom_ref=f"os:{osr['ID']}@{version}",
-        supplier=_DEBIAN if osr["ID"] == "debian" else None,
-    )
+    return component("operating-system", osr["ID"], f"os:{osr['ID']}@{version}",
+                     version=version or None, description=osr.get("PRETTY_NAME") or None,
+                     supplier=_DEBIAN if osr["ID"] == "debian" else None)
 
 
-def _licenses(values: Iterable[str]) -> list[License]:
+def _licenses(values: Iterable[str]) -> list[Json]:
     """SPDX ids where valid, else names; a lone value may be an SPDX expression."""
     values = [v for v in dict.fromkeys(values) if v]
-    ack = LicenseAcknowledgement.DECLARED
-    if len(values) == 1:
-        return [_LICENSES.make_from_string(values[0], license_acknowledgement=ack)]
-    result = []
+    if len(values) == 1 and _spdx_id(values[0]) is None and _is_spdx_expression(values[0]):
+        return [{"expression": values[0], "acknowledgement": _DECLARED}]
+    out = []
     for value in values:
-        try:
-            result.append(_LICENSES.make_with_id(value, acknowledgement=ack))
-        except InvalidSpdxLicenseException:
-            result.append(_LICENSES.make_with_name(value, acknowledgement=ack))
-    return result
+        spdx_id = _spdx_id(value)
+        key = ("id", spdx_id) if spdx_id else ("name", value)
+        out.append({"license": {key[0]: key[1], "acknowledgement": _DECLARED}})
+    return out
 
 
-def deb_components(facts: ImageFacts) -> tuple[list[Component], dict[str, list[str]]]:
+@functools.cache
+def _spdx_ids() -> dict[str, str]:
+    """Lower-cased SPDX license id → its spelling, from the schema the document must meet."""
+    import json
+
+    from cyclonedx.schema._res import SPDX_JSON
+
+    with open(SPDX_JSON, encoding="utf-8") as f:
+        return {i.lower(): i for i in json.load(f)["enum"]}
+
+
+def _spdx_id(value: str) -> str | None:
+    return _spdx_ids().get(value.lower())
+
+
+@functools.cache
+def _is_spdx_expression(value: str) -> bool:
+    from cyclonedx.spdx import is_expression  # slow import (builds the SPDX licensing)
+
+    return bool(is_expression(value))
+
+
+def deb_components(facts: ImageFacts) -> tuple[list[Json], dict[str, list[str]]]:
     """dpkg packages as pkg:deb components, and their dependency graph by bom-ref."""
     osr = facts.contents.os_release
     distro_id = osr.get("ID", "debian")
     distro = f"{distro_id}-{osr['VERSION_ID']}" if osr.get("VERSION_ID") else distro_id
     packages = dpkg.parse_status(facts.contents.dpkg_status)
     refs: dict[str, str] = {}
-    comps: dict[str, Component] = {}
+    comps: dict[str, Json] = {}
     for p in packages:
         purl = deb_purl(p, distro_id, distro)
         ref = purl.to_string()
         refs.setdefault(p.name, ref)
-        comps[ref] = Component(
-            type=ComponentType.LIBRARY, name=p.name, version=p.version, purl=purl, bom_ref=ref,
+        copyright_text = facts.contents.copyrights.get(p.name, "")
+        comps[ref] = component(
+            "library", p.name, ref, version=p.version, purl=purl,
             supplier=_DEBIAN if distro_id == "debian" else None,
             publisher=p.maintainer or None, description=p.description or None,
-            licenses=_licenses(dpkg.copyright_licenses(facts.contents.copyrights.get(p.name, ""))),
-            properties=[Prop(name=PROP + "package-manager", value="dpkg")],
+            licenses=_licenses(dpkg.copyright_licenses(copyright_text)),
+            properties=_props([("package-manager", "dpkg")]),
         )
     graph = {refs[name]: [refs[d] for d in deps] for name, deps in
              dpkg.resolve_depends(packages).items()}
@@ -243,22 +289,21 @@ def pypi_purl(name: str, version: str) -> PackageURL:
     return PackageURL(type="pypi", name=pydist.normalize(name), version=version)
 
 
-def python_components(facts: ImageFacts) -> tuple[list[Component], dict[str, list[str]]]:
+def python_components(facts: ImageFacts) -> tuple[list[Json], dict[str, list[str]]]:
     """Installed distributions as pkg:pypi components with their bundled native libraries."""
     dists = [d for raw in facts.contents.dists if (d := pydist.parse_dist(raw))]
     owners = _lib_owners(dists, facts.contents.native_libs)
-    comps: dict[str, Component] = {}
+    first: dict[str, pydist.Dist] = {}  # bom-ref → the first dist of that release
+    places: dict[str, list[str]] = {}  # the same release in two site-packages: two places
     ref_of: dict[tuple[str, str], str] = {}  # (site, key) → bom-ref
     for dist in dists:
-        purl = pypi_purl(dist.name, dist.version)
-        ref = purl.to_string()
+        ref = pypi_purl(dist.name, dist.version).to_string()
         ref_of[(dist.site, dist.key)] = ref
-        occurrence = Occurrence(location=dist.dist_info_path)
-        if ref in comps:  # the same release in two site-packages: one component, two places
-            comps[ref].evidence.occurrences.add(occurrence)
-            continue
-        comps[ref] = _dist_component(dist, purl, occurrence)
-    _nest_native_libs(comps, ref_of, owners, facts.contents.native_libs)
+        first.setdefault(ref, dist)
+        places.setdefault(ref, []).append(dist.dist_info_path)
+    libs = _native_lib_components(ref_of, owners, facts.contents.native_libs)
+    comps = [_dist_component(dist, places[ref], libs.get(ref, [])) for ref, dist in first.items()]
+    comps += libs.get("", [])  # libraries no distribution owns
     graph: dict[str, list[str]] = {}
     for dist in dists:
         parent = ref_of[(dist.site, dist.key)]
@@ -267,25 +312,23 @@ def python_components(facts: ImageFacts) -> tuple[list[Component], dict[str, lis
                 (r for (_, k), r in ref_of.items() if k == key), None)
             if child and child != parent and child not in graph.setdefault(parent, []):
                 graph[parent].append(child)
-    return list(comps.values()), graph
+    return comps, graph
 
 
-def _dist_component(dist: pydist.Dist, purl: PackageURL, occurrence: Occurrence) -> Component:
+def _dist_component(dist: pydist.Dist, locations: list[str], libs: list[Json]) -> Json:
     license_values = ([dist.license_expression] if dist.license_expression
                       else [dist.license] if dist.license else dist.classifier_licenses)
     refs = []
-    if dist.home_page.startswith(("http://", "https://")):
-        refs.append(ExternalReference(type=ExternalReferenceType.WEBSITE,
-                                      url=XsUri(dist.home_page)))
-    return Component(
-        type=ComponentType.LIBRARY, name=dist.key, version=dist.version, purl=purl,
-        bom_ref=purl.to_string(), description=dist.summary or None,
-        publisher=dist.author or None,
+    if dist.home_page.startswith(("http://", "https://")) and iri.is_iri(dist.home_page):
+        refs.append({"type": "website", "url": dist.home_page})
+    purl = pypi_purl(dist.name, dist.version)
+    return component(
+        "library", dist.key, purl.to_string(), version=dist.version, purl=purl,
+        description=dist.summary or None, publisher=dist.author or None,
         supplier=_NVIDIA if dist.key.startswith("nvidia-") else None,
         licenses=_licenses(license_values), external_references=refs,
-        evidence=ComponentEvidence(occurrences=[occurrence]),
-        properties=[Prop(name=PROP + "package-manager", value="python"),
-                    Prop(name=PROP + "python", value=dist.python)],
+        properties=_props([("package-manager", "python"), ("python", dist.python)]),
+        components=_sorted_components(libs), evidence=_occurrences(locations),
     )
 
 
@@ -310,47 +353,60 @@ def _guess_owner(lib: NativeLib, dists: list[pydist.Dist]) -> pydist.Dist | None
     return next((d for d in dists if d.site == lib.site and wanted.match(d.key)), None)
 
 
-def _nest_native_libs(
-    comps: dict[str, Component], ref_of: dict[tuple[str, str], str],
-    owners: dict[str, pydist.Dist], libs: list[NativeLib],
-) -> None:
-    """Each bundled .so becomes a child of its wheel's component (or a top-level one if orphan)."""
-    seen: dict[str, Component] = {}
+def _native_lib_components(ref_of: dict[tuple[str, str], str], owners: dict[str, pydist.Dist],
+                           libs: list[NativeLib]) -> dict[str, list[Json]]:
+    """Owner's bom-ref ("" for none) → its bundled libraries' components.
+
+    The same file content under two paths of one owner is one component with two places.
+    """
+    places: dict[str, list[str]] = {}
+    found: dict[str, tuple[str, NativeLib, pydist.Dist | None]] = {}
     for lib in libs:
         owner = owners.get(lib.path)
-        parent = comps[ref_of[(owner.site, owner.key)]] if owner else None
-        comp = native_lib_component(lib, owner)
-        ref = str(comp.bom_ref)
-        if ref in seen:  # the same file content under two paths: one component, two places
-            seen[ref].evidence.occurrences.add(Occurrence(location=lib.path))
-            continue
-        seen[ref] = comp
-        if parent is not None:
-            parent.components.add(comp)
-        else:
-            comps[ref] = comp
+        ref = native_lib_purl(lib, owner).to_string()
+        places.setdefault(ref, []).append(lib.path)
+        found.setdefault(ref, (ref_of[(owner.site, owner.key)] if owner else "", lib, owner))
+    by_owner: dict[str, list[Json]] = {}
+    for ref, (owner_ref, lib, owner) in found.items():
+        by_owner.setdefault(owner_ref, []).append(native_lib_component(lib, owner, places[ref]))
+    return by_owner
 
 
-def native_lib_component(lib: NativeLib, owner: pydist.Dist | None) -> Component:
+def native_lib_purl(lib: NativeLib, owner: pydist.Dist | None) -> PackageURL:
+    """pkg:generic/<nvidia|torch>/<stem>@<wheel or soname version>?checksum=sha256:…
+
+    The checksum qualifier keeps two different files with one name and version apart.
+    """
+    stem, so_version = _soname(lib)
+    version = owner.version if owner else (so_version or None)
+    return PackageURL(type="generic", namespace=_lib_namespace(lib), name=stem, version=version,
+                      qualifiers={"checksum": f"sha256:{lib.sha256}"})
+
+
+def _soname(lib: NativeLib) -> tuple[str, str]:
     base = posixpath.basename(lib.path)
     m = _SONAME_RE.match(base)
-    stem, so_version = (m["stem"], m["ver"] or "") if m else (base, "")
-    namespace = "nvidia" if lib.rel.startswith("nvidia/") else lib.rel.split("/", 1)[0]
-    version = owner.version if owner else (so_version or None)
-    # The checksum qualifier keeps two different files with one name and version apart.
-    purl = PackageURL(type="generic", namespace=namespace, name=stem, version=version,
-                      qualifiers={"checksum": f"sha256:{lib.sha256}"})
-    props = [Prop(name=PROP + "file.size", value=str(lib.size))]
+    return (m["stem"], m["ver"] or "") if m else (base, "")
+
+
+def _lib_namespace(lib: NativeLib) -> str:
+    return "nvidia" if lib.rel.startswith("nvidia/") else lib.rel.split("/", 1)[0]
+
+
+def native_lib_component(lib: NativeLib, owner: pydist.Dist | None,
+                         locations: list[str] | None = None) -> Json:
+    stem, so_version = _soname(lib)
+    namespace = _lib_namespace(lib)
+    purl = native_lib_purl(lib, owner)
+    props = [("file.size", str(lib.size))]
     if so_version:
-        props.append(Prop(name=PROP + "soname-version", value=so_version))
+        props.append(("soname-version", so_version))
+    if lib.digest_from != "file":
+        props.append(("digest-from", lib.digest_from))
     if owner is not None:
-        props.append(Prop(name=PROP + "bundled-in", value=pypi_purl(owner.name, owner.version)
-                          .to_string()))
-    return Component(
-        type=ComponentType.LIBRARY, name=stem, version=version, group=namespace,
-        purl=purl, bom_ref=purl.to_string(),
-        supplier=_NVIDIA if namespace == "nvidia" else None,
-        hashes=[HashType(alg=HashAlgorithm.SHA_256, content=lib.sha256)],
-        evidence=ComponentEvidence(occurrences=[Occurrence(location=lib.path)]),
-        properties=props,
+        props.append(("bundled-in", pypi_purl(owner.name, owner.version).to_string()))
+    return component(
+        "library", stem, purl.to_string(), version=purl.version, group=namespace, purl=purl,
+        supplier=_NVIDIA if namespace == "nvidia" else None, hashes=_sha256(lib.sha256),
+        properties=_props(props), evidence=_occurrences(locations or [lib.path]),
     )

