@@ -22,17 +22,16 @@ EXIT_CODES = """exit status (every command):
   2        could not run: engine, registry, network, unreachable source, bad usage or path
   130/143  stopped by SIGINT/SIGTERM"""
 
-# Stage modules, in pipeline order. Each defines register(subparsers, common).
-COMMAND_MODULES = [
-    "builder.matrix_cmd",
-    "builder.build",
-    "builder.smoke",
-    "builder.sbom",
-    "builder.registry",
-    "builder.publish",
-    "builder.verify",
-    "builder.rebuild",
-]
+# Command → the module that registers it (`register(subparsers, common)`), in pipeline order.
+# Only the module of the command being run is imported: `builder sbom` need not load jinja2.
+COMMANDS = {
+    "validate": "builder.matrix_cmd", "lock": "builder.matrix_cmd",
+    "render": "builder.matrix_cmd", "plan": "builder.matrix_cmd",
+    "base": "builder.build", "build": "builder.build",
+    "smoke": "builder.smoke", "sbom": "builder.sbom", "audit": "builder.sbom",
+    "registry": "builder.registry", "publish": "builder.publish", "verify": "builder.verify",
+    "rebuild": "builder.rebuild",
+}
 
 
 def common_parser() -> argparse.ArgumentParser:
@@ -52,7 +51,8 @@ def common_parser() -> argparse.ArgumentParser:
     return common
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of `command` alone (what `main` needs to run it)."""
     parser = argparse.ArgumentParser(
         prog="builder",
         description="Build vetted PyTorch + CUDA images from matrix.yaml: validate → lock → render "
@@ -63,14 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     common = common_parser()
-    for name in COMMAND_MODULES:
+    modules = [COMMANDS[command]] if command in COMMANDS else dict.fromkeys(COMMANDS.values())
+    for name in modules:
         importlib.import_module(name).register(sub, common)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     proc.install_signal_handlers()
     try:
         return int(args.func(args) or 0)
