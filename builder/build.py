@@ -19,13 +19,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder import base, engine, labels, plan, state
+from builder import base, engine, labels, plan, render, state
 from builder.errors import BuilderError, EngineError
 from builder.matrix import Matrix
 from builder.matrix_cmd import load_selected
 from builder.output import emit_json, human_bytes, step, table
 from builder.render import SMOKE_DIR, facts_json
-from builder.wheelhouse import Wheelhouse
+from builder.wheelhouse import Wheelhouse, local_wheels
 
 NEED_GB = {"cpu": 4, "cuda": 20}
 
@@ -99,11 +99,16 @@ def build_labels(p: plan.PlannedVariant, locks_dir: Path) -> dict[str, str]:
 
 
 def prepare_context(p: plan.PlannedVariant, wheelhouse: Wheelhouse) -> tuple[Path, Path]:
-    """Fill the shared context with this variant's sets, facts and smoke; write its Dockerfile."""
+    """Fill the shared context with this variant's sets, uv, facts and smoke; write its
+    Dockerfile. Only requirements and wheels of local folders go in the sets: the rest of the
+    wheels reach the build through its cache mount, never through the context."""
     context = state.path("context")
     for s in p.rendered.steps:
-        wheels = wheelhouse.ensure(p.variant, s.requirements, progress=step)
+        wheels = local_wheels(s.find_links, s.requirements)
         wheelhouse.link_set(context / s.source, s.requirements, wheels)
+    uv = render.uv_requirements()
+    wheelhouse.link_set(context / render.uv_source(), uv,
+                        wheelhouse.ensure(p.variant, uv, progress=step))
     state.atomic_write(context / p.rendered.facts_source, facts_json(p.rendered.facts))
     smoke = context / "smoke"
     if smoke.exists():

@@ -6,6 +6,7 @@ import pytest
 
 from builder import rebuild
 
+
 @pytest.mark.docker
 def test_debian_source_on_a_real_image() -> None:
     """apt inside a real image answers a dict of name → (old, new), or an error: never a silent
