@@ -37,6 +37,7 @@ CPU_TORCH = "2.13.0+cpu"
 CUDA_TORCH = "2.15.0"
 PYTHON = "3.11"
 EXTRA_PACKAGE = "six"
+WHEEL_CACHE = render.MOUNTS["cache"]
 
 
 @dataclass
@@ -128,9 +129,21 @@ def wait_note() -> str:
     return "; INCLUDES waiting for another build's lock" if _LAST["waited"] else ""
 
 
-def prune_builder_cache() -> None:
-    log("docker builder prune -af")
-    engine.docker("builder", "prune", "-af", timeout=1800)
+def prune_builder_cache(keep_wheels: bool = False) -> None:
+    """Empty BuildKit's cache; `keep_wheels` keeps only the wheel cache mount (uv's), the state
+    after a first build: every layer and the apt caches are gone, the wheels are on the host."""
+    if not keep_wheels:
+        log("docker builder prune -af")
+        engine.docker("builder", "prune", "-af", timeout=1800)
+        return
+    log(f"docker builder prune -af, except the wheel cache mount ({WHEEL_CACHE})")
+    engine.docker("builder", "prune", "-af", "--filter", "type!=exec.cachemount", timeout=1800)
+    out = engine.docker("system", "df", "-v", "--format", "{{json .BuildCache}}", timeout=600)
+    for record in json.loads(out.stdout or "[]") or []:
+        desc = str(record.get("Description", ""))
+        if record.get("CacheType") == "exec.cachemount" and WHEEL_CACHE not in desc:
+            engine.docker("builder", "prune", "-af", "--filter",
+                          f"id={str(record.get('ID', '')).rstrip('*')}", check=False, timeout=600)
 
 
 def image_ref(m: matrix.Matrix, variant_id: str) -> str:
@@ -226,26 +239,24 @@ def section_build_times(res: Results, m: matrix.Matrix, variant_id: str, naive_k
                         empty_wheelhouse: bool) -> None:
     """2. Cold build, cold build with an empty wheelhouse, warm no-op."""
     naive_s = res.details.get("naive_seconds", {}).get(naive_key)
-    prune_builder_cache()
+    prune_builder_cache(keep_wheels=True)
     seconds, outcomes = build([f"id={variant_id}"], "--force")
     built = [o for o in outcomes if o.get("state") == "built"]
-    res.add(Figure(f"cold build {variant_id} (warm wheelhouse)", round(seconds, 1), "s",
+    res.add(Figure(f"cold build {variant_id} (wheels on the host)", round(seconds, 1), "s",
                    round(naive_s, 1) if naive_s else None,
                    _ratio(seconds, naive_s) if naive_s else None,
-                   f"ours/naive; builder cache pruned, --force; wheels already on the host; "
+                   f"ours/naive; builder cache pruned except the wheel cache mount, --force; "
                    f"{len(built)} built" + wait_note()))
     if empty_wheelhouse:
         with tempfile.TemporaryDirectory(prefix="bench-state-", dir=ROOT / ".state") as tmp:
             prune_builder_cache()
             seconds, outcomes = build([f"id={variant_id}"], "--force",
                                       env={"BUILDER_STATE": tmp})
-            wh = Path(tmp) / "wheelhouse"
-            downloaded = sum(p.stat().st_size for p in wh.glob("*.whl")) if wh.exists() else 0
-            res.add(Figure(f"cold build {variant_id} (empty wheelhouse)", round(seconds, 1), "s",
+            res.add(Figure(f"cold build {variant_id} (empty wheel cache)", round(seconds, 1), "s",
                            round(naive_s, 1) if naive_s else None,
                            _ratio(seconds, naive_s) if naive_s else None,
-                           f"ours/naive; fresh BUILDER_STATE, {_mb(downloaded)} MB of wheels "
-                           "fetched (local find-links count as fetched)" + wait_note()))
+                           "ours/naive; whole builder cache pruned (wheel cache mount too), "
+                           "fresh BUILDER_STATE: every wheel fetched from PyPI" + wait_note()))
     seconds, outcomes = build([f"id={variant_id}"])
     states = [o.get("state") for o in outcomes]
     res.details["warm_noop_states"] = states
@@ -297,27 +308,6 @@ def section_incremental(res: Results, m: matrix.Matrix, torch: str) -> None:
                 engine.remove_image(new)
 
 
-def wheel_sizes(m: matrix.Matrix, variants: list[matrix.Variant]) -> tuple[int, int]:
-    """(sum over variants of their wheels' bytes, bytes of the distinct wheels)."""
-    from builder.wheelhouse import Wheelhouse, _hash_blocks
-
-    wh = Wheelhouse()
-    per_variant = 0
-    unique: dict[Path, int] = {}
-    for v in variants:
-        rendered = render.render(m, v, locks.require_lock(ROOT / "locks", v),
-                                 locks.read_base_lock(ROOT / "locks", v))
-        seen: set[Path] = set()
-        for s in rendered.steps:
-            for hashes in _hash_blocks(s.requirements):
-                path = wh.find(hashes)
-                if path is not None and path not in seen:
-                    seen.add(path)
-                    unique[path] = path.stat().st_size
-        per_variant += sum(unique[p] for p in seen)
-    return per_variant, sum(unique.values())
-
-
 def section_sharing(res: Results, m: matrix.Matrix, variant_ids: list[str]) -> None:
     """3. Sum of image sizes vs unique layer bytes; wheel bytes per-variant vs shared."""
     refs = [res.details["images"][vid] for vid in variant_ids if vid in res.details["images"]]
@@ -328,11 +318,19 @@ def section_sharing(res: Results, m: matrix.Matrix, variant_ids: list[str]) -> N
                                                       share["sum_of_sizes"]),
                    "baseline: sum of image sizes" + ("" if share["exact"]
                                                      else "; layer sizes approximate")))
-    variants = [m.variant(vid) for vid in variant_ids]
-    per_variant, unique = wheel_sizes(m, variants)
-    res.add(Figure(f"wheel bytes for {len(variants)} variants", _mb(unique), "MB",
-                   _mb(per_variant), _ratio(unique, per_variant),
-                   "shared wheelhouse vs a download per variant"))
+
+
+def section_registry(res: Results, variant_ids: list[str]) -> None:
+    """3b. What a registry stores for the images of one torch+python: its blobs after a push."""
+    refs = [res.details["images"][vid] for vid in variant_ids if vid in res.details["images"]]
+    reg = layers.registry_bytes(refs)
+    res.details.setdefault("registry", {})[",".join(variant_ids)] = reg
+    flavors = "+".join(vid.rsplit("-", 1)[1] for vid in variant_ids)
+    res.add(Figure(f"registry bytes {variant_ids[0].rsplit('-', 1)[0]} {{{flavors}}}",
+                   _mb(reg["registry_bytes"]), "MB", _mb(reg["sum_of_sizes"]),
+                   _ratio(reg["registry_bytes"], reg["sum_of_sizes"]),
+                   f"blobs in the registry's storage after pushing ({reg['blobs']} blobs, "
+                   "compressed) / sum of image sizes"))
 
 
 def section_sbom(res: Results, ref: str) -> None:
@@ -467,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.ensure_disk(ROOT, 35)  # naive CUDA image + ours (runtime, slim, devel share layers)
         attempt("sizes cuda", section_sizes, res, m, CUDA_TORCH, cuda_flavors, "cuda")
         cuda_ids = [v.id for v in m.variants if v.torch == CUDA_TORCH and v.python == PYTHON
-                    and v.flavor in cuda_flavors]
+                    and v.flavor in cuda_flavors]  # devel, runtime, slim
         built_ids += cuda_ids
         cold_id, naive_key, incr_torch = (next(i for i in cuda_ids if i.endswith("-runtime")),
                                           "cuda", CUDA_TORCH)
@@ -477,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
             not args.no_empty_wheelhouse)
     attempt("incremental", section_incremental, res, m, incr_torch)
     attempt("sharing", section_sharing, res, m, built_ids)
+    one_python = cuda_ids if args.full else cpu_ids
+    attempt("registry", section_registry, res, one_python)
     sbom_refs = [res.details.get("images", {}).get(cpu_runtime)]
     if args.full:
         sbom_refs.append(res.details.get("images", {}).get(cold_id))
