@@ -309,7 +309,7 @@ def section_incremental(res: Results, m: matrix.Matrix, torch: str) -> None:
 
 
 def section_sharing(res: Results, m: matrix.Matrix, variant_ids: list[str]) -> None:
-    """3. Sum of image sizes vs unique layer bytes; wheel bytes per-variant vs shared."""
+    """3. Sum of image sizes vs unique layer bytes (uncompressed)."""
     refs = [res.details["images"][vid] for vid in variant_ids if vid in res.details["images"]]
     share = layers.sharing(refs)
     res.details["sharing"] = share
@@ -397,11 +397,16 @@ def write_outputs(res: Results) -> None:
               "afterwards. It already uses `pip --no-cache-dir` and a bind mount for a local "
               "torch wheel, so it is a fair (not a strawman) baseline.",
               "- Ours: `python -m builder build --select id=… --force --no-smoke --no-sbom` after "
-              "`docker builder prune -af`. The *warm wheelhouse* figure reuses wheels already "
-              "downloaded to the host (`.state/wheelhouse`); the *empty wheelhouse* figure points "
-              "`BUILDER_STATE` at a fresh folder. Times are wall clock of the whole CLI.",
+              "`docker builder prune -af`. *Wheels on the host*: every build-cache record is "
+              "pruned except the wheel cache mount (uv's cache at `/mnt/build/cache`), the state "
+              "after any earlier build; *empty wheel cache*: everything is pruned and "
+              "`BUILDER_STATE` points at a fresh folder, so every wheel comes from PyPI. Times are "
+              "wall clock of the whole CLI, measured in the same run as the naive build.",
               "- Sharing: unique layer bytes from `docker image inspect` diff ids paired with "
-              "`docker history` sizes (uncompressed).",
+              "`docker history` sizes (uncompressed). Registry bytes: the images of one torch + "
+              "python are pushed to a scratch `docker-registry`; the figure is the size of the "
+              "blob files in its storage (compressed layers, configs) against the sum of the "
+              "images' sizes.",
               "- Incremental: a copy of matrix.yaml adds one package to one variant through its "
               "include entry, locked into a copy of locks/; the floating tags are pointed back at "
               "the shipped images afterwards and the extra images removed.", ""]
