@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder import base, engine, labels, plan, render, state
+from builder import base, engine, labels, plan, proc, render, state
 from builder.errors import BuilderError, EngineError
 from builder.matrix import Matrix
 from builder.matrix_cmd import load_selected
@@ -241,9 +241,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--no-sbom", action="store_true", help="skip the SBOM")
     p.add_argument("--require-gpu", action="store_true",
                    help="GPU checks that cannot run on this host fail instead of being skipped")
-    p.add_argument("--ca-bundle", type=Path, default=os.environ.get("BUILDER_CA_BUNDLE") or None,
+    # The install steps fetch missing wheels themselves, so they get the host's trust store (a
+    # TLS-intercepting proxy's CA included) — only ever as a secret mount.
+    p.add_argument("--ca-bundle", type=Path,
+                   default=os.environ.get("BUILDER_CA_BUNDLE") or proc.host_ca_bundle(),
                    help="CA bundle for downloads inside the build, passed as a BuildKit secret "
-                   "(never stored in a layer); default: none ($BUILDER_CA_BUNDLE)")
+                   "(never stored in a layer); default: $BUILDER_CA_BUNDLE, else the host's")
     p.add_argument("--apt-refresh", default="", metavar="TOKEN",
                    help="re-run the apt upgrade step (security rebuilds pass a new token)")
     p.set_defaults(func=cmd_build)
