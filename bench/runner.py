@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     built_ids = list(cpu_ids)
     if args.full:
         cuda_flavors = ["runtime", "slim", "devel"]
-        engine.ensure_disk(ROOT, 35)  # naive CUDA image + ours (runtime, slim, devel share layers)
+        engine.ensure_disk(ROOT, 20)  # naive CUDA image + ours (runtime, slim, devel share layers)
         attempt("sizes cuda", section_sizes, res, m, CUDA_TORCH, cuda_flavors, "cuda")
         cuda_ids = [v.id for v in m.variants if v.torch == CUDA_TORCH and v.python == PYTHON
                     and v.flavor in cuda_flavors]  # devel, runtime, slim
