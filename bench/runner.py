@@ -138,12 +138,20 @@ def prune_builder_cache(keep_wheels: bool = False) -> None:
         return
     log(f"docker builder prune -af, except the wheel cache mount ({WHEEL_CACHE})")
     engine.docker("builder", "prune", "-af", "--filter", "type!=exec.cachemount", timeout=1800)
-    out = engine.docker("system", "df", "-v", "--format", "{{json .BuildCache}}", timeout=600)
-    for record in json.loads(out.stdout or "[]") or []:
-        desc = str(record.get("Description", ""))
-        if record.get("CacheType") == "exec.cachemount" and WHEEL_CACHE not in desc:
+    for record in cache_mounts():
+        if WHEEL_CACHE not in str(record.get("Description", "")):
             engine.docker("builder", "prune", "-af", "--filter",
                           f"id={str(record.get('ID', '')).rstrip('*')}", check=False, timeout=600)
+
+
+def cache_mounts() -> list[dict[str, Any]]:
+    out = engine.docker("system", "df", "-v", "--format", "{{json .BuildCache}}", timeout=600)
+    return [r for r in json.loads(out.stdout or "[]") or []
+            if r.get("CacheType") == "exec.cachemount"]
+
+
+def wheel_cache_kept() -> bool:
+    return any(WHEEL_CACHE in str(r.get("Description", "")) for r in cache_mounts())
 
 
 def image_ref(m: matrix.Matrix, variant_id: str) -> str:
@@ -209,7 +217,7 @@ def section_sizes(res: Results, m: matrix.Matrix, torch: str, flavors: list[str]
     for flavor in flavors:
         build([*select, f"flavor={flavor}"])
     any_variant = next(iter(variants.values()))
-    prune_builder_cache()
+    prune_builder_cache(keep_wheels=True)  # the naive build uses no cache; keep ours warm
     log(f"naive cold build of torch {torch} py{PYTHON}")
     nb = naive.build(torch, PYTHON, any_variant.find_links,
                      ROOT / ".state" / "logs" / f"bench-naive-{naive_key}.log")
@@ -240,12 +248,14 @@ def section_build_times(res: Results, m: matrix.Matrix, variant_id: str, naive_k
     """2. Cold build, cold build with an empty wheelhouse, warm no-op."""
     naive_s = res.details.get("naive_seconds", {}).get(naive_key)
     prune_builder_cache(keep_wheels=True)
+    kept = wheel_cache_kept()
     seconds, outcomes = build([f"id={variant_id}"], "--force")
     built = [o for o in outcomes if o.get("state") == "built"]
     res.add(Figure(f"cold build {variant_id} (wheels on the host)", round(seconds, 1), "s",
                    round(naive_s, 1) if naive_s else None,
                    _ratio(seconds, naive_s) if naive_s else None,
-                   f"ours/naive; builder cache pruned except the wheel cache mount, --force; "
+                   "ours/naive; builder cache pruned except the wheel cache mount ("
+                   + ("kept" if kept else "ABSENT: someone pruned it") + f"), --force; "
                    f"{len(built)} built" + wait_note()))
     if empty_wheelhouse:
         with tempfile.TemporaryDirectory(prefix="bench-state-", dir=ROOT / ".state") as tmp:
