@@ -98,8 +98,9 @@ def builder_cli(*args: str, env: dict[str, str] | None = None,
     argv = [sys.executable, "-m", "builder", *args, "--json"]
     log("$ " + " ".join(argv[1:]) + (f"  (env {env})" if env else ""))
     start = time.monotonic()
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, **(env or {})}, check=False)
+                            env={**os.environ, "PATH": path, **(env or {})}, check=False)
     seconds = time.monotonic() - start
     if result.returncode != 0:
         raise RuntimeError(f"`builder {' '.join(args)}` exited {result.returncode}:\n"
@@ -137,7 +138,8 @@ def prune_builder_cache(keep_wheels: bool = False) -> None:
         engine.docker("builder", "prune", "-af", timeout=1800)
         return
     log(f"docker builder prune -af, except the wheel cache mount ({WHEEL_CACHE})")
-    engine.docker("builder", "prune", "-af", "--filter", "type!=exec.cachemount", timeout=1800)
+    for kind in ("regular", "source.local", "internal", "frontend", "source.git.checkout"):
+        engine.docker("builder", "prune", "-af", "--filter", f"type={kind}", timeout=1800)
     for record in cache_mounts():
         if WHEEL_CACHE not in str(record.get("Description", "")):
             engine.docker("builder", "prune", "-af", "--filter",
