@@ -78,7 +78,6 @@ class Step:
         return f"sets/{self.set_id}"
 
 
-
 @dataclass(frozen=True)
 class Flavor:
     """A row of the flavor table: each flavor is its parent's layers plus its own."""
