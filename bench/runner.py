@@ -489,12 +489,13 @@ def main(argv: list[str] | None = None) -> int:
                                           "cuda", CUDA_TORCH)
     else:
         cold_id, naive_key, incr_torch = cpu_runtime, "cpu", CPU_TORCH
-    attempt("build times", section_build_times, res, m, cold_id, naive_key,
-            not args.no_empty_wheelhouse)
-    attempt("incremental", section_incremental, res, m, incr_torch)
+    # Sharing first: the flavors as one build made them (the cold builds below rebuild one).
     attempt("sharing", section_sharing, res, m, built_ids)
     one_python = cuda_ids if args.full else cpu_ids
     attempt("registry", section_registry, res, one_python)
+    attempt("build times", section_build_times, res, m, cold_id, naive_key,
+            not args.no_empty_wheelhouse)
+    attempt("incremental", section_incremental, res, m, incr_torch)
     sbom_refs = [res.details.get("images", {}).get(cpu_runtime)]
     if args.full:
         sbom_refs.append(res.details.get("images", {}).get(cold_id))

@@ -26,8 +26,13 @@ SOURCE_DATE_EPOCH = "1704067200"  # fixed: same packages → byte-identical root
 DPKG_EXCLUDES = ("path-exclude=/usr/share/locale/*", "path-exclude=/usr/share/man/*",
                  "path-exclude=/usr/share/info/*", "path-exclude=/usr/share/doc/*",
                  "path-include=/usr/share/doc/*/copyright")
+# /etc/hosts and /etc/hostname exist: else every RUN step creates them as mount points and
+# removes them again, leaving an /etc entry with the build's time in each layer (no two builds
+# of one step would then give the same layer blob).
+ETC_STUBS_HOOK = ("--customize-hook=printf '127.0.0.1 localhost\\n' > \"$1/etc/hosts\" "
+                  "&& : > \"$1/etc/hostname\"")
 SLIM_OPTIONS = (*(f"--dpkgopt={o}" for o in DPKG_EXCLUDES),
-                "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr")
+                "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr", ETC_STUBS_HOOK)
 # The base's own list of what it leaves out (the images' `dropped` label adds to it).
 SLIM_DROPPED = ("docs", "man-pages", "locales", "perl")
 
