@@ -8,6 +8,9 @@ approximate (sizes are paired from the top, which keeps the shared base layers' 
 
 from __future__ import annotations
 
+import socket
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from builder import engine
@@ -46,3 +49,36 @@ def sharing(refs: list[str]) -> dict[str, Any]:
             unique[diff_id] = max(unique.get(diff_id, 0), n)
     return {"images": per_image, "sum_of_sizes": total, "unique_bytes": sum(unique.values()),
             "unique_layers": len(unique), "exact": exact}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def registry_bytes(refs: list[str]) -> dict[str, Any]:
+    """Push `refs` to a scratch registry; the bytes of the blobs it then stores (compressed
+    layers, configs, manifests), against the sum of the images' (uncompressed) sizes."""
+    from builder import registry
+
+    total = sum(int((engine.inspect_image(r) or {}).get("Size", 0)) for r in refs)
+    with tempfile.TemporaryDirectory(prefix="bench-registry-", dir=Path.cwd() / ".state") as tmp:
+        folder = Path(tmp)
+        addr = f"127.0.0.1:{free_port()}"
+        registry.start(addr, folder)
+        pushed = []
+        try:
+            for i, ref in enumerate(refs):
+                target = f"{addr}/bench-sharing:{i}"
+                engine.docker("tag", ref, target)
+                pushed.append(target)
+                engine.docker("push", target, timeout=3600)
+            blobs = [p for p in (folder / "storage").rglob("data")
+                     if "/blobs/" in str(p) and p.is_file()]
+            stored = sum(p.stat().st_size for p in blobs)
+        finally:
+            for target in pushed:
+                engine.docker("image", "rm", target, check=False)
+            registry.stop(folder)
+    return {"sum_of_sizes": total, "registry_bytes": stored, "blobs": len(blobs), "refs": refs}

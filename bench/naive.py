@@ -1,6 +1,7 @@
 """The baseline: the Dockerfile most people would write for the same torch and python.
 
-    FROM torch-images-base:bookworm          (the same base our images start from)
+    FROM torch-images-base:bookworm          (plain mmdebstrap minbase: what `debian:bookworm`
+                                              gives a user; ours starts from its -slim sibling)
     RUN apt-get update && apt-get install -y python3-venv
     RUN python3 -m venv /v && /v/bin/pip install --no-cache-dir torch==X numpy
 
@@ -18,10 +19,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import engine
+from builder import base, engine
 from builder.errors import BuilderError
 
-BASE = "torch-images-base:bookworm"
+SUITE = "bookworm"
+BASE = base.bootstrap_ref(SUITE, slim=False)
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 REPO = "torch-bench-naive"
 
@@ -67,6 +69,7 @@ def build(torch: str, python: str, find_links: tuple[str, ...], log: Path) -> Na
     """Build the naive image cold (--no-cache); the caller removes it with `remove`."""
     if not CA_BUNDLE.exists():
         raise BuilderError(f"no CA bundle at {CA_BUNDLE} for pip inside the naive build")
+    base.bootstrap(SUITE, slim=False)  # reused when already there
     tag = f"{REPO}:{torch.replace('+', '-')}-py{python}"
     wheel = local_wheel(torch, python, find_links)
     text = dockerfile(torch, wheel.name if wheel else None)

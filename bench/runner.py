@@ -37,6 +37,7 @@ CPU_TORCH = "2.13.0+cpu"
 CUDA_TORCH = "2.15.0"
 PYTHON = "3.11"
 EXTRA_PACKAGE = "six"
+WHEEL_CACHE = render.MOUNTS["cache"]
 
 
 @dataclass
@@ -97,8 +98,9 @@ def builder_cli(*args: str, env: dict[str, str] | None = None,
     argv = [sys.executable, "-m", "builder", *args, "--json"]
     log("$ " + " ".join(argv[1:]) + (f"  (env {env})" if env else ""))
     start = time.monotonic()
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, **(env or {})}, check=False)
+                            env={**os.environ, "PATH": path, **(env or {})}, check=False)
     seconds = time.monotonic() - start
     if result.returncode != 0:
         raise RuntimeError(f"`builder {' '.join(args)}` exited {result.returncode}:\n"
@@ -128,9 +130,30 @@ def wait_note() -> str:
     return "; INCLUDES waiting for another build's lock" if _LAST["waited"] else ""
 
 
-def prune_builder_cache() -> None:
-    log("docker builder prune -af")
-    engine.docker("builder", "prune", "-af", timeout=1800)
+def prune_builder_cache(keep_wheels: bool = False) -> None:
+    """Empty BuildKit's cache; `keep_wheels` keeps only the wheel cache mount (uv's), the state
+    after a first build: every layer and the apt caches are gone, the wheels are on the host."""
+    if not keep_wheels:
+        log("docker builder prune -af")
+        engine.docker("builder", "prune", "-af", timeout=1800)
+        return
+    log(f"docker builder prune -af, except the wheel cache mount ({WHEEL_CACHE})")
+    for kind in ("regular", "source.local", "internal", "frontend", "source.git.checkout"):
+        engine.docker("builder", "prune", "-af", "--filter", f"type={kind}", timeout=1800)
+    for record in cache_mounts():
+        if WHEEL_CACHE not in str(record.get("Description", "")):
+            engine.docker("builder", "prune", "-af", "--filter",
+                          f"id={str(record.get('ID', '')).rstrip('*')}", check=False, timeout=600)
+
+
+def cache_mounts() -> list[dict[str, Any]]:
+    out = engine.docker("system", "df", "-v", "--format", "{{json .BuildCache}}", timeout=600)
+    return [r for r in json.loads(out.stdout or "[]") or []
+            if r.get("CacheType") == "exec.cachemount"]
+
+
+def wheel_cache_kept() -> bool:
+    return any(WHEEL_CACHE in str(r.get("Description", "")) for r in cache_mounts())
 
 
 def image_ref(m: matrix.Matrix, variant_id: str) -> str:
@@ -196,7 +219,7 @@ def section_sizes(res: Results, m: matrix.Matrix, torch: str, flavors: list[str]
     for flavor in flavors:
         build([*select, f"flavor={flavor}"])
     any_variant = next(iter(variants.values()))
-    prune_builder_cache()
+    prune_builder_cache(keep_wheels=True)  # the naive build uses no cache; keep ours warm
     log(f"naive cold build of torch {torch} py{PYTHON}")
     nb = naive.build(torch, PYTHON, any_variant.find_links,
                      ROOT / ".state" / "logs" / f"bench-naive-{naive_key}.log")
@@ -226,26 +249,26 @@ def section_build_times(res: Results, m: matrix.Matrix, variant_id: str, naive_k
                         empty_wheelhouse: bool) -> None:
     """2. Cold build, cold build with an empty wheelhouse, warm no-op."""
     naive_s = res.details.get("naive_seconds", {}).get(naive_key)
-    prune_builder_cache()
+    prune_builder_cache(keep_wheels=True)
+    kept = wheel_cache_kept()
     seconds, outcomes = build([f"id={variant_id}"], "--force")
     built = [o for o in outcomes if o.get("state") == "built"]
-    res.add(Figure(f"cold build {variant_id} (warm wheelhouse)", round(seconds, 1), "s",
+    res.add(Figure(f"cold build {variant_id} (wheels on the host)", round(seconds, 1), "s",
                    round(naive_s, 1) if naive_s else None,
                    _ratio(seconds, naive_s) if naive_s else None,
-                   f"ours/naive; builder cache pruned, --force; wheels already on the host; "
+                   "ours/naive; builder cache pruned except the wheel cache mount ("
+                   + ("kept" if kept else "ABSENT: someone pruned it") + f"), --force; "
                    f"{len(built)} built" + wait_note()))
     if empty_wheelhouse:
         with tempfile.TemporaryDirectory(prefix="bench-state-", dir=ROOT / ".state") as tmp:
             prune_builder_cache()
             seconds, outcomes = build([f"id={variant_id}"], "--force",
                                       env={"BUILDER_STATE": tmp})
-            wh = Path(tmp) / "wheelhouse"
-            downloaded = sum(p.stat().st_size for p in wh.glob("*.whl")) if wh.exists() else 0
-            res.add(Figure(f"cold build {variant_id} (empty wheelhouse)", round(seconds, 1), "s",
+            res.add(Figure(f"cold build {variant_id} (empty wheel cache)", round(seconds, 1), "s",
                            round(naive_s, 1) if naive_s else None,
                            _ratio(seconds, naive_s) if naive_s else None,
-                           f"ours/naive; fresh BUILDER_STATE, {_mb(downloaded)} MB of wheels "
-                           "fetched (local find-links count as fetched)" + wait_note()))
+                           "ours/naive; whole builder cache pruned (wheel cache mount too), "
+                           "fresh BUILDER_STATE: every wheel fetched from PyPI" + wait_note()))
     seconds, outcomes = build([f"id={variant_id}"])
     states = [o.get("state") for o in outcomes]
     res.details["warm_noop_states"] = states
@@ -297,29 +320,8 @@ def section_incremental(res: Results, m: matrix.Matrix, torch: str) -> None:
                 engine.remove_image(new)
 
 
-def wheel_sizes(m: matrix.Matrix, variants: list[matrix.Variant]) -> tuple[int, int]:
-    """(sum over variants of their wheels' bytes, bytes of the distinct wheels)."""
-    from builder.wheelhouse import Wheelhouse, _hash_blocks
-
-    wh = Wheelhouse()
-    per_variant = 0
-    unique: dict[Path, int] = {}
-    for v in variants:
-        rendered = render.render(m, v, locks.require_lock(ROOT / "locks", v),
-                                 locks.read_base_lock(ROOT / "locks", v))
-        seen: set[Path] = set()
-        for s in rendered.steps:
-            for hashes in _hash_blocks(s.requirements):
-                path = wh.find(hashes)
-                if path is not None and path not in seen:
-                    seen.add(path)
-                    unique[path] = path.stat().st_size
-        per_variant += sum(unique[p] for p in seen)
-    return per_variant, sum(unique.values())
-
-
 def section_sharing(res: Results, m: matrix.Matrix, variant_ids: list[str]) -> None:
-    """3. Sum of image sizes vs unique layer bytes; wheel bytes per-variant vs shared."""
+    """3. Sum of image sizes vs unique layer bytes (uncompressed)."""
     refs = [res.details["images"][vid] for vid in variant_ids if vid in res.details["images"]]
     share = layers.sharing(refs)
     res.details["sharing"] = share
@@ -328,11 +330,19 @@ def section_sharing(res: Results, m: matrix.Matrix, variant_ids: list[str]) -> N
                                                       share["sum_of_sizes"]),
                    "baseline: sum of image sizes" + ("" if share["exact"]
                                                      else "; layer sizes approximate")))
-    variants = [m.variant(vid) for vid in variant_ids]
-    per_variant, unique = wheel_sizes(m, variants)
-    res.add(Figure(f"wheel bytes for {len(variants)} variants", _mb(unique), "MB",
-                   _mb(per_variant), _ratio(unique, per_variant),
-                   "shared wheelhouse vs a download per variant"))
+
+
+def section_registry(res: Results, variant_ids: list[str]) -> None:
+    """3b. What a registry stores for the images of one torch+python: its blobs after a push."""
+    refs = [res.details["images"][vid] for vid in variant_ids if vid in res.details["images"]]
+    reg = layers.registry_bytes(refs)
+    res.details.setdefault("registry", {})[",".join(variant_ids)] = reg
+    flavors = "+".join(vid.rsplit("-", 1)[1] for vid in variant_ids)
+    res.add(Figure(f"registry bytes {variant_ids[0].rsplit('-', 1)[0]} {{{flavors}}}",
+                   _mb(reg["registry_bytes"]), "MB", _mb(reg["sum_of_sizes"]),
+                   _ratio(reg["registry_bytes"], reg["sum_of_sizes"]),
+                   f"blobs in the registry's storage after pushing ({reg['blobs']} blobs, "
+                   "compressed) / sum of image sizes"))
 
 
 def section_sbom(res: Results, ref: str) -> None:
@@ -402,11 +412,16 @@ def write_outputs(res: Results) -> None:
               "afterwards. It already uses `pip --no-cache-dir` and a bind mount for a local "
               "torch wheel, so it is a fair (not a strawman) baseline.",
               "- Ours: `python -m builder build --select id=… --force --no-smoke --no-sbom` after "
-              "`docker builder prune -af`. The *warm wheelhouse* figure reuses wheels already "
-              "downloaded to the host (`.state/wheelhouse`); the *empty wheelhouse* figure points "
-              "`BUILDER_STATE` at a fresh folder. Times are wall clock of the whole CLI.",
+              "`docker builder prune -af`. *Wheels on the host*: every build-cache record is "
+              "pruned except the wheel cache mount (uv's cache at `/mnt/build/cache`), the state "
+              "after any earlier build; *empty wheel cache*: everything is pruned and "
+              "`BUILDER_STATE` points at a fresh folder, so every wheel comes from PyPI. Times are "
+              "wall clock of the whole CLI, measured in the same run as the naive build.",
               "- Sharing: unique layer bytes from `docker image inspect` diff ids paired with "
-              "`docker history` sizes (uncompressed).",
+              "`docker history` sizes (uncompressed). Registry bytes: the images of one torch + "
+              "python are pushed to a scratch `docker-registry`; the figure is the size of the "
+              "blob files in its storage (compressed layers, configs) against the sum of the "
+              "images' sizes.",
               "- Incremental: a copy of matrix.yaml adds one package to one variant through its "
               "include entry, locked into a copy of locks/; the floating tags are pointed back at "
               "the shipped images afterwards and the extra images removed.", ""]
@@ -443,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--quick", action="store_true", help="CPU torch only (default)")
     mode.add_argument("--full", action="store_true", help="add the CUDA torch 2.15.0")
     parser.add_argument("--no-empty-wheelhouse", action="store_true",
-                        help="skip the cold build with an empty wheelhouse")
+                        help="skip the cold build with an empty wheel cache")
+    parser.add_argument("--no-sbom", action="store_true", help="skip our SBOM against syft")
     args = parser.parse_args(argv)
     os.chdir(ROOT)
     res = Results("full" if args.full else "quick")
@@ -467,23 +483,26 @@ def main(argv: list[str] | None = None) -> int:
     built_ids = list(cpu_ids)
     if args.full:
         cuda_flavors = ["runtime", "slim", "devel"]
-        engine.ensure_disk(ROOT, 35)  # naive CUDA image + ours (runtime, slim, devel share layers)
+        engine.ensure_disk(ROOT, 20)  # naive CUDA image + ours (runtime, slim, devel share layers)
         attempt("sizes cuda", section_sizes, res, m, CUDA_TORCH, cuda_flavors, "cuda")
         cuda_ids = [v.id for v in m.variants if v.torch == CUDA_TORCH and v.python == PYTHON
-                    and v.flavor in cuda_flavors]
+                    and v.flavor in cuda_flavors]  # devel, runtime, slim
         built_ids += cuda_ids
         cold_id, naive_key, incr_torch = (next(i for i in cuda_ids if i.endswith("-runtime")),
                                           "cuda", CUDA_TORCH)
     else:
         cold_id, naive_key, incr_torch = cpu_runtime, "cpu", CPU_TORCH
+    # Sharing first: the flavors as one build made them (the cold builds below rebuild one).
+    attempt("sharing", section_sharing, res, m, built_ids)
+    one_python = cuda_ids if args.full else cpu_ids
+    attempt("registry", section_registry, res, one_python)
     attempt("build times", section_build_times, res, m, cold_id, naive_key,
             not args.no_empty_wheelhouse)
     attempt("incremental", section_incremental, res, m, incr_torch)
-    attempt("sharing", section_sharing, res, m, built_ids)
     sbom_refs = [res.details.get("images", {}).get(cpu_runtime)]
     if args.full:
         sbom_refs.append(res.details.get("images", {}).get(cold_id))
-    for ref in filter(None, sbom_refs):
+    for ref in filter(None, [] if args.no_sbom else sbom_refs):
         attempt(f"sbom {ref}", section_sbom, res, ref)
     attempt("plan/render", section_plan_render, res, m)
     log(f"wrote {HERE / 'results.json'} and {HERE / 'RESULTS.md'}")

@@ -19,17 +19,39 @@ from builder.matrix import Base
 BOOTSTRAP_PACKAGES = ("ca-certificates",)
 KEY_LABEL = "io.torch-images.base-key"
 SOURCE_DATE_EPOCH = "1704067200"  # fixed: same packages → byte-identical rootfs
+# What no image reads at run time never enters the base layer (a later layer could only white it
+# out): translations, docs except copyright (the SBOM reads those), man/info pages. The dpkg
+# excludes stay in the image, so later apt installs skip them too. The merged-usr hook installs
+# `usr-is-merged` instead of `usrmerge`, which pulls in perl (47 MB) that nothing else needs.
+DPKG_EXCLUDES = ("path-exclude=/usr/share/locale/*", "path-exclude=/usr/share/man/*",
+                 "path-exclude=/usr/share/info/*", "path-exclude=/usr/share/doc/*",
+                 "path-include=/usr/share/doc/*/copyright")
+# /etc/hosts and /etc/hostname exist: else every RUN step creates them as mount points and
+# removes them again, leaving an /etc entry with the build's time in each layer (no two builds
+# of one step would then give the same layer blob).
+ETC_STUBS_HOOK = ("--customize-hook=printf '127.0.0.1 localhost\\n' > \"$1/etc/hosts\" "
+                  "&& : > \"$1/etc/hostname\"")
+SLIM_OPTIONS = (*(f"--dpkgopt={o}" for o in DPKG_EXCLUDES),
+                "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr", ETC_STUBS_HOOK)
+# The base's own list of what it leaves out (the images' `dropped` label adds to it).
+SLIM_DROPPED = ("docs", "man-pages", "locales", "perl")
 
 
-def bootstrap_key(suite: str, day: dt.date | None = None) -> str:
+def bootstrap_key(suite: str, day: dt.date | None = None, options: tuple[str, ...] = ()) -> str:
     day = day or dt.datetime.now(dt.UTC).date()
     payload = f"{suite}|{','.join(BOOTSTRAP_PACKAGES)}|{day.isoformat()}"
+    if options:  # plain bases keep their old key, so they are not re-bootstrapped
+        payload += "|" + " ".join(options)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def bootstrap_ref(suite: str, slim: bool = True) -> str:
+    return f"torch-images-base:{suite}-slim" if slim else f"torch-images-base:{suite}"
 
 
 def local_ref(base: Base) -> str:
     suite = base.bootstrap_suite
-    return f"torch-images-base:{suite}" if suite else base.image
+    return bootstrap_ref(suite) if suite else base.image
 
 
 def ensure(base: Base, *, progress=print) -> str:
@@ -37,7 +59,7 @@ def ensure(base: Base, *, progress=print) -> str:
     engine.ensure_engine()
     suite = base.bootstrap_suite
     if suite:
-        return _bootstrap(suite, progress)
+        return bootstrap(suite, progress=progress)
     info = engine.inspect_image(base.image)
     if info is None:
         progress(f"pulling base {base.image}")
@@ -64,9 +86,11 @@ def digest_of(info: dict) -> str:
     return "sha256:" + hashlib.sha256(layers.encode()).hexdigest()
 
 
-def _bootstrap(suite: str, progress) -> str:
-    ref = f"torch-images-base:{suite}"
-    key = bootstrap_key(suite)
+def bootstrap(suite: str, *, slim: bool = True, progress=print) -> str:
+    """Bootstrap `suite` into a local image (the slim one unless told); returns its digest."""
+    ref = bootstrap_ref(suite, slim)
+    options = SLIM_OPTIONS if slim else ()
+    key = bootstrap_key(suite, options=options)
     info = engine.inspect_image(ref)
     if info and (info["Config"].get("Labels") or {}).get(KEY_LABEL) == key:
         return digest_of(info)
@@ -74,7 +98,8 @@ def _bootstrap(suite: str, progress) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         tar = Path(tmp) / "base.tar"
         proc.run(["mmdebstrap", "--variant=minbase", f"--include={','.join(BOOTSTRAP_PACKAGES)}",
-                  suite, str(tar)], timeout=1200, env={"SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH})
+                  *options, suite, str(tar)], timeout=1200,
+                 env={"SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH})
         engine.docker("import", "--change", f"LABEL {KEY_LABEL}={key}",
                       "--change", 'CMD ["bash"]', str(tar), ref)
     info = engine.inspect_image(ref)

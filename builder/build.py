@@ -21,15 +21,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder import base, engine, labels, locks, plan, proc, state
+from builder import base, engine, labels, locks, plan, proc, render, state
 from builder.errors import BuilderError, EngineError
 from builder.matrix import Matrix
 from builder.matrix_cmd import load_selected
 from builder.output import emit_json, human_bytes, step, table
 from builder.render import SMOKE_DIR, facts_json
-from builder.wheelhouse import Wheelhouse
+from builder.wheelhouse import Wheelhouse, local_wheels
 
-NEED_GB = {"cpu": 4, "cuda": 20}
+NEED_GB = {"cpu": 4, "cuda": 12}  # a new CUDA variant: ~7 GB of layers + ~5 GB of wheel cache
 
 
 @dataclass
@@ -122,11 +122,16 @@ def build_labels(p: plan.PlannedVariant, locks_dir: Path) -> dict[str, str]:
 
 
 def prepare_context(p: plan.PlannedVariant, wheelhouse: Wheelhouse) -> tuple[Path, Path]:
-    """Fill the shared context with this variant's sets, facts and smoke; write its Dockerfile."""
+    """Fill the shared context with this variant's sets, uv, facts and smoke; write its
+    Dockerfile. Only requirements and wheels of local folders go in the sets: the rest of the
+    wheels reach the build through its cache mount, never through the context."""
     context = state.path("context")
     for s in p.rendered.steps:
-        wheels = wheelhouse.ensure(p.variant, s.requirements, progress=step)
+        wheels = local_wheels(s.find_links, s.requirements)
         wheelhouse.link_set(context / s.source, s.requirements, wheels)
+    uv = render.uv_requirements()
+    wheelhouse.link_set(context / render.uv_source(), uv,
+                        wheelhouse.ensure(p.variant, uv, progress=step))
     state.atomic_write(context / p.rendered.facts_source, facts_json(p.rendered.facts))
     smoke = context / "smoke"
     if smoke.exists():
@@ -147,6 +152,8 @@ def docker_build(p: plan.PlannedVariant, image: str, context: Path, dockerfile: 
             "-t", image]
     for key, value in build_labels(p, locks_dir).items():
         argv += ["--label", f"{key}={value}"]
+    if ca := proc.host_ca_bundle():  # the install steps download: a secret, never a layer
+        argv += ["--secret", f"id=ca,src={ca}"]
     if apt_refresh:
         argv += ["--build-arg", f"APT_REFRESH={apt_refresh}"]
     log.unlink(missing_ok=True)
@@ -263,12 +270,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--no-sbom", action="store_true", help="skip the SBOM")
     p.add_argument("--require-gpu", action="store_true",
                    help="GPU checks that cannot run on this host fail instead of being skipped")
-    # Nothing inside a build downloads (wheels arrive through the context), so the bundle is for
-    # the host-side downloads: the wheelhouse, uv and the wheel checks.
+    # The install steps fetch missing wheels themselves, so they get the host's trust store (a
+    # TLS-intercepting proxy's CA included) — only ever as a secret mount.
     p.add_argument("--ca-bundle", type=readable_file,
-                   default=os.environ.get("BUILDER_CA_BUNDLE") or None,
-                   help="CA bundle for the wheel downloads on this host (a TLS-intercepting "
-                   "proxy); default: $BUILDER_CA_BUNDLE, else the system bundle")
+                   default=os.environ.get("BUILDER_CA_BUNDLE") or proc.host_ca_bundle(),
+                   help="CA bundle for downloads inside the build, passed as a BuildKit secret "
+                   "(never stored in a layer); default: $BUILDER_CA_BUNDLE, else the host's")
     p.add_argument("--apt-refresh", default="", metavar="TOKEN",
                    help="re-run the apt upgrade step (security rebuilds pass a new token)")
     p.set_defaults(func=cmd_build)
@@ -297,8 +304,7 @@ def readable_file(text: str) -> Path:
 def cmd_build(args: argparse.Namespace) -> int:
     if not args.select:
         args.select = ["default=true"]
-    if args.ca_bundle:
-        os.environ[proc.CA_BUNDLE_ENV] = str(args.ca_bundle)  # read by proc.host_ca_bundle()
+    proc.use_ca_bundle(args.ca_bundle)
     with build_lock():
         outcomes = run_build(args)
     if args.json:

@@ -181,6 +181,12 @@ HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 CA_BUNDLE_ENV = "BUILDER_CA_BUNDLE"  # `builder build --ca-bundle FILE` sets it
 
 
+def use_ca_bundle(path: Path | None) -> None:
+    """Make `path` the CA bundle of every download of this run, host side and in builds."""
+    if path:
+        os.environ[CA_BUNDLE_ENV] = str(path)
+
+
 def host_ca_bundle() -> str | None:
     """The CA bundle for host-side HTTPS clients (pip, uv, urllib): $BUILDER_CA_BUNDLE, else
     the system's."""

@@ -522,7 +522,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="publish CUDA images whose smoke ran without a GPU (recorded)")
     p.add_argument("--dry-run", action="store_true",
                    help="say what would be rebuilt and why; change, build and push nothing")
-    p.add_argument("--ca-bundle", type=Path, default=os.environ.get("BUILDER_CA_BUNDLE") or None,
+    p.add_argument("--ca-bundle", type=Path,
+                   default=os.environ.get("BUILDER_CA_BUNDLE") or proc.host_ca_bundle(),
                    help="CA bundle for downloads inside the build (see builder build)")
     p.add_argument("--skip-source", action="append", default=[], choices=REASONS,
                    metavar="NAME", dest="skip_source",
@@ -552,6 +553,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     if not args.manifest.exists():
         raise BuilderError(f"no {args.manifest}: nothing has been published",
                           hint="publish first: builder publish")
+    proc.use_ca_bundle(args.ca_bundle)
     matrix, variants = _selected(args)
     skip = sorted(set(getattr(args, "skip_source", None) or ()))
     findings = check(matrix, variants, args.manifest, locks_dir=args.locks, skip=skip)

@@ -3,7 +3,9 @@
 Output for a variant, `DIR/<id>/`, mirrors the part of the shared build context it uses:
   Dockerfile, Dockerfile.dockerignore  (only this variant's files are sent to the engine)
   lock.txt                             the lock it installs
-  sets/<set>/requirements.txt          one per install step (wheels are linked in at build time)
+  sets/<set>/requirements.txt          one per install step (local find-links wheels are linked
+                                       in at build time; the rest come from the wheel cache)
+  tools/uv/requirements.txt            the hash-pinned uv the install steps run
   facts/<hash>.json                    facts copied into the image as /opt/torch-images/image.json
 """
 
@@ -14,15 +16,15 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
-from builder import labels, state
+from builder import base, labels, state
 from builder.errors import BuilderError, ConfigError
 from builder.locks import Lock, normalize, parse_pins
 from builder.matrix import Matrix, Variant
@@ -32,8 +34,6 @@ SMOKE_DIR = Path(__file__).resolve().parent.parent / "smoke"
 OS_PACKAGES_APT = ("ca-certificates", "python3", "python3-venv")
 OS_PACKAGES_IMAGE = ("ca-certificates",)
 DEVEL_PACKAGES = ("build-essential", "ninja-build", "git")
-# What slim leaves out; the label and image.json list it, and the smoke suite reads it.
-SLIM_DROPPED = ("triton", "headers", "static-libraries", "tests", "docs")
 _SAFE = re.compile(r"^[A-Za-z0-9_.,:/@=+<>*~!\-\[\] ]*$")
 
 
@@ -58,17 +58,90 @@ def environment() -> jinja2.Environment:
 
 @dataclass(frozen=True)
 class Step:
+    """One install RUN: a part of the lock, installed with uv from the shared wheel cache."""
+
     name: str
     requirements: str  # the lines of the lock this step installs
-    prune: str = ""
+    find_links: tuple[str, ...] = ()  # the variant's local wheel folders (linked into the set)
+    target: str = ""  # the site directory it installs into (the venv's, or NVIDIA_SITE)
+    prune: str = ""  # a find expression of what to delete right after installing
+    restore: str = ""  # a find expression of what to copy back in from the wheels (only that)
+    fixed_times: bool = False  # file times set to FIXED_EPOCH: the layer is byte-identical
 
     @property
     def set_id(self) -> str:
-        return hashlib.sha256(self.requirements.encode()).hexdigest()[:20]
+        # "uv": sets of the pip-era layout held the wheels themselves; never reuse one of those
+        key = "\0".join(("uv", self.requirements, *self.find_links))
+        return hashlib.sha256(key.encode()).hexdigest()[:20]
 
     @property
     def source(self) -> str:
         return f"sets/{self.set_id}"
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """A row of the flavor table: each flavor is its parent's layers plus its own."""
+
+    name: str
+    parent: str | None
+    # (PRUNED category, lock parts) it copies back over its parent, from the cached wheels
+    restores: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    adds: tuple[str, ...] = ()  # lock packages only this flavor (and its children) install
+    os_restores: tuple[str, ...] = ()  # base.SLIM_DROPPED items its own apt step brings back
+    root: bool = False  # runs as root (people install system packages there)
+
+
+FLAVORS = {f.name: f for f in (
+    Flavor("slim", None),
+    # torch.compile reads torch's headers (C++ codegen); the rest only serve extension builds
+    Flavor("runtime", "slim", restores=(("headers", ("torch",)),), adds=("triton",)),
+    Flavor("devel", "runtime", restores=(("headers", ("nvidia", "rest")),
+                                         ("static-libraries", ("nvidia", "torch", "rest"))),
+           os_restores=("perl",), root=True),
+)}
+# What the shared install layers delete, as `find` expressions: no flavor's programs read them;
+# the flavors that want them copy them back in a later layer, so nothing is whited out.
+PRUNED = {
+    "headers": "-type d -name include",
+    "static-libraries": "-name '*.a'",
+    "tests": "-type d -path '*/numpy/*/tests'",
+}
+# NVIDIA's wheels go to a python-independent folder (a site dir the venv reads through a .pth):
+# two pythons or two flavors that pin the same nvidia-* wheels share one layer blob.
+NVIDIA_SITE = "/opt/nvidia/lib/python3/site-packages"
+FIXED_EPOCH = base.SOURCE_DATE_EPOCH  # the locks carry no time; one fixed time for all
+# Where install steps mount things: made in the os layer, so a mount leaves no stub behind.
+MOUNTS = {"cache": "/mnt/build/cache", "set": "/mnt/build/set", "uv": "/mnt/build/uv"}
+UV_REQUIREMENTS = TEMPLATES / "uv.txt"
+
+
+def lineage(flavor: str) -> list[Flavor]:
+    """The flavor and its ancestors, oldest first: slim, runtime, devel."""
+    row = FLAVORS[flavor]
+    return [*lineage(row.parent), row] if row.parent else [row]
+
+
+def dropped(flavor: str) -> list[str]:
+    """What this flavor leaves out: the label `io.torch-images.dropped` and image.json list it.
+    A category restored for some parts only reads `headers-except-torch`."""
+    rows = lineage(flavor)
+    kept = {item for row in rows for item in (*row.adds, *row.os_restores)}
+    restored: dict[str, set[str]] = {}
+    for row in rows:
+        for category, parts in row.restores:
+            restored.setdefault(category, set()).update(parts)
+    out = ["triton"] if "triton" not in kept else []
+    for category in PRUNED:
+        parts = restored.get(category, set())
+        if not parts.issuperset(SHARED_PARTS):
+            out.append(f"{category}-except-{'-'.join(sorted(parts))}" if parts else category)
+    return out + [item for item in base.SLIM_DROPPED if item not in kept]
+
+
+def prune_expression(categories: Iterable[str]) -> str:
+    """One `find` test matching any of the categories (the caller adds -prune and an action)."""
+    return "\\( " + " -o ".join(f"\\( {PRUNED[c]} \\)" for c in categories) + " \\)"
 
 
 @dataclass(frozen=True)
@@ -119,41 +192,86 @@ def _block(lines: list[str]) -> tuple[str, str]:
     return name, "\n".join(lines) + "\n"
 
 
-def step_of(name: str) -> str:
-    if name.startswith(("nvidia-", "cuda-")):
+def part_of(name: str) -> str:
+    """Which part of the lock a package belongs to; each part is one layer."""
+    if name.startswith("nvidia-"):
         return "nvidia"
     if name in ("torch", "triton"):
-        return "torch"
+        return name
+    if name.startswith("cuda-"):
+        return "torch"  # cuda-bindings is built per python: not in the shared NVIDIA layer
     return "rest"
+
+
+# The shared layers, in this order: the CUDA libraries change least.
+SHARED_PARTS = ("nvidia", "torch", "rest")
+
+
+def lock_parts(text: str) -> dict[str, str]:
+    parts: dict[str, str] = {}
+    for name, block in split_requirements(text):
+        part = part_of(name)
+        parts[part] = parts.get(part, "") + block
+    return parts
 
 
 def site_packages(variant: Variant) -> str:
     return f"{labels.VENV}/lib/python{variant.python}/site-packages"
 
 
-def slim_prune(variant: Variant) -> str:
-    site = site_packages(variant)
-    return (f"find {site} \\( -type d \\( -name include -o -name __pycache__ -o -path "
-            f"'*/numpy/*/tests' \\) -o -type f -name '*.a' \\) -prune -exec rm -rf {{}} +")
+def local_find_links(variant: Variant) -> tuple[str, ...]:
+    """Wheel folders on the host: the build cannot reach them, so their wheels go in the set."""
+    return tuple(link for link in variant.find_links if link.startswith("/"))
 
 
-def install_steps(variant: Variant, text: str, skip: frozenset[str] = frozenset()) -> list[Step]:
-    """One step per part (nvidia, torch, rest), in that order: the CUDA libraries change least."""
-    parts: dict[str, str] = {"nvidia": "", "torch": "", "rest": ""}
-    for name, block in split_requirements(text):
-        if name in skip:
-            continue
-        parts[step_of(name)] += block
-    prune = slim_prune(variant) if variant.flavor == "slim" else ""
-    return [Step(n, reqs, prune) for n, reqs in parts.items() if reqs]
+def part_step(variant: Variant, part: str, requirements: str, **extra: Any) -> Step:
+    nvidia = part == "nvidia"
+    return Step(part, requirements, local_find_links(variant),
+                target=NVIDIA_SITE if nvidia else site_packages(variant), fixed_times=nvidia,
+                **extra)
 
 
-def delta_steps(base_text: str, full_text: str) -> list[Step]:
-    """What a devel image adds over its runtime stage: pins that are new or differ."""
-    base = parse_pins(base_text)
+def shared_steps(variant: Variant, parts: Mapping[str, str]) -> list[Step]:
+    """The layers every flavor has, pruned of everything in PRUNED as they are installed."""
+    prune = prune_expression(PRUNED)
+    return [part_step(variant, p, parts[p], prune=prune) for p in SHARED_PARTS if parts.get(p)]
+
+
+def flavor_steps(variant: Variant, flavor: Flavor, parts: Mapping[str, str],
+                 shared: list[Step]) -> list[Step]:
+    """What a flavor adds over its parent: its own packages, then what it copies back."""
+    steps = [part_step(variant, p, parts[p]) for p in flavor.adds if parts.get(p)]
+    for s in shared:
+        categories = [c for c, parts in flavor.restores if s.name in parts]
+        if categories:
+            steps.append(replace(s, name=f"{s.name} {' + '.join(categories)}", prune="",
+                                 restore=prune_expression(categories), fixed_times=False))
+    return steps
+
+
+def delta_steps(variant: Variant, base_text: str, full_text: str) -> list[Step]:
+    """What a devel image adds over its runtime lock: pins that are new or differ, by part."""
+    base_pins = parse_pins(base_text)
     extra = "".join(block for name, block in split_requirements(full_text)
-                    if base.get(name) != parse_pins(block).get(name))
-    return [Step("toolkit", extra)] if extra else []
+                    if base_pins.get(name) != parse_pins(block).get(name))
+    return [replace(part_step(variant, p, reqs), name=f"toolkit {p}")
+            for p, reqs in lock_parts(extra).items()]
+
+
+def install_args(step: Step, variant: Variant) -> str:
+    """uv's arguments for a step (the template adds --offline on the first try)."""
+    args = ["--require-hashes", "--no-deps", "--no-config",
+            "--cache-dir", MOUNTS["cache"], "--index-url",
+            dockerfile_value(variant.index_url or "https://pypi.org/simple"),
+            "--find-links", MOUNTS["set"]]
+    args += [f"--find-links {dockerfile_value(link)}" for link in variant.find_links
+             if not link.startswith("/")]
+    if step.restore:  # links into a scratch folder, from which only the matches are copied
+        args += ["--link-mode", "symlink", "--target", '"$scratch"']
+    else:
+        into_venv = step.target == site_packages(variant)  # uv finds it through $VIRTUAL_ENV
+        args += ["--link-mode", "copy"] + ([] if into_venv else ["--target", step.target])
+    return " ".join([*args, "-r", MOUNTS["set"] + "/requirements.txt"])
 
 
 # ---------------------------------------------------------------- the render context
@@ -162,10 +280,10 @@ def delta_steps(base_text: str, full_text: str) -> list[Step]:
 def image_facts(variant: Variant, lock: Lock) -> dict[str, Any]:
     facts = {k: lock.facts.get(k) for k in (
         "torch", "python", "accelerator", "cuda", "cudnn", "nccl", "triton", "min_driver")}
-    dropped = list(SLIM_DROPPED) if variant.flavor == "slim" else []
-    if "triton" in dropped:
+    left_out = dropped(variant.flavor)
+    if "triton" in left_out:
         facts["triton"] = None
-    return {**facts, "variant": variant.id, "flavor": variant.flavor, "dropped": dropped}
+    return {**facts, "variant": variant.id, "flavor": variant.flavor, "dropped": left_out}
 
 
 def static_labels(matrix: Matrix, variant: Variant, facts: Mapping[str, Any]) -> dict[str, str]:
@@ -194,16 +312,18 @@ def static_labels(matrix: Matrix, variant: Variant, facts: Mapping[str, Any]) ->
 
 def base_ref(variant: Variant) -> str:
     """The local image name of the variant's base (`builder base` makes it exist)."""
-    suite = variant.base.bootstrap_suite
-    return f"torch-images-base:{suite}" if suite else variant.base.image
+    return base.local_ref(variant.base)
 
 
 def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None = None) -> Rendered:
     facts = image_facts(variant, lock)
-    skip = frozenset({"triton"}) if variant.flavor == "slim" else frozenset()
     runtime_text = base_lock.text if base_lock else lock.text
-    steps = install_steps(variant, runtime_text, skip)
-    devel_steps = delta_steps(runtime_text, lock.text) if variant.flavor == "devel" else []
+    parts = lock_parts(runtime_text)
+    steps = shared_steps(variant, parts)
+    by_flavor = {row.name: flavor_steps(variant, row, parts, steps)
+                 for row in lineage(variant.flavor)}
+    if variant.flavor == "devel":
+        by_flavor["devel"] += delta_steps(variant, runtime_text, lock.text)
     toolkit = matrix.toolkit_for(facts["cuda"]) if facts["cuda"] else None
     apt_python = variant.base.python_from == "apt"
     context = {
@@ -211,15 +331,23 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
         "facts": facts,
         "base_ref": base_ref(variant),
         "venv": labels.VENV,
+        "site": site_packages(variant),
         "home": labels.HOME,
         "uid": labels.USER_UID,
         "python": "python3",
         "os_packages": OS_PACKAGES_APT if apt_python else OS_PACKAGES_IMAGE,
         "devel_packages": DEVEL_PACKAGES + (("python3-dev",) if apt_python else ()),
+        "dpkg_excludes": base.DPKG_EXCLUDES,
         "steps": steps,
-        "devel_steps": devel_steps,
+        "flavor_steps": by_flavor,
+        "final_user": 0 if FLAVORS[variant.flavor].root else labels.USER_UID,
+        "nvidia_site": NVIDIA_SITE if parts.get("nvidia") else None,
+        "mounts": MOUNTS,
+        "epoch": FIXED_EPOCH,
+        "uv_source": uv_source(),
+        "install_args": lambda step: install_args(step, variant),
         "toolkit_image": (toolkit or {}).get("image"),
-        "cuda_home": (f"{site_packages(variant)}/nvidia/cu{facts['cuda'].split('.')[0]}"
+        "cuda_home": (f"{NVIDIA_SITE}/nvidia/cu{facts['cuda'].split('.')[0]}"
                       if toolkit and toolkit.get("wheels") else None),
         "facts_source": facts_source(facts),
         "labels": static_labels(matrix, variant, facts),
@@ -227,15 +355,27 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
     }
     template = environment().get_template(f"{variant.flavor}.j2")
     dockerfile = re.sub(r"\n{3,}", "\n\n", template.render(**context))
-    all_steps = [*steps, *devel_steps]
+    all_steps = [*steps, *(s for row in by_flavor.values() for s in row)]
     files = {f"{s.source}/requirements.txt": s.requirements for s in all_steps}
+    files[f"{uv_source()}/requirements.txt"] = uv_requirements()
     files[facts_source(facts)] = facts_json(facts)
     files["lock.txt"] = lock.text
     ignore = ["# Generated by `builder render`: send the engine only this variant's files.", "*"]
-    ignore += [f"!{s.source}" for s in all_steps] + [f"!{facts_source(facts)}", "!smoke",
-                                                      "smoke/**/__pycache__"]
-    return Rendered(variant, dockerfile, "\n".join(ignore) + "\n", lock, tuple(all_steps), facts,
-                    files)
+    ignore += sorted({f"!{s.source}" for s in all_steps}) + [
+        f"!{uv_source()}", f"!{facts_source(facts)}", "!smoke", "smoke/**/__pycache__"]
+    return Rendered(variant, dockerfile, "\n".join(ignore) + "\n", lock, tuple(all_steps),
+                    facts, files)
+
+
+@cache
+def uv_requirements() -> str:
+    """The hash-pinned uv that installs every image (kept out of the images themselves)."""
+    return UV_REQUIREMENTS.read_text()
+
+
+def uv_source() -> str:
+    """Its folder in the build context (by content: a new pin is a new folder)."""
+    return "tools/uv-" + hashlib.sha256(uv_requirements().encode()).hexdigest()[:12]
 
 
 def write(rendered: Rendered, out_dir: Path) -> Path:

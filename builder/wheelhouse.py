@@ -1,9 +1,11 @@
-"""A host-side, content-addressed wheelhouse shared by every variant.
+"""What the host gives the build beside the lock: tool wheels and wheels from local folders.
 
-Each wheel is downloaded once (pip, against the lock's hashes) into `wheelhouse/`, indexed by its
-sha256. A build step gets a set folder `context/sets/<set>/` holding its requirements and hard
-links to exactly its wheels, bind-mounted into the install step: builds need no network, and a
-wheel used by ten variants is fetched and stored once.
+The wheels of the locks are not sent through the build context (gigabytes, re-sent after every
+cache prune): the install steps fetch them into a BuildKit cache mount shared by all builds, and
+uv checks each against the lock's hashes. The host keeps a small content-addressed wheelhouse for
+what the build cannot fetch itself: the pinned uv (downloaded once, indexed by sha256) and wheels
+that only exist in a variant's local `find_links` folders. A build step's set folder
+`context/sets/<set>/` holds its requirements and hard links to those wheels.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from builder import proc, state
 from builder.errors import BuilderError
+from builder.locks import normalize
 from builder.matrix import Variant
 
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
@@ -112,6 +115,28 @@ class Wheelhouse:
                 except OSError:
                     link.write_bytes(wheel.read_bytes())  # another filesystem: copy
         os.replace(staging, set_dir)
+
+
+def local_wheels(folders: Iterable[str], requirements: str) -> list[Path]:
+    """Wheels in local folders whose name and version a requirement pins (uv checks hashes)."""
+    wanted = set(_name_versions(requirements))
+    found = []
+    for folder in folders:
+        root = Path(folder)
+        if not root.is_dir():
+            continue
+        for wheel in sorted(root.glob("*.whl")):
+            name, _, rest = wheel.name.partition("-")
+            if (normalize(name), rest.split("-", 1)[0]) in wanted:
+                found.append(wheel)
+    return found
+
+
+def _name_versions(requirements: str) -> Iterable[tuple[str, str]]:
+    for line in requirements.splitlines():
+        match = re.match(r"^([A-Za-z0-9_.\-]+)==([^\s;\\]+)", line)
+        if match:
+            yield normalize(match.group(1)), match.group(2)
 
 
 def _hash_blocks(requirements: str) -> list[list[str]]:

@@ -95,9 +95,9 @@ def test_flavors_differ_as_documented(shipped):
     assert "USER 1000:1000" in runtime and "build-essential" not in runtime
     assert 'NVIDIA_REQUIRE_CUDA="cuda>=13.2"' in runtime
     assert "-name '*.a'" in slim and 'io.torch-images.dropped="triton' in slim
-    assert "FROM runtime AS devel" in devel and "CUDA_HOME=" in devel
+    assert "build-essential" in devel and "CUDA_HOME=" in devel
     assert "FROM nvidia/cuda:12.8.1-devel-ubuntu22.04 AS toolkit" in devel12
-    assert "--require-hashes" in runtime and "--no-index" in runtime
+    assert "--require-hashes" in runtime and "pip install --no-index" in runtime  # uv itself
 
 
 def test_dockerfile_value_refuses_shell_characters():
