@@ -207,6 +207,20 @@ def post_build(args: argparse.Namespace) -> Callable[[Outcome], None]:
     return run
 
 
+def stage_outcome(matrix: Matrix, p: plan.PlannedVariant, outcome: Outcome) -> None:
+    """Push the image to the staging repository by digest and attach its smoke report and
+    SBOM there, so that any other machine can smoke, describe or publish it."""
+    from builder import evidence
+
+    step(f"  [{p.variant.id}] staging in {matrix.registry}/{evidence.staging_repository(matrix)}")
+    staged = evidence.stage(matrix, outcome.image_id, p.hash_tag)
+    for kind in ("smoke", "sbom"):
+        path = evidence.local_file(kind, outcome.image_id)
+        if path.is_file():
+            evidence.attach(staged, kind, path.read_bytes())
+    outcome.message = staged.reference
+
+
 def write_image_sbom(image_id: str, image: str) -> Path:
     """Generate (validated) and store the SBOM of a built image, keyed by image id."""
     import sbom
@@ -242,6 +256,8 @@ def run_build(args: argparse.Namespace) -> list[Outcome]:
             outcomes.append(Outcome(p.variant.id, "up-to-date", image, message=p.where))
             continue
         outcome = build_variant(matrix, p, wheelhouse, args, after)
+        if getattr(args, "stage", False) and outcome.state == "built":
+            stage_outcome(matrix, p, outcome)
         outcomes.append(outcome)
         if outcome.state != "built" and args.fail_fast:
             break
@@ -268,6 +284,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed variant")
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke suite")
     p.add_argument("--no-sbom", action="store_true", help="skip the SBOM")
+    p.add_argument("--stage", action="store_true",
+                   help="push each new image by digest to `<repository>-staging` with its smoke "
+                   "report and SBOM attached, for other machines (GPU smoke, publish)")
     p.add_argument("--require-gpu", action="store_true",
                    help="GPU checks that cannot run on this host fail instead of being skipped")
     # The install steps fetch missing wheels themselves, so they get the host's trust store (a
