@@ -31,8 +31,14 @@ SMOKE_DIR = Path(__file__).resolve().parent.parent / "smoke"
 OS_PACKAGES_APT = ("ca-certificates", "python3", "python3-venv")
 OS_PACKAGES_IMAGE = ("ca-certificates",)
 DEVEL_PACKAGES = ("build-essential", "ninja-build", "git")
+# The smallest toolchain torch.compile needs (pytorch/pytorch#116696): inductor compiles C++
+# on CPU and triton builds a C launcher on GPU, both against Python.h. In runtime and devel
+# (devel builds on runtime, so they share the layer); slim stays compiler-free.
+COMPILER_PACKAGES = ("g++",)
+PYTHON_HEADERS_APT = ("libpython3-dev",)  # an image's own python ships its headers
+COMPILER_FLAVORS = frozenset({"runtime", "devel"})
 # What slim leaves out; the label and image.json list it, and the smoke suite reads it.
-SLIM_DROPPED = ("triton", "headers", "static-libraries", "tests", "docs")
+SLIM_DROPPED = ("triton", "compilers", "headers", "static-libraries", "tests", "docs")
 _SAFE = re.compile(r"^[A-Za-z0-9_.,:/@=+<>*~!\-\[\] ]*$")
 
 
@@ -164,7 +170,19 @@ def image_facts(variant: Variant, lock: Lock) -> dict[str, Any]:
     dropped = list(SLIM_DROPPED) if variant.flavor == "slim" else []
     if "triton" in dropped:
         facts["triton"] = None
-    return {**facts, "variant": variant.id, "flavor": variant.flavor, "dropped": dropped}
+    # The smoke suite compares the installed nvidia-* wheels with these pins.
+    wheels = {name: version for name, version in sorted(lock.pins.items())
+              if name.startswith("nvidia-")}
+    return {**facts, "variant": variant.id, "flavor": variant.flavor, "dropped": dropped,
+            "wheels": wheels}
+
+
+def os_packages(variant: Variant) -> tuple[str, ...]:
+    apt_python = variant.base.python_from == "apt"
+    packages = OS_PACKAGES_APT if apt_python else OS_PACKAGES_IMAGE
+    if variant.flavor in COMPILER_FLAVORS:
+        packages += COMPILER_PACKAGES + (PYTHON_HEADERS_APT if apt_python else ())
+    return packages
 
 
 def static_labels(matrix: Matrix, variant: Variant, facts: Mapping[str, Any]) -> dict[str, str]:
@@ -213,7 +231,8 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
         "home": labels.HOME,
         "uid": labels.USER_UID,
         "python": "python3",
-        "os_packages": OS_PACKAGES_APT if apt_python else OS_PACKAGES_IMAGE,
+        "os_packages": os_packages(variant),
+        "site_packages": site_packages(variant),
         "devel_packages": DEVEL_PACKAGES + (("python3-dev",) if apt_python else ()),
         "steps": steps,
         "devel_steps": devel_steps,

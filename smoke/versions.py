@@ -114,3 +114,50 @@ def arch_supported(capability: tuple[int, int], arch_list: list[str]) -> bool:
             if suffix != "a" and a_minor <= minor:
                 return True
     return False
+
+
+def cuda_arch_list(arch_flags: str | None) -> str:
+    """`torch._C._cuda_getArchFlags()` ("sm_75 sm_90a compute_120") as a TORCH_CUDA_ARCH_LIST
+    ("7.5;9.0a;12.0+PTX"): what extensions must be compiled for to run wherever torch runs.
+
+    Read from the wheel rather than `torch.cuda.get_arch_list()`, which is empty without a GPU.
+    """
+    archs: list[str] = []
+    ptx: set[str] = set()
+    for flag in (arch_flags or "").split():
+        parsed = _parse_arch(flag)
+        if parsed is None:
+            continue
+        kind, major, minor, suffix = parsed
+        name = f"{major}.{minor}{suffix}"
+        if kind == "compute":
+            ptx.add(name)
+        if name not in archs:
+            archs.append(name)
+    return ";".join(a + ("+PTX" if a in ptx else "") for a in archs)
+
+
+def dist_name(name: str) -> str:
+    """A distribution name normalised as in the locks (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheel_mismatches(promised: dict[str, str], installed: dict[str, str]) -> list[str]:
+    """One message per nvidia-* wheel whose installed version is not the lock's (or is missing,
+    or is not in the lock at all)."""
+    want = {dist_name(k): v for k, v in promised.items()}
+    have = {dist_name(k): v for k, v in installed.items() if dist_name(k).startswith("nvidia-")}
+    problems = []
+    for name in sorted(want.keys() | have.keys()):
+        if want.get(name) != have.get(name):
+            problems.append(f"{name}: lock pins {want.get(name) or 'nothing'}, "
+                            f"installed {have.get(name) or 'nothing'}")
+    return problems
+
+
+def runtime_matches_wheel(runtime: str | None, wheel: str | None) -> bool:
+    """A library's runtime version (9.26.0) is its wheel's version (9.26.0.51) or a prefix of
+    it, the comparison PyTorch's own release smoke test makes."""
+    if runtime is None or wheel is None:
+        return runtime == wheel
+    return wheel == runtime or wheel.startswith(runtime + ".")
