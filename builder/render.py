@@ -66,10 +66,12 @@ class Step:
     name: str
     requirements: str  # the lines of the lock this step installs
     prune: str = ""
+    python: str = ""  # the same lock lines pick other wheels (cp311, cp313) for another python
 
     @property
     def set_id(self) -> str:
-        return hashlib.sha256(self.requirements.encode()).hexdigest()[:20]
+        key = f"python {self.python}\n{self.requirements}" if self.python else self.requirements
+        return hashlib.sha256(key.encode()).hexdigest()[:20]
 
     @property
     def source(self) -> str:
@@ -150,15 +152,15 @@ def install_steps(variant: Variant, text: str, skip: frozenset[str] = frozenset(
             continue
         parts[step_of(name)] += block
     prune = slim_prune(variant) if variant.flavor == "slim" else ""
-    return [Step(n, reqs, prune) for n, reqs in parts.items() if reqs]
+    return [Step(n, reqs, prune, variant.python) for n, reqs in parts.items() if reqs]
 
 
-def delta_steps(base_text: str, full_text: str) -> list[Step]:
+def delta_steps(variant: Variant, base_text: str, full_text: str) -> list[Step]:
     """What a devel image adds over its runtime stage: pins that are new or differ."""
     base = parse_pins(base_text)
     extra = "".join(block for name, block in split_requirements(full_text)
                     if base.get(name) != parse_pins(block).get(name))
-    return [Step("toolkit", extra)] if extra else []
+    return [Step("toolkit", extra, python=variant.python)] if extra else []
 
 
 # ---------------------------------------------------------------- the render context
@@ -220,7 +222,8 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
     skip = frozenset({"triton"}) if variant.flavor == "slim" else frozenset()
     runtime_text = base_lock.text if base_lock else lock.text
     steps = install_steps(variant, runtime_text, skip)
-    devel_steps = delta_steps(runtime_text, lock.text) if variant.flavor == "devel" else []
+    devel_steps = (delta_steps(variant, runtime_text, lock.text) if variant.flavor == "devel"
+                   else [])
     toolkit = matrix.toolkit_for(facts["cuda"]) if facts["cuda"] else None
     apt_python = variant.base.python_from == "apt"
     context = {

@@ -59,6 +59,8 @@ def library_problems(versions: dict[str, str | None], installed: dict[str, str])
 
 
 def run(ctx: dict[str, Any]) -> dict[str, Any]:
+    if facts(ctx).get("accelerator") == "cpu":  # decided without the slow torch import
+        return result(SKIP, "cpu image: no CUDA libraries to compare")
     import torch
 
     if not torch.version.cuda:
