@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import re
 
-# Minimum drivers from NVIDIA's CUDA release notes; used only when the facts lack `min_driver`.
-_MIN_DRIVER = {
-    "11.8": "520.61.05",
-    "12.0": "525.60.13",
-    "12.4": "550.54.14",
-    "12.6": "560.28.03",
-    "12.8": "570.26",
-    "12.9": "575.51.03",
-    "13.0": "580.65.06",
+# Minimum Linux driver per CUDA release (NVIDIA's CUDA toolkit release notes, table 3), and the
+# floor of each major under minor-version compatibility for minors not listed. The one copy:
+# builder.locks writes `min_driver` into the facts from it; the suite falls back on it.
+MIN_DRIVER = {
+    "11.8": "520.61.05", "12.0": "525.60.13", "12.1": "530.30.02", "12.2": "535.54.03",
+    "12.3": "545.23.06", "12.4": "550.54.14", "12.5": "555.42.02", "12.6": "560.28.03",
+    "12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06",
 }
-# Minor-version compatibility floors per CUDA major.
-_MAJOR_FLOOR = {"11": "450.80.02", "12": "525.60.13", "13": "580.65.06"}
+MINOR_COMPAT_FLOOR = {"11": "450.80.02", "12": "525.60.13", "13": "580.65.06"}
 
 
 def numeric(version: str | None) -> tuple[int, ...]:
@@ -49,7 +46,7 @@ def minimum_driver(cuda: str | None) -> str | None:
     if not cuda:
         return None
     key = ".".join(str(p) for p in numeric(cuda)[:2])
-    return _MIN_DRIVER.get(key) or _MAJOR_FLOOR.get(key.split(".")[0])
+    return MIN_DRIVER.get(key) or MINOR_COMPAT_FLOOR.get(key.split(".")[0])
 
 
 def driver_problem(driver: str | None, min_driver: str | None, cuda: str | None) -> str | None:

@@ -324,7 +324,8 @@ def test_driver_problem(
 
 def test_minimum_driver_fallback() -> None:
     assert minimum_driver("12.4") == "550.54.14"
-    assert minimum_driver("12.5") == "525.60.13"  # minor-version compatibility floor
+    assert minimum_driver("12.5") == "555.42.02"
+    assert minimum_driver("12.7") == "525.60.13"  # minor-version compatibility floor
     assert minimum_driver("13.2") == "580.65.06"
     assert minimum_driver(None) is None
 
