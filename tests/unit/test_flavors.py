@@ -106,3 +106,20 @@ def test_node_check_job_example():
     assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     assert pod["restartPolicy"] == "Never" and docs[0]["spec"]["backoffLimit"] == 0
+
+
+def test_python_axis_gets_its_own_wheels(shipped):
+    """The same lock lines list every python's wheel hashes: a cp311 wheel must not be linked
+    into a py3.13 build, and the install sets of the two pythons are distinct."""
+    from builder.wheelhouse import installable
+
+    cp311 = "cuda_bindings-13.5.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl"
+    cp313 = cp311.replace("cp311", "cp313")
+    assert installable(cp311, "3.11") and not installable(cp311, "3.13")
+    assert installable(cp313, "3.13")
+    assert installable("nvidia_nccl_cu13-2.30.7-py3-none-manylinux_2_18_x86_64.whl", "3.13")
+    assert installable("filelock-4.3.1-py3-none-any.whl", "3.13")
+    assert not installable("not-a-wheel.tar.gz", "3.13")
+    sets = {v: {s.set_id for s in rendered(shipped, f"2.15.0-py{v}-cuda-slim").steps}
+            for v in ("3.11", "3.13")}
+    assert sets["3.11"].isdisjoint(sets["3.13"])
