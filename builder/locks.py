@@ -21,19 +21,11 @@ from builder import proc
 from builder.errors import BuilderError, ConfigError
 from builder.matrix import Matrix, Variant
 from builder.state import atomic_write
+from smoke.versions import MIN_DRIVER, MINOR_COMPAT_FLOOR
 
 LOCK_FORMAT = 1
 # glibc of Debian 12 and Ubuntu 22.04+ is newer; the cuDNN wheels need ≥ 2.27.
 PLATFORM = "x86_64-manylinux_2_28"
-
-# Minimum Linux driver per CUDA release (NVIDIA's CUDA toolkit release notes, table 3), and the
-# floor of each major under minor-version compatibility for minors not listed.
-MIN_DRIVER = {
-    "11.8": "520.61.05", "12.0": "525.60.13", "12.1": "530.30.02", "12.2": "535.54.03",
-    "12.3": "545.23.06", "12.4": "550.54.14", "12.5": "555.42.02", "12.6": "560.28.03",
-    "12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06",
-}
-MINOR_COMPAT_FLOOR = {"11": "450.80.02", "12": "525.60.13", "13": "580.65.06"}
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 

@@ -34,6 +34,11 @@ SMOKE_DIR = Path(__file__).resolve().parent.parent / "smoke"
 OS_PACKAGES_APT = ("ca-certificates", "python3", "python3-venv")
 OS_PACKAGES_IMAGE = ("ca-certificates",)
 DEVEL_PACKAGES = ("build-essential", "ninja-build", "git")
+# The smallest toolchain torch.compile needs (pytorch/pytorch#116696): inductor compiles C++ on
+# CPU and triton builds a C launcher on GPU, both against Python.h. An image's own python
+# (python_from: image) ships its headers; Debian's needs libpython3-dev.
+COMPILER_PACKAGES = ("g++",)
+PYTHON_HEADERS_APT = ("libpython3-dev",)
 _SAFE = re.compile(r"^[A-Za-z0-9_.,:/@=+<>*~!\-\[\] ]*$")
 
 
@@ -89,13 +94,15 @@ class Flavor:
     restores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     adds: tuple[str, ...] = ()  # lock packages only this flavor (and its children) install
     os_restores: tuple[str, ...] = ()  # base.SLIM_DROPPED items its own apt step brings back
+    compiles: bool = False  # carries torch.compile's toolchain (and so do its children)
     root: bool = False  # runs as root (people install system packages there)
 
 
 FLAVORS = {f.name: f for f in (
     Flavor("slim", None),
     # torch.compile reads torch's headers (C++ codegen); the rest only serve extension builds
-    Flavor("runtime", "slim", restores=(("headers", ("torch",)),), adds=("triton",)),
+    Flavor("runtime", "slim", restores=(("headers", ("torch",)),), adds=("triton",),
+           compiles=True),
     Flavor("devel", "runtime", restores=(("headers", ("nvidia", "rest")),
                                          ("static-libraries", ("nvidia", "torch", "rest"))),
            os_restores=("perl",), root=True),
@@ -132,6 +139,8 @@ def dropped(flavor: str) -> list[str]:
         for category, parts in row.restores:
             restored.setdefault(category, set()).update(parts)
     out = ["triton"] if "triton" not in kept else []
+    if not any(row.compiles for row in rows):
+        out.append("compilers")
     for category in PRUNED:
         parts = restored.get(category, set())
         if not parts.issuperset(SHARED_PARTS):
@@ -283,7 +292,11 @@ def image_facts(variant: Variant, lock: Lock) -> dict[str, Any]:
     left_out = dropped(variant.flavor)
     if "triton" in left_out:
         facts["triton"] = None
-    return {**facts, "variant": variant.id, "flavor": variant.flavor, "dropped": left_out}
+    # The smoke suite compares the installed nvidia-* wheels with these pins.
+    wheels = {name: version for name, version in sorted(lock.pins.items())
+              if name.startswith("nvidia-")}
+    return {**facts, "variant": variant.id, "flavor": variant.flavor, "dropped": left_out,
+            "wheels": wheels}
 
 
 def static_labels(matrix: Matrix, variant: Variant, facts: Mapping[str, Any]) -> dict[str, str]:
@@ -336,6 +349,7 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
         "uid": labels.USER_UID,
         "python": "python3",
         "os_packages": OS_PACKAGES_APT if apt_python else OS_PACKAGES_IMAGE,
+        "compiler_packages": COMPILER_PACKAGES + (PYTHON_HEADERS_APT if apt_python else ()),
         "devel_packages": DEVEL_PACKAGES + (("python3-dev",) if apt_python else ()),
         "dpkg_excludes": base.DPKG_EXCLUDES,
         "steps": steps,

@@ -22,13 +22,12 @@ from typing import Any
 
 from builder import engine, labels, proc, state
 from builder.errors import BuilderError, CommandFailed, EngineError
+from smoke import OK_STATUSES, SCHEMA_VERSION
+from smoke.checks import CHECKS, GPU_CHECKS, timeout_for
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "smoke" / "report.schema.json"
-SCHEMA_VERSION = 1
-GPU_CHECKS = frozenset({"cuda", "cudnn_conv", "nccl_allreduce", "amp_train"})
-OK_STATUSES = frozenset({"pass", "skip", "substituted", "degraded"})
-# Whole-run limit: the suite's own per-check timeouts (7 checks, ≤300 s each) plus start-up.
-CHECKS_TIMEOUT_S = 7 * 300
+# Whole-run limit: the suite's own per-check timeouts plus start-up.
+CHECKS_TIMEOUT_S = sum(timeout_for(name, 1.0) for name in CHECKS)
 STARTUP_S = 300
 TAIL_LINES = 40
 
@@ -314,12 +313,12 @@ def run_smoke(
 
 # ---- CLI --------------------------------------------------------------------------------------
 
-HELP = """\
+HELP = f"""\
 Run the smoke suite inside IMAGE and store its report for the publish gate.
 
 The container runs with --rm --network none --read-only (tmpfs /tmp), --shm-size=8g and, on a
 host with NVIDIA GPUs, --gpus all (or --gpus SPEC). Each check runs in its own process with its
-own timeout: env, cuda, cudnn_conv, nccl_allreduce, amp_train, import_all, compile. On a host
+own timeout: {", ".join(CHECKS)}. On a host
 without GPUs the GPU checks of a CUDA image are `skip` or `substituted` (a CPU stand-in ran),
 never `pass`; --require-gpu turns those into failures, and publishing a CUDA image needs a report
 made with --require-gpu.

@@ -17,7 +17,11 @@ import re
 import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from builder import proc, state
 from builder.errors import BuilderError
@@ -27,6 +31,26 @@ from builder.matrix import Variant
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 MANYLINUX = [f"manylinux_2_{n}_x86_64" for n in range(28, 4, -1)] + [
     "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+
+
+@cache
+def supported_tags(python: str) -> frozenset[Tag]:
+    """The wheel tags a CPython `python` ("3.13") on these platforms installs."""
+    version = tuple(int(p) for p in python.split(".")[:2])
+    return frozenset([*cpython_tags(version, platforms=MANYLINUX),
+                      *compatible_tags(version, f"cp{version[0]}{version[1]}", MANYLINUX)])
+
+
+def installable(wheel: str, python: str | None) -> bool:
+    """A lock lists the hashes of every python's wheel (cp311 and cp313 …): a stored wheel
+    serves a variant only if its tags fit the variant's python."""
+    if python is None:
+        return True
+    try:
+        tags = parse_wheel_filename(wheel)[3]
+    except InvalidWheelFilename:
+        return False
+    return not tags.isdisjoint(supported_tags(python))
 
 
 @dataclass
@@ -55,11 +79,11 @@ class Wheelhouse:
     def _save(self) -> None:
         state.atomic_write(self.index_path, json.dumps(self.index, indent=1, sort_keys=True))
 
-    def find(self, hashes: Iterable[str]) -> Path | None:
-        """The stored wheel matching any of the lock's hashes, re-verified if present."""
+    def find(self, hashes: Iterable[str], python: str | None = None) -> Path | None:
+        """The stored wheel matching any of the lock's hashes (and installable on `python`)."""
         for h in hashes:
             name = self.index.get(h)
-            if name and (self.root / name).exists():
+            if name and installable(name, python) and (self.root / name).exists():
                 return self.root / name
         return None
 
@@ -67,13 +91,13 @@ class Wheelhouse:
                progress: Callable[[str], None] = print) -> list[Path]:
         """The wheels for these hash-pinned requirements, downloading only the missing ones."""
         blocks = _hash_blocks(requirements)
-        missing = [b for b in blocks if self.find(b) is None]
+        missing = [b for b in blocks if self.find(b, variant.python) is None]
         if missing:
             progress(f"  downloading {len(missing)} wheel(s) for {variant.id}")
             self._download(variant, requirements)
         paths = []
         for hashes in blocks:
-            path = self.find(hashes)
+            path = self.find(hashes, variant.python)
             if path is None:
                 raise BuilderError(f"no wheel matching the lock's hashes for {variant.id} "
                                    f"({hashes[0][:12]}…) after download")

@@ -9,7 +9,7 @@ from typing import Any
 DEFAULT_FACTS = Path("/opt/torch-images/image.json")
 KEYS = (
     "variant", "torch", "python", "accelerator", "cuda", "cudnn", "nccl", "triton",
-    "flavor", "min_driver", "dropped",
+    "flavor", "min_driver", "dropped", "wheels",
 )
 
 

@@ -1,7 +1,8 @@
 """The smoke suite's parent process: runs each check in its own subprocess; never imports torch.
 
-`python -m smoke [--require-gpu] [--facts FILE] [--report FILE|-] [--checks a,b]
-[--timeout-scale X] [--venv DIR --lock FILE]`; exit 0 when the overall status is pass.
+`torch-smoke` (in every image) or `python -m smoke [--require-gpu] [--json [FILE]]
+[--facts FILE] [--checks a,b] [--timeout-scale X] [--venv DIR --lock FILE]`.
+Exit status: 0 every check ok, 1 a check failed, 2 the suite could not run.
 """
 
 from __future__ import annotations
@@ -37,21 +38,24 @@ from smoke.host import host_facts
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent
 TAIL_LINES = 40
 TAIL_CHARS = 4000
+EXIT_OK, EXIT_FAILED, EXIT_CANNOT_RUN = 0, 1, 2
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m smoke",
-        description="Smoke-test this PyTorch image: each check runs in its own process with its "
-        "own timeout. A CPU host never reports a GPU check as passed.",
-        epilog=f"checks: {', '.join(CHECKS)}. Exit status 0 when the overall status is pass.",
+        prog="torch-smoke",
+        description="Smoke-test this PyTorch image (or node): each check runs in its own process "
+        "with its own timeout. A CPU host never reports a GPU check as passed.",
+        epilog=f"checks: {', '.join(CHECKS)}. Exit status: 0 every check ok, 1 a check failed, "
+        "2 the suite could not run.",
     )
     p.add_argument("--require-gpu", action="store_true",
                    help="fail GPU checks that were skipped, substituted or degraded")
     p.add_argument("--facts", type=Path, metavar="FILE",
                    help=f"the image's facts JSON (default: {DEFAULT_FACTS}, or LOCK.json with "
                    "--lock); a locks/<variant>.json works too")
-    p.add_argument("--report", metavar="FILE|-", help="write the JSON report there (- = stdout)")
+    p.add_argument("--json", "--report", dest="report", nargs="?", const="-", metavar="FILE",
+                   help="write the JSON report to FILE, or to stdout without FILE or with -")
     p.add_argument("--checks", metavar="a,b", help="only these checks, in this order")
     p.add_argument("--timeout-scale", type=float, default=1.0, metavar="X",
                    help="multiply every per-check timeout (default %(default)s)")
@@ -260,6 +264,17 @@ def write_report(report: dict[str, Any], target: str | None, stdout: TextIO) -> 
         os.replace(tmp, path)
 
 
+def cannot_run(python: str) -> str | None:
+    """Why the checks cannot start with `python` (no interpreter, no torch), or None."""
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"
+    try:
+        done = subprocess.run([python, "-c", probe], capture_output=True, timeout=60,
+                              check=False, cwd=PACKAGE_PARENT)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot start {python}: {exc}"
+    return None if done.returncode == 0 else f"{python} has no torch to test"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     python = args.python or sys.executable
@@ -268,12 +283,16 @@ def main(argv: list[str] | None = None) -> int:
             python = prepare_venv(args.venv, args.lock)
         except (OSError, subprocess.CalledProcessError) as exc:
             print(f"error: could not create {args.venv} from {args.lock}: {exc}", file=sys.stderr)
-            return 2
+            return EXIT_CANNOT_RUN
     try:
         facts, facts_source = resolve_facts(args)
     except (OSError, ValueError) as exc:
         print(f"error: cannot read the facts file: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CANNOT_RUN
+    problem = cannot_run(python)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
     host = host_facts()
     ctx = {"facts": facts, "host": host, "require_gpu": args.require_gpu}
     started = now()
@@ -282,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         check = run_check(name, python, ctx, timeout_for(name, args.timeout_scale))
         checks.append(apply_require_gpu(check) if args.require_gpu else check)
     report = build_report(args, facts, facts_source, host, checks, started, python)
-    print(format_table(report), file=sys.stderr)
+    # The table goes to stdout unless the JSON report does.
+    print(format_table(report), file=sys.stderr if args.report == "-" else sys.stdout, flush=True)
     write_report(report, args.report, sys.stdout)
-    return 0 if report["status"] == "pass" else 1
+    return EXIT_OK if report["status"] == "pass" else EXIT_FAILED

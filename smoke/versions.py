@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import re
 
-# Minimum drivers from NVIDIA's CUDA release notes; used only when the facts lack `min_driver`.
-_MIN_DRIVER = {
-    "11.8": "520.61.05",
-    "12.0": "525.60.13",
-    "12.4": "550.54.14",
-    "12.6": "560.28.03",
-    "12.8": "570.26",
-    "12.9": "575.51.03",
-    "13.0": "580.65.06",
+# Minimum Linux driver per CUDA release (NVIDIA's CUDA toolkit release notes, table 3), and the
+# floor of each major under minor-version compatibility for minors not listed. The one copy:
+# builder.locks writes `min_driver` into the facts from it; the suite falls back on it.
+MIN_DRIVER = {
+    "11.8": "520.61.05", "12.0": "525.60.13", "12.1": "530.30.02", "12.2": "535.54.03",
+    "12.3": "545.23.06", "12.4": "550.54.14", "12.5": "555.42.02", "12.6": "560.28.03",
+    "12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06",
 }
-# Minor-version compatibility floors per CUDA major.
-_MAJOR_FLOOR = {"11": "450.80.02", "12": "525.60.13", "13": "580.65.06"}
+MINOR_COMPAT_FLOOR = {"11": "450.80.02", "12": "525.60.13", "13": "580.65.06"}
 
 
 def numeric(version: str | None) -> tuple[int, ...]:
@@ -49,7 +46,7 @@ def minimum_driver(cuda: str | None) -> str | None:
     if not cuda:
         return None
     key = ".".join(str(p) for p in numeric(cuda)[:2])
-    return _MIN_DRIVER.get(key) or _MAJOR_FLOOR.get(key.split(".")[0])
+    return MIN_DRIVER.get(key) or MINOR_COMPAT_FLOOR.get(key.split(".")[0])
 
 
 def driver_problem(driver: str | None, min_driver: str | None, cuda: str | None) -> str | None:
@@ -114,3 +111,50 @@ def arch_supported(capability: tuple[int, int], arch_list: list[str]) -> bool:
             if suffix != "a" and a_minor <= minor:
                 return True
     return False
+
+
+def cuda_arch_list(arch_flags: str | None) -> str:
+    """`torch._C._cuda_getArchFlags()` ("sm_75 sm_90a compute_120") as a TORCH_CUDA_ARCH_LIST
+    ("7.5;9.0a;12.0+PTX"): what extensions must be compiled for to run wherever torch runs.
+
+    Read from the wheel rather than `torch.cuda.get_arch_list()`, which is empty without a GPU.
+    """
+    archs: list[str] = []
+    ptx: set[str] = set()
+    for flag in (arch_flags or "").split():
+        parsed = _parse_arch(flag)
+        if parsed is None:
+            continue
+        kind, major, minor, suffix = parsed
+        name = f"{major}.{minor}{suffix}"
+        if kind == "compute":
+            ptx.add(name)
+        if name not in archs:
+            archs.append(name)
+    return ";".join(a + ("+PTX" if a in ptx else "") for a in archs)
+
+
+def dist_name(name: str) -> str:
+    """A distribution name normalised as in the locks (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheel_mismatches(promised: dict[str, str], installed: dict[str, str]) -> list[str]:
+    """One message per nvidia-* wheel whose installed version is not the lock's (or is missing,
+    or is not in the lock at all)."""
+    want = {dist_name(k): v for k, v in promised.items()}
+    have = {dist_name(k): v for k, v in installed.items() if dist_name(k).startswith("nvidia-")}
+    problems = []
+    for name in sorted(want.keys() | have.keys()):
+        if want.get(name) != have.get(name):
+            problems.append(f"{name}: lock pins {want.get(name) or 'nothing'}, "
+                            f"installed {have.get(name) or 'nothing'}")
+    return problems
+
+
+def runtime_matches_wheel(runtime: str | None, wheel: str | None) -> bool:
+    """A library's runtime version (9.26.0) is its wheel's version (9.26.0.51) or a prefix of
+    it, the comparison PyTorch's own release smoke test makes."""
+    if runtime is None or wheel is None:
+        return runtime == wheel
+    return wheel == runtime or wheel.startswith(runtime + ".")

@@ -6,6 +6,7 @@ CHECKS: dict[str, str] = {
     "cudnn_conv": "conv",
     "nccl_allreduce": "nccl",
     "amp_train": "amp",
+    "cuda_libs": "libs",
     "import_all": "imports",
     "compile": "compile",
 }

@@ -8,6 +8,8 @@ user's registry; the wheelhouse in .state/ is shared with `nox -s build` (downlo
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,31 +101,94 @@ def test_cpu_image_runs_torch_as_uid_1000(built):
     assert out.split() == ["1000", "2.13.0+cpu"]
 
 
-def test_devel_nvcc_matches_torch_cuda_and_compiles_an_extension(built):
-    script = r"""
-import re, subprocess, tempfile, os, torch
+EXTENSION = r'''
+import os, re, subprocess, sys, tempfile, torch
+from setuptools import setup
 from torch.utils.cpp_extension import CUDAExtension, BuildExtension
+from smoke.versions import cuda_arch_list
 nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
 release = re.search(r"release (\d+\.\d+)", nvcc).group(1)
 print("nvcc", release, "torch", torch.version.cuda)
-assert release == ".".join(torch.version.cuda.split(".")[:2])
+wheel = torch._C._cuda_getArchFlags()
+print("wheel archs", wheel)
+print("TORCH_CUDA_ARCH_LIST", os.environ["TORCH_CUDA_ARCH_LIST"], "expected", cuda_arch_list(wheel))
 d = tempfile.mkdtemp()
-open(os.path.join(d, "k.cu"), "w").write('''
-#include <torch/extension.h>
+open(os.path.join(d, "k.cu"), "w").write("""
 __global__ void add_one(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1; }
-void launch(torch::Tensor x) { add_one<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), x.numel()); }
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("launch", &launch); }
-''')
-from setuptools import setup
+void launch(float* x, int n) { add_one<<<(n + 255) / 256, 256>>>(x, n); }
+""")
+open(os.path.join(d, "b.cpp"), "w").write("""
+#include <torch/extension.h>
+#include <cudnn.h>
+#include <nccl.h>
+void launch(float* x, int n);
+void run(torch::Tensor x) { launch(x.data_ptr<float>(), x.numel()); }
+int cudnn_header() { return CUDNN_MAJOR; }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("run", &run); m.def("cudnn_header", &cudnn_header); }
+""")
 os.chdir(d)
-os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
-setup(name="k", ext_modules=[CUDAExtension("k", ["k.cu"])], cmdclass={"build_ext": BuildExtension},
-      script_args=["build_ext", "--inplace", "-q"])
+sys.stdout.flush()
+setup(name="k", ext_modules=[CUDAExtension("k", ["b.cpp", "k.cu"])],
+      cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
+      script_args=["build_ext", "--inplace"])
 print("built", [f for f in os.listdir(d) if f.endswith(".so")])
-"""
-    out = run_in(built[DEVEL], "python", "-c", script)
+'''
+
+
+def test_devel_compiles_an_extension_for_the_wheels_architectures(built):
+    """nvcc matches torch's CUDA; TORCH_CUDA_ARCH_LIST is read from the wheel; cudnn.h and
+    nccl.h are found; the kernel is compiled for every architecture the wheel was built for."""
+    out = run_in(built[DEVEL], "python", "-c", EXTENSION)
     assert "nvcc 13.2 torch 13.2" in out
+    arch_list, expected = re.search(r"TORCH_CUDA_ARCH_LIST (\S+) expected (\S+)", out).groups()
+    assert arch_list == expected and arch_list, out
+    wheel_sms = re.findall(r"sm_(\d+a?)", re.search(r"wheel archs (.*)", out).group(1))
+    compiled_sms = set(re.findall(r"code=sm_(\d+a?)", out))
+    assert wheel_sms and set(wheel_sms) <= compiled_sms, (wheel_sms, compiled_sms)
     assert "built ['k." in out
+
+
+TRAIN = """
+import os, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+x = torch.randn(16, 32)
+with torch.no_grad():
+    eager, compiled = model(x), torch.compile(model)(x)
+torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
+torch.save(model.state_dict(), "checkpoint.pt")
+print("compiled == eager as uid", os.getuid(), "HOME", os.environ["HOME"])
+"""
+
+
+def test_cpu_runtime_compiles_as_any_uid_into_a_mounted_folder(built, tmp_path):
+    """`docker run --user UID:GID -v $PWD:/workspace -w /workspace IMAGE python train.py`:
+    torch.compile equals eager, no cache warnings, the checkpoint lands in the host folder;
+    then `torch-smoke --json` (the node check) passes in the same setting."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    (workspace / "train.py").write_text(TRAIN)
+    uid = 1234
+    if os.getuid() == 0:
+        os.chown(workspace, uid, uid)
+    else:  # cannot give the folder away: let any uid write, as a shared volume would
+        workspace.chmod(0o777)
+    args = ["run", "--rm", "--network", "none", "--user", f"{uid}:{uid}", "-v",
+            f"{workspace}:/workspace", "-w", "/workspace", built[CPU]]
+    result = engine.docker(*args, "python", "train.py", timeout=900)
+    assert "compiled == eager as uid 1234 HOME /home/user" in result.stdout, result.stderr
+    assert "warn" not in result.stderr.lower(), result.stderr
+    checkpoint = workspace / "checkpoint.pt"
+    assert checkpoint.stat().st_size > 0 and checkpoint.stat().st_uid == uid
+
+    smoke = engine.docker(*args, "torch-smoke", "--json", "report.json", check=False,
+                          timeout=1800)
+    assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+    assert "overall: PASS" in smoke.stdout
+    report = json.loads((workspace / "report.json").read_text())
+    checks = {c["name"]: c["status"] for c in report["checks"]}
+    assert checks["compile"] == "pass" and checks["env"] == "pass", checks
+    assert checks["cuda_libs"] == "skip"
 
 
 def test_cuda_image_on_cpu_host_is_honest_and_require_gpu_fails(env, built):

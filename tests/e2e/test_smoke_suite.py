@@ -30,11 +30,14 @@ from smoke.facts import load_facts
 from smoke.runner import apply_require_gpu, interpret, overall
 from smoke.versions import (
     arch_supported,
+    cuda_arch_list,
     cudnn_version_str,
     driver_problem,
     minimum_driver,
     nccl_version_str,
+    runtime_matches_wheel,
     torch_matches,
+    wheel_mismatches,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -134,7 +137,7 @@ def test_cpu_image_passes(cpu_run: tuple[int, dict[str, Any], str]) -> None:
     losses = checks["amp_train"]["metrics"]["losses"]
     assert losses[-1] < losses[0]
     assert report["image"]["ref"] == "local/torch:cpu"
-    assert "overall: PASS" in table  # the table goes to stderr, the JSON alone to stdout
+    assert "overall: PASS" in table  # with --json to stdout, the table goes to stderr
     validate(report)
 
 
@@ -231,28 +234,54 @@ def test_torch_import_failure_becomes_error(tmp_path: Path) -> None:
     validate(report)
 
 
-@pytest.mark.parametrize(("flavor", "dropped", "reason"), [
-    ("slim", ["triton", "headers"], "triton was dropped"),
-    ("runtime", [], "checked on devel images"),
-])
-def test_compile_is_skipped_without_torch(
-    tmp_path: Path, flavor: str, dropped: list[str], reason: str,
-) -> None:
-    # compile decides to skip before importing torch, so any Python will do.
-    facts = {**CPU_FACTS, "flavor": flavor, "triton": None, "dropped": dropped}
-    rc, report, _ = run_suite(tmp_path, facts, "--checks", "compile", python=sys.executable)
+@needs_torch
+def test_compile_is_skipped_on_slim_and_says_why(tmp_path: Path) -> None:
+    facts = {**CPU_FACTS, "flavor": "slim", "triton": None,
+             "dropped": ["triton", "compilers", "headers"]}
+    rc, report, _ = run_suite(tmp_path, facts, "--checks", "compile")
     check = by_name(report)["compile"]
     assert rc == 0 and check["status"] == SKIP
-    assert reason in check["message"]
+    assert "compiler-free (compilers and triton dropped)" in check["message"]
     validate(report)
 
 
 @needs_torch
 @pytest.mark.skipif(not os.environ.get("SMOKE_TEST_COMPILE"),
-                    reason="slow (~40 s on 2 cores): set SMOKE_TEST_COMPILE=1")
-def test_compile_on_cpu_devel(tmp_path: Path) -> None:
-    rc, report, _ = run_suite(tmp_path, {**CPU_FACTS, "flavor": "devel"}, "--checks", "compile")
+                    reason="slow (~40 s on 2 cores): set SMOKE_TEST_COMPILE=1; the CPU runtime "
+                    "image's e2e test runs it in the image")
+def test_compile_on_cpu_runtime(tmp_path: Path) -> None:
+    rc, report, _ = run_suite(tmp_path, CPU_FACTS, "--checks", "compile")
     assert rc == 0 and by_name(report)["compile"]["status"] == PASS, report
+
+
+@needs_torch
+def test_cuda_libs_is_skipped_on_a_cpu_torch(tmp_path: Path) -> None:
+    rc, report, _ = run_suite(tmp_path, CPU_FACTS, "--checks", "cuda_libs")
+    check = by_name(report)["cuda_libs"]
+    assert rc == 0 and check["status"] == SKIP and "no CUDA libraries" in check["message"]
+
+
+def test_without_torch_the_suite_cannot_run(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "smoke", "--json", "--checks", "env"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "has no torch to test" in proc.stderr
+    assert proc.stdout == ""
+
+
+@needs_torch
+def test_json_file_and_table_on_stdout(tmp_path: Path) -> None:
+    """`torch-smoke --json FILE` from any folder: the table on stdout, the report in FILE."""
+    facts = tmp_path / "image.json"
+    facts.write_text(json.dumps(CPU_FACTS))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([TORCH_PYTHON, "-m", "smoke", "--json", "out/report.json", "--facts",
+                           str(facts), "--checks", "env,cuda"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "overall: PASS" in proc.stdout
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [c["name"] for c in report["checks"]] == ["env", "cuda"]
+    validate(report)
 
 
 def test_summarize_keeps_the_error_line() -> None:
@@ -295,9 +324,34 @@ def test_driver_problem(
 
 def test_minimum_driver_fallback() -> None:
     assert minimum_driver("12.4") == "550.54.14"
-    assert minimum_driver("12.5") == "525.60.13"  # minor-version compatibility floor
+    assert minimum_driver("12.5") == "555.42.02"
+    assert minimum_driver("12.7") == "525.60.13"  # minor-version compatibility floor
     assert minimum_driver("13.2") == "580.65.06"
     assert minimum_driver(None) is None
+
+
+def test_cuda_arch_list_from_the_wheels_flags() -> None:
+    assert cuda_arch_list("sm_75 sm_80 sm_86 sm_90 sm_100 sm_120 compute_120") == \
+        "7.5;8.0;8.6;9.0;10.0;12.0+PTX"
+    assert cuda_arch_list("sm_90a compute_90") == "9.0a;9.0+PTX"
+    assert cuda_arch_list("compute_80") == "8.0+PTX"
+    assert cuda_arch_list(None) == "" and cuda_arch_list("") == ""
+
+
+def test_wheel_versions_against_the_lock() -> None:
+    lock = {"nvidia-cudnn-cu13": "9.26.0.51", "nvidia-nccl-cu13": "2.30.7"}
+    assert wheel_mismatches(lock, {"nvidia_cudnn_cu13": "9.26.0.51",
+                                   "nvidia-nccl-cu13": "2.30.7", "numpy": "2.4.6"}) == []
+    assert wheel_mismatches(lock, {"nvidia-cudnn-cu13": "9.27.0.1",
+                                   "nvidia-cufft": "12.0.0"}) == [
+        "nvidia-cudnn-cu13: lock pins 9.26.0.51, installed 9.27.0.1",
+        "nvidia-cufft: lock pins nothing, installed 12.0.0",
+        "nvidia-nccl-cu13: lock pins 2.30.7, installed nothing",
+    ]
+    assert runtime_matches_wheel("9.26.0", "9.26.0.51")
+    assert runtime_matches_wheel("2.30.7", "2.30.7")
+    assert not runtime_matches_wheel("9.2.0", "9.26.0.51")
+    assert not runtime_matches_wheel("9.26.0", None)
 
 
 def test_version_formats() -> None:

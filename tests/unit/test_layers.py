@@ -102,7 +102,8 @@ def test_every_install_is_hash_checked_and_the_ca_bundle_only_a_secret(shipped):
 
 
 def test_dropped_follows_the_flavor_table():
-    assert render.dropped("slim")[:3] == ["triton", "headers", "static-libraries"]
+    assert render.dropped("slim")[:4] == ["triton", "compilers", "headers", "static-libraries"]
+    assert "compilers" not in render.dropped("runtime") + render.dropped("devel")
     assert "headers-except-torch" in render.dropped("runtime")
     assert "triton" not in render.dropped("runtime")
     assert "perl" not in render.dropped("devel") and "perl" in render.dropped("runtime")
