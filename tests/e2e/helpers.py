@@ -26,12 +26,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_builder(env: dict[str, str], *args: str, cwd: Path = ROOT,
+def run_builder(*args: str, matrix: Path | None = None, env: dict[str, str] | None = None,
                 check: bool = True) -> subprocess.CompletedProcess[str]:
-    """`python -m builder ARGS` as a user runs it; on an unexpected exit, show its output."""
-    result = subprocess.run([sys.executable, "-m", "builder", *args], cwd=cwd, env=env,
-                            capture_output=True, text=True, check=False)
+    """`python -m builder COMMAND [--matrix FILE] ARGS` as a user runs it, from the checkout;
+    on an unexpected exit the test fails with the command's output."""
+    argv = [*args[:1], "--matrix", str(matrix), *args[1:]] if matrix else list(args)
+    result = subprocess.run([sys.executable, "-m", "builder", *argv], cwd=ROOT, env=env,
+                            capture_output=True, text=True, check=False, timeout=3600)
     if check and result.returncode != 0:
-        pytest.fail(f"builder {' '.join(args)} exited {result.returncode}:\n"
-                    f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}", pytrace=False)
+        pytest.fail(f"builder {' '.join(argv)} exited {result.returncode}:\n"
+                    f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}", pytrace=False)
     return result

@@ -11,12 +11,11 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers import free_port
+from helpers import free_port, run_builder
 
 from builder import engine, labels, registry
 
@@ -50,13 +49,7 @@ def env(tmp_path_factory):
 
 
 def builder(env, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "builder", *args[:1], "--matrix", str(env["matrix"]), *args[1:]],
-        capture_output=True, text=True, cwd=ROOT, check=False, timeout=3600)
-    if check and result.returncode != 0:
-        pytest.fail(f"builder {' '.join(args)} exited {result.returncode}\n"
-                    f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
-    return result
+    return run_builder(*args, matrix=env["matrix"], check=check)
 
 
 def image_of(env, variant_id: str) -> str:
@@ -276,3 +269,31 @@ def _entries(published):
         latest["pull"] = latest["reference"]
         out.append(latest)
     return out
+
+
+def test_three_machines_share_state_only_through_the_registry(env, built, tmp_path):
+    """Build and stage on one machine; smoke and SBOM the staged digest on a second with an
+    empty .state/; publish from a third; `builder verify` on the published digest passes."""
+    outcomes = json.loads(builder(env, "build", "--select", f"id={CPU}", "--force", "--stage",
+                                  "--no-smoke", "--no-sbom", "--json").stdout)
+    staged = outcomes[0]["message"]
+    assert re.fullmatch(rf"{env['addr']}/torch-staging@sha256:[0-9a-f]{{64}}", staged), outcomes
+
+    second = {**os.environ, "BUILDER_STATE": str(tmp_path / "second")}
+    smoke = run_builder("smoke", staged, "--json", env=second)
+    assert json.loads(smoke.stdout)["status"] == "pass"
+    run_builder("sbom", staged, "-o", str(tmp_path / "sbom.json"), env=second)
+
+    third = {**os.environ, "BUILDER_STATE": str(tmp_path / "third")}
+    manifest = tmp_path / "published.json"
+    run_builder("publish", "--select", f"id={CPU}", "--manifest", str(manifest), "--json",
+                matrix=env["matrix"], env=third)
+    [pub] = json.loads(manifest.read_text())["variants"][CPU]["publications"]
+    assert pub["digest"] == staged.rsplit("@", 1)[1]
+
+    verified = json.loads(run_builder("verify", pub["reference"], "--json", env=third).stdout)
+    assert verified["ok"] is True, verified
+    checks = {c["what"]: c for c in verified["checks"]}
+    assert checks["smoke"]["detail"].startswith("pass on a CPU host")
+    assert "deb" in checks["sbom"]["detail"] and "pypi" in checks["sbom"]["detail"]
+    assert checks["provenance"]["status"] == "ok"

@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers import free_port
+from helpers import free_port, run_builder
 
-from builder import base, engine, publish, registry
+from builder import base, engine, oci, registry
 from builder.matrix import Base
-from builder.plan import registry_url
+from builder.oci import registry_url
 
 pytestmark = pytest.mark.docker
 
@@ -91,13 +90,7 @@ def env(tmp_path_factory):
 
 
 def builder(env, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "builder", *args[:1], "--matrix", str(env["matrix"]), *args[1:]],
-        capture_output=True, text=True, cwd=ROOT, check=False, timeout=3600)
-    if check and result.returncode != 0:
-        pytest.fail(f"builder {' '.join(args)} exited {result.returncode}\n"
-                    f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
-    return result
+    return run_builder(*args, matrix=env["matrix"], check=check)
 
 
 def rebuild(env, *args: str) -> subprocess.CompletedProcess[str]:
@@ -115,7 +108,7 @@ def check_json(env, *args: str) -> tuple[int, dict]:
 
 
 def registry_digest(env, tag: str) -> str | None:
-    desc = publish.head_manifest(env["addr"], "torch", tag)  # HEAD: Docker-Content-Digest
+    desc = oci.Registry(env["addr"]).head("torch", tag)
     return desc.digest if desc else None
 
 

@@ -259,8 +259,7 @@ def _cpu_runtime_image() -> str:
         return engine.images_with_label("io.torch-images.variant", CPU_RUNTIME)
 
     if not find():
-        run_builder(dict(os.environ), "build", "--select", f"id={CPU_RUNTIME}", "--no-smoke",
-                    cwd=ROOT)
+        run_builder("build", "--select", f"id={CPU_RUNTIME}", "--no-smoke")
     found = find()
     if not found:
         missing(f"no {CPU_RUNTIME} image after `builder build`")
