@@ -6,6 +6,16 @@ from pathlib import Path
 
 import pytest
 
+from builder import matrix
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def shipped() -> matrix.Matrix:
+    """The shipped matrix.yaml (read only)."""
+    return matrix.load(ROOT / "matrix.yaml")
+
 
 @pytest.fixture
 def write_matrix(tmp_path: Path):

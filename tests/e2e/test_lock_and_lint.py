@@ -13,11 +13,6 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCKS = ROOT / "locks"
 
 
-@pytest.fixture(scope="module")
-def shipped() -> matrix.Matrix:
-    return matrix.load(ROOT / "matrix.yaml")
-
-
 
 def test_rendered_dockerfiles_pass_hadolint(shipped, tmp_path):
     for v in shipped.variants:

@@ -5,27 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 import yaml
+from rendering import LOCKS, ROOT, rendered
 
-from builder import locks, matrix, render
+from builder import locks, render
 from smoke.checks.compile import skip_reason
-
-ROOT = Path(__file__).resolve().parents[2]
-LOCKS = ROOT / "locks"
-
-
-@pytest.fixture(scope="module")
-def shipped() -> matrix.Matrix:
-    return matrix.load(ROOT / "matrix.yaml")
-
-
-def rendered(shipped: matrix.Matrix, variant_id: str) -> render.Rendered:
-    variant = shipped.variant(variant_id)
-    base = locks.read_base_lock(LOCKS, variant)
-    return render.render(shipped, variant, locks.require_lock(LOCKS, variant), base)
 
 
 def apt_packages(dockerfile: str) -> list[str]:

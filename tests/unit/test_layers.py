@@ -6,25 +6,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
-from pathlib import Path
 
 import pytest
+from rendering import LOCKS, rendered
 
-from builder import locks, matrix, render
+from builder import locks, render
 from builder.wheelhouse import local_wheels
-
-ROOT = Path(__file__).resolve().parents[2]
-LOCKS = ROOT / "locks"
-
-
-@pytest.fixture(scope="module")
-def shipped() -> matrix.Matrix:
-    return matrix.load(ROOT / "matrix.yaml")
-
-
-def rendered(m: matrix.Matrix, vid: str) -> render.Rendered:
-    v = m.variant(vid)
-    return render.render(m, v, locks.require_lock(LOCKS, v), locks.read_base_lock(LOCKS, v))
 
 
 def instructions(dockerfile: str) -> list[str]:

@@ -8,16 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from builder import locks, matrix, plan, render
+from builder import locks, plan, render
 from builder.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCKS = ROOT / "locks"
-
-
-@pytest.fixture(scope="module")
-def shipped() -> matrix.Matrix:
-    return matrix.load(ROOT / "matrix.yaml")
 
 
 @pytest.mark.parametrize("variant_id,cuda,cudnn,nccl,driver", [

@@ -1,0 +1,16 @@
+"""What unit tests render from the shipped matrix and locks (imported as `rendering`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from builder import locks, matrix, render
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCKS = ROOT / "locks"
+
+
+def rendered(m: matrix.Matrix, vid: str) -> render.Rendered:
+    """The variant's Dockerfile and files, from its committed lock."""
+    v = m.variant(vid)
+    return render.render(m, v, locks.require_lock(LOCKS, v), locks.read_base_lock(LOCKS, v))
