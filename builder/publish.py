@@ -326,11 +326,14 @@ def publish_variant(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
-        "publish", parents=[common], help="push gated images with dated tags; write published.json",
-        description="Publish each selected variant (default: the matrix's default selection) "
-        "whose local image matches the plan, passed smoke (CUDA: on a GPU) and has a valid SBOM. "
-        "Pushes `<tag>-YYYYMMDD` (never overwritten) and `build-<hash>`, verifies the digest, "
-        "attaches SBOM + smoke report as OCI artifacts, then moves the floating tag and aliases. "
+        "publish", parents=[common],
+        help="promote gated images from staging under dated tags; write published.json",
+        description="Promote each selected variant (default: the matrix's default selection): "
+        "find its staged image by content hash (staging a local image first), check that its "
+        "smoke report passed (CUDA: on a GPU) and its SBOM is valid — from the registry or this "
+        "machine's cache — copy it into the vetted repository by digest, attach SBOM, smoke "
+        "report and provenance, then tag `<tag>-YYYYMMDD` (never overwritten), `build-<hash>`, "
+        "the floating tag and aliases. Never builds; a stopped run is completed by the next. "
         "Exit 1 when any image was refused.")
     p.add_argument("--locks", default="locks", type=Path)
     p.add_argument("--allow-cpu-smoke", action="store_true",
