@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from builder import engine
+
 
 class Forbidden(AssertionError):
     pass
@@ -24,6 +26,7 @@ def _refuse(what: str) -> Any:
 
 @pytest.fixture(autouse=True)
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine.ensure_engine.cache_clear()  # an engine found by an e2e test earlier is not ours
     monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "state"))
     monkeypatch.setattr(subprocess, "Popen", _refuse("run a command"))
     monkeypatch.setattr(socket.socket, "connect", _refuse("open a connection"))

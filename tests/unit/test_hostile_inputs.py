@@ -156,10 +156,11 @@ def test_a_repeated_select_key_means_any_of():
 def test_up_to_date_means_under_the_configured_name(tmp_path, monkeypatch, old, new, state):
     shipped = matrix.load(ROOT / "matrix.yaml")
     v = shipped.variant(CPU)
-    before = plan.make_plan(shipped, [v], LOCKS, {}, check_registry=False)[0]
-    local = {before.content_hash: {f"127.0.0.1:5000/torch:{before.floating_tag}"}}
+    local: dict[str, set[str]] = {}  # the engine's images by content hash, filled below
     monkeypatch.setattr(plan, "engine_available", lambda engine: True)
     monkeypatch.setattr(plan, "local_content_hashes", lambda engine: local)
+    before = plan.make_plan(shipped, [v], LOCKS, {}, check_registry=False)[0]
+    local[before.content_hash] = {f"127.0.0.1:5000/torch:{before.floating_tag}"}
     m = matrix.load(shipped_with(tmp_path, old, new))
     [p] = plan.make_plan(m, [m.variant(CPU)], LOCKS, {}, check_registry=False)
     assert p.state == state
