@@ -21,7 +21,8 @@ from pathlib import Path
 
 from builder import base, engine, labels, plan, state
 from builder.errors import BuilderError, EngineError
-from builder.matrix import Matrix
+from builder.locks import lock_paths
+from builder.matrix import Matrix, Variant
 from builder.matrix_cmd import load_selected
 from builder.output import emit_json, human_bytes, step, table
 from builder.render import SMOKE_DIR, facts_json
@@ -77,19 +78,20 @@ def git(*args: str) -> str:
     return result.stdout.strip() if result.returncode == 0 else ""
 
 
-def created_time(variant_id: str, locks_dir: Path) -> str:
+def created_time(variant: Variant, locks_dir: Path) -> str:
     """When the inputs were fixed (the lock's commit), not wall-clock: same inputs, same config."""
-    committed = git("log", "-1", "--format=%cI", "--", str(locks_dir / f"{variant_id}.txt"))
+    txt, js = lock_paths(locks_dir, variant)
+    committed = git("log", "-1", "--format=%cI", "--", str(txt))
     if committed:
         return dt.datetime.fromisoformat(committed).astimezone(dt.UTC).strftime(
             "%Y-%m-%dT%H:%M:%SZ")
-    mtime = (locks_dir / f"{variant_id}.json").stat().st_mtime
+    mtime = js.stat().st_mtime
     return dt.datetime.fromtimestamp(mtime, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def build_labels(p: plan.PlannedVariant, locks_dir: Path) -> dict[str, str]:
     return {
-        labels.OCI + "created": created_time(p.variant.id, locks_dir),
+        labels.OCI + "created": created_time(p.variant, locks_dir),
         labels.OCI + "revision": git("rev-parse", "HEAD") or "unknown",
         labels.OCI + "source": git("remote", "get-url", "origin") or "torch-images",
         labels.OCI + "base.digest": p.base_digest or "",

@@ -17,14 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import proc
+from builder import platforms, proc
 from builder.errors import BuilderError, ConfigError
 from builder.matrix import Matrix, Variant
 from builder.state import atomic_write
 
 LOCK_FORMAT = 1
-# glibc of Debian 12 and Ubuntu 22.04+ is newer; the cuDNN wheels need ≥ 2.27.
-PLATFORM = "x86_64-manylinux_2_28"
+# glibc of Debian 12 and Ubuntu 22.04+ is newer; the cuDNN wheels need ≥ 2.27. Each target
+# platform resolves for its own machine (builder.platforms: aarch64-manylinux_2_28 on arm64).
+PLATFORM = platforms.get(platforms.DEFAULT).uv
 
 # Minimum Linux driver per CUDA release (NVIDIA's CUDA toolkit release notes, table 3), and the
 # floor of each major under minor-version compatibility for minors not listed.
@@ -63,8 +64,14 @@ def parse_pins(text: str) -> dict[str, str]:
     return pins
 
 
+def lock_stem(variant: Variant) -> str:
+    """`<id>` on linux/amd64 (the names locks always had), `<id>.linux-arm64` elsewhere."""
+    return variant.id + platforms.get(variant.platform).suffix
+
+
 def lock_paths(locks_dir: Path, variant: Variant) -> tuple[Path, Path]:
-    return locks_dir / f"{variant.id}.txt", locks_dir / f"{variant.id}.json"
+    stem = lock_stem(variant)
+    return locks_dir / f"{stem}.txt", locks_dir / f"{stem}.json"
 
 
 def requirements(variant: Variant, toolkit_cuda: str | None = None) -> list[str]:
@@ -84,7 +91,7 @@ def inputs_hash(variant: Variant, reqs: Iterable[str]) -> str:
     """Everything resolution depends on; a lock whose recorded hash matches is reused."""
     payload = {
         "format": LOCK_FORMAT, "requirements": sorted(reqs), "python": variant.python,
-        "platform": PLATFORM, "find_links": list(variant.find_links),
+        "platform": platforms.get(variant.platform).uv, "find_links": list(variant.find_links),
         "index_url": variant.index_url,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
@@ -108,7 +115,8 @@ def resolve(variant: Variant, reqs: list[str], *, upgrade: bool = False,
         if current is not None:
             out.write_text(current)  # uv prefers the pins of an existing output file
         argv = ["uv", "pip", "compile", "--no-config", "--native-tls", "--quiet",
-                "--python-version", variant.python, "--python-platform", PLATFORM,
+                "--python-version", variant.python,
+                "--python-platform", platforms.get(variant.platform).uv,
                 "--generate-hashes", "--no-header", "--no-annotate", "--emit-find-links",
                 "--emit-index-url", str(req_in), "-o", str(out)]
         for link in variant.find_links:
@@ -122,7 +130,7 @@ def resolve(variant: Variant, reqs: list[str], *, upgrade: bool = False,
         try:
             proc.run(argv, env=uv_env(), timeout=600)
         except BuilderError as exc:
-            raise ConfigError(f"cannot resolve {variant.id}: {exc}", hint=exc.hint) from None
+            raise ConfigError(f"cannot resolve {variant.key}: {exc}", hint=exc.hint) from None
         return out.read_text()
 
 
@@ -165,6 +173,7 @@ def derive_facts(variant: Variant, text: str) -> dict[str, Any]:
         "python": variant.python,
         "accelerator": variant.accelerator,
         "flavor": variant.flavor,
+        "platform": variant.platform,
         "cuda": cuda,
         "cuda_full": cuda_full,
         "cudnn": ".".join(cudnn_full.split(".")[:3]) if cudnn_full else None,
@@ -180,7 +189,9 @@ def check_facts(variant: Variant, facts: Mapping[str, Any], matrix: Matrix) -> l
     """Problems only visible once resolved (the matrix file cannot know the wheel's CUDA)."""
     problems = []
     if variant.accelerator == "cuda" and not facts["cuda"]:
-        problems.append(f"{variant.id}: torch {variant.torch} resolved without CUDA libraries")
+        problems.append(f"{variant.key}: torch {variant.torch} resolved without CUDA libraries "
+                        f"for {variant.platform} (PyPI serves a CPU-only wheel there); drop "
+                        "the platform or the cuda accelerator for it")
     if variant.accelerator == "cpu" and facts["cuda"]:
         problems.append(f"{variant.id}: accelerator cpu resolved CUDA {facts['cuda']} libraries")
     if variant.cuda and facts["cuda"] != variant.cuda:
@@ -225,7 +236,7 @@ def read_meta(path: Path) -> dict[str, Any]:
 def require_lock(locks_dir: Path, variant: Variant) -> Lock:
     lock = read_lock(locks_dir, variant)
     if lock is None:
-        raise ConfigError(f"no lock for {variant.id} in {locks_dir}/", hint="run: builder lock")
+        raise ConfigError(f"no lock for {variant.key} in {locks_dir}/", hint="run: builder lock")
     return lock
 
 
@@ -293,10 +304,10 @@ def lock_all(matrix: Matrix, variants: list[Variant], locks_dir: Path, *, upgrad
     for variant in variants:
         if not upgrade and is_current(locks_dir, variant):
             results.append((require_lock(locks_dir, variant), False))
-            progress(f"  up-to-date  {variant.id}")
+            progress(f"  up-to-date  {variant.key}")
             continue
         lock, changed = lock_variant(matrix, variant, locks_dir, upgrade=upgrade, memo=memo)
-        progress(f"  {'locked' if changed else 'unchanged':10}  {variant.id}  "
+        progress(f"  {'locked' if changed else 'unchanged':10}  {variant.key}  "
                  f"cuda={lock.facts['cuda']} cudnn={lock.facts['cudnn']} nccl={lock.facts['nccl']}")
         results.append((lock, changed))
     return results
@@ -304,7 +315,7 @@ def lock_all(matrix: Matrix, variants: list[Variant], locks_dir: Path, *, upgrad
 
 def base_lock_path(locks_dir: Path, variant: Variant) -> Path:
     """A devel variant with toolkit wheels also records the runtime resolution it builds on."""
-    return locks_dir / f"{variant.id}.base.txt"
+    return locks_dir / f"{lock_stem(variant)}.base.txt"
 
 
 def read_base_lock(locks_dir: Path, variant: Variant) -> Lock | None:
