@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder import base, engine, labels, plan, state
+from builder import base, engine, labels, plan, platforms, state
 from builder.errors import BuilderError, EngineError
 from builder.locks import lock_paths
 from builder.matrix import Matrix, Variant
@@ -111,7 +111,7 @@ def prepare_context(p: plan.PlannedVariant, wheelhouse: Wheelhouse) -> tuple[Pat
     if smoke.exists():
         shutil.rmtree(smoke)
     shutil.copytree(SMOKE_DIR, smoke, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    dockerfile_dir = state.path("rendered", p.variant.id)
+    dockerfile_dir = state.path("rendered", p.variant.key)
     state.atomic_write(dockerfile_dir / "Dockerfile", p.rendered.dockerfile)
     state.atomic_write(dockerfile_dir / "Dockerfile.dockerignore", p.rendered.dockerignore)
     return context, dockerfile_dir / "Dockerfile"
@@ -131,6 +131,8 @@ def docker_build(p: plan.PlannedVariant, image: str, context: Path, dockerfile: 
         argv += ["--secret", f"id=ca,src={ca_bundle}"]
     if apt_refresh:
         argv += ["--build-arg", f"APT_REFRESH={apt_refresh}"]
+    if p.variant.platform != platforms.DEFAULT:  # emulated unless the host is that platform
+        argv += ["--platform", p.variant.platform]
     log.unlink(missing_ok=True)
     engine.docker(*argv, str(context), log=log, timeout=4 * 3600)
     return iidfile.read_text().strip()
@@ -138,9 +140,9 @@ def docker_build(p: plan.PlannedVariant, image: str, context: Path, dockerfile: 
 
 def build_variant(matrix: Matrix, p: plan.PlannedVariant, wheelhouse: Wheelhouse,
                   args: argparse.Namespace, after: Callable[[Outcome], None]) -> Outcome:
-    vid = p.variant.id
-    image = f"{matrix.image_name}:{p.floating_tag}"
-    log = state.path("logs") / f"{vid}.log"
+    vid = p.variant.key
+    image = f"{matrix.image_name}:{p.local_tag}"
+    log = state.path("logs") / f"{p.variant.key}.log"
     start = time.monotonic()
     try:
         engine.ensure_disk(state.root(), NEED_GB[p.variant.accelerator])
@@ -195,10 +197,11 @@ def write_image_sbom(image_id: str, image: str) -> Path:
 def run_build(args: argparse.Namespace) -> list[Outcome]:
     matrix, variants = load_selected(args)
     ensure_buildkit()
-    digests: dict[str, str] = {}
+    digests: dict[str, str | None] = {}
     for v in variants:
-        if v.base.image not in digests:
-            digests[v.base.image] = base.ensure(v.base, progress=step)
+        key = platforms.base_key(v.base.image, v.platform)
+        if key not in digests:
+            digests[key] = base.ensure_variant(matrix, v, progress=step)
     planned = plan.make_plan(matrix, variants, args.locks, digests, check_registry=False)
     wheelhouse = Wheelhouse()
     outcomes: list[Outcome] = []
@@ -208,8 +211,8 @@ def run_build(args: argparse.Namespace) -> list[Outcome]:
     after = post_build(args)
     for p in planned:
         if p not in todo:
-            image = f"{matrix.image_name}:{p.floating_tag}"
-            outcomes.append(Outcome(p.variant.id, "up-to-date", image, message=p.where))
+            image = f"{matrix.image_name}:{p.local_tag}"
+            outcomes.append(Outcome(p.variant.key, "up-to-date", image, message=p.where))
             continue
         outcome = build_variant(matrix, p, wheelhouse, args, after)
         outcomes.append(outcome)

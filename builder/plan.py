@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import labels, locks
+from builder import labels, locks, platforms
 from builder.matrix import Matrix, Variant
 from builder.oci import MANIFEST_TYPES, registry_url
 from builder.render import SMOKE_DIR, Rendered, render
@@ -39,15 +39,22 @@ class PlannedVariant:
         return self.tags[0]
 
     @property
+    def local_tag(self) -> str:
+        """The engine's tag for this platform's image: the floating tag, plus the platform
+        suffix off linux/amd64 (one local tag holds one image; the registry joins them)."""
+        return self.floating_tag + platforms.get(self.variant.platform).suffix
+
+    @property
     def hash_tag(self) -> str:
         return HASH_TAG_PREFIX + self.content_hash[:20]
 
     def as_json(self, matrix: Matrix) -> dict[str, Any]:
         v = self.variant
         return {
-            "id": v.id, "torch": v.torch, "python": v.python, "accelerator": v.accelerator,
+            "id": v.id, "key": v.key, "platform": v.platform, "torch": v.torch,
+            "python": v.python, "accelerator": v.accelerator,
             "flavor": v.flavor, "default": v.default, "tags": list(self.tags),
-            "image": f"{matrix.image_name}:{self.floating_tag}",
+            "image": f"{matrix.image_name}:{self.local_tag}",
             "content_hash": self.content_hash, "lock_hash": self.lock_hash,
             "base": v.base.image, "base_digest": self.base_digest, "state": self.state,
             "where": self.where, "facts": self.rendered.facts,
@@ -109,7 +116,8 @@ def make_plan(matrix: Matrix, variants: Iterable[Variant], locks_dir: Path,
     local = local_content_hashes(engine) if engine_available(engine) else set()
     planned = []
     for variant in variants:
-        p = plan_variant(matrix, variant, locks_dir, base_digests.get(variant.base.image),
+        base_key = platforms.base_key(variant.base.image, variant.platform)
+        p = plan_variant(matrix, variant, locks_dir, base_digests.get(base_key),
                          smoke_hash)
         if p.content_hash in local:
             p = _with_state(p, "up-to-date", "local")

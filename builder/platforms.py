@@ -74,6 +74,12 @@ def host() -> Platform | None:
     return _MACHINES.get(host_platform.machine())
 
 
+def of_image(info: Mapping[str, Any]) -> Platform | None:
+    """The platform of a `docker image inspect` result (None for an unknown architecture)."""
+    found = [p for p in KNOWN.values() if p.arch == info.get("Architecture", "amd64")]
+    return found[0] if found else None
+
+
 def emulated(name: str) -> bool:
     """True when images of this platform run here through binfmt/qemu, not natively."""
     native = host()
@@ -85,7 +91,7 @@ def timeout_scale(name: str) -> float:
     return EMULATED_TIMEOUT_SCALE if emulated(name) else 1.0
 
 
-EMULATED_TIMEOUT_SCALE = 20.0
+EMULATED_TIMEOUT_SCALE = 15.0
 
 
 # ---------------------------------------------------------------- wheels per platform
@@ -139,6 +145,11 @@ def wheel_problem(torch: str, python: str, accelerator: str, platform: Platform,
 
 
 # ---------------------------------------------------------------- foreign-platform bases
+
+
+def base_key(image: str, platform: str) -> str:
+    """Key of a base digest: the base ref, plus the platform suffix off linux/amd64."""
+    return image + get(platform).suffix
 
 
 def base_repository(repository: str) -> str:

@@ -61,7 +61,7 @@ def sbom_file(image_id: str) -> Path:
 
 
 def gate(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: bool) -> Candidate:
-    image = f"{matrix.image_name}:{p.floating_tag}"
+    image = f"{matrix.image_name}:{p.local_tag}"
     cand = Candidate(p, image)
     info = engine.inspect_image(image)
     if info is None:
@@ -341,7 +341,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if not args.select:
         args.select = ["default=true"]
     matrix, variants = load_selected(args)
-    planned = plan.make_plan(matrix, variants, args.locks, known_base_digests(variants),
+    planned = plan.make_plan(matrix, variants, args.locks, known_base_digests(variants, matrix),
                              check_registry=False)
     results = publish_variants(matrix, planned, allow_cpu_smoke=args.allow_cpu_smoke,
                                dry_run=args.dry_run, manifest=args.manifest)

@@ -21,9 +21,9 @@ from typing import Any
 
 import jinja2
 
-from builder import labels
+from builder import labels, platforms
 from builder.errors import ConfigError
-from builder.locks import Lock, normalize, parse_pins
+from builder.locks import Lock, lock_stem, normalize, parse_pins
 from builder.matrix import Matrix, Variant
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -60,10 +60,13 @@ class Step:
     name: str
     requirements: str  # the lines of the lock this step installs
     prune: str = ""
+    # Platform suffix: a lock's hashes cover every platform's wheels, so the same text needs
+    # a different set of wheels per platform ("" on linux/amd64 keeps its set ids).
+    platform: str = ""
 
     @property
     def set_id(self) -> str:
-        return hashlib.sha256(self.requirements.encode()).hexdigest()[:20]
+        return hashlib.sha256((self.requirements + self.platform).encode()).hexdigest()[:20]
 
     @property
     def source(self) -> str:
@@ -144,15 +147,16 @@ def install_steps(variant: Variant, text: str, skip: frozenset[str] = frozenset(
             continue
         parts[step_of(name)] += block
     prune = slim_prune(variant) if variant.flavor == "slim" else ""
-    return [Step(n, reqs, prune) for n, reqs in parts.items() if reqs]
+    suffix = platforms.get(variant.platform).suffix
+    return [Step(n, reqs, prune, suffix) for n, reqs in parts.items() if reqs]
 
 
-def delta_steps(base_text: str, full_text: str) -> list[Step]:
+def delta_steps(base_text: str, full_text: str, platform: str = "") -> list[Step]:
     """What a devel image adds over its runtime stage: pins that are new or differ."""
     base = parse_pins(base_text)
     extra = "".join(block for name, block in split_requirements(full_text)
                     if base.get(name) != parse_pins(block).get(name))
-    return [Step("toolkit", extra)] if extra else []
+    return [Step("toolkit", extra, platform=platform)] if extra else []
 
 
 # ---------------------------------------------------------------- the render context
@@ -164,7 +168,8 @@ def image_facts(variant: Variant, lock: Lock) -> dict[str, Any]:
     dropped = list(SLIM_DROPPED) if variant.flavor == "slim" else []
     if "triton" in dropped:
         facts["triton"] = None
-    return {**facts, "variant": variant.id, "flavor": variant.flavor, "dropped": dropped}
+    extra = {"platform": variant.platform} if variant.platform != platforms.DEFAULT else {}
+    return {**facts, "variant": variant.id, "flavor": variant.flavor, "dropped": dropped, **extra}
 
 
 def static_labels(matrix: Matrix, variant: Variant, facts: Mapping[str, Any]) -> dict[str, str]:
@@ -191,9 +196,15 @@ def static_labels(matrix: Matrix, variant: Variant, facts: Mapping[str, Any]) ->
     return {k: str(v) for k, v in values.items()}
 
 
-def base_ref(variant: Variant) -> str:
-    """The local image name of the variant's base (`builder base` makes it exist)."""
+def base_ref(variant: Variant, matrix: Matrix) -> str:
+    """The image name of the variant's base (`builder base` makes it exist): local on
+    linux/amd64; off it, a bootstrapped base is served from the registry (BuildKit resolves a
+    foreign-platform FROM there), and a normal ref is pulled for that platform."""
     suite = variant.base.bootstrap_suite
+    platform = platforms.get(variant.platform)
+    if suite and platform.suffix:
+        repo = platforms.base_repository(matrix.repository)
+        return f"{matrix.registry}/{repo}:{platforms.base_tag(suite, platform)}"
     return f"torch-images-base:{suite}" if suite else variant.base.image
 
 
@@ -202,13 +213,15 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
     skip = frozenset({"triton"}) if variant.flavor == "slim" else frozenset()
     runtime_text = base_lock.text if base_lock else lock.text
     steps = install_steps(variant, runtime_text, skip)
-    devel_steps = delta_steps(runtime_text, lock.text) if variant.flavor == "devel" else []
+    devel_steps = (delta_steps(runtime_text, lock.text, platforms.get(variant.platform).suffix)
+                   if variant.flavor == "devel" else [])
     toolkit = matrix.toolkit_for(facts["cuda"]) if facts["cuda"] else None
     apt_python = variant.base.python_from == "apt"
     context = {
         "v": variant,
         "facts": facts,
-        "base_ref": base_ref(variant),
+        "base_ref": base_ref(variant, matrix),
+        "lock_stem": lock_stem(variant),
         "venv": labels.VENV,
         "home": labels.HOME,
         "uid": labels.USER_UID,
@@ -239,8 +252,8 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
 
 def write(rendered: Rendered, out_dir: Path) -> Path:
     """Write DIR/<id>/ atomically: a half-written variant directory is never left behind."""
-    target = out_dir / rendered.variant.id
-    staging = out_dir / f".{rendered.variant.id}.tmp"
+    target = out_dir / rendered.variant.key
+    staging = out_dir / f".{rendered.variant.key}.tmp"
     if staging.exists():
         shutil.rmtree(staging)
     for rel, text in {"Dockerfile": rendered.dockerfile,

@@ -17,13 +17,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import proc, state
+from builder import platforms, proc, state
 from builder.errors import BuilderError
 from builder.matrix import Variant
 
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
-MANYLINUX = [f"manylinux_2_{n}_x86_64" for n in range(28, 4, -1)] + [
-    "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
 
 
 @dataclass
@@ -128,8 +126,8 @@ def download_command(variant: Variant, req: Path, dest: Path) -> list[str]:
     argv = ["python3", "-m", "pip", "--isolated", "download", "--no-deps", "--require-hashes",
             "--only-binary=:all:", "--implementation", "cp", "--python-version", variant.python,
             "--progress-bar", "off", "-d", str(dest), "-r", str(req)]
-    for platform in MANYLINUX:
-        argv += ["--platform", platform]
+    for tag in platforms.get(variant.platform).manylinux_tags:
+        argv += ["--platform", tag]
     if ca := proc.host_ca_bundle():
         argv += ["--cert", ca]
     for link in variant.find_links:
