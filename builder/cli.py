@@ -30,6 +30,7 @@ COMMAND_MODULES = [
     "builder.sbom",
     "builder.registry",
     "builder.publish",
+    "builder.multiarch",
     "builder.verify",
     "builder.rebuild",
 ]

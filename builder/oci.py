@@ -264,15 +264,15 @@ class Registry:
         body, desc = found
         self.put_manifest(repository, tag, body, desc.media_type)
 
-    def push_index(self, repository: str, ref: str, index: dict[str, Any]) -> Descriptor:
-        """Store an image index (see builder.platforms.index_document) under `ref`, a tag or
-        its own digest; every manifest it lists must already be in `repository`."""
+    def push_index(self, repository: str, index: dict[str, Any]) -> Descriptor:
+        """Store an image index (see builder.platforms.index_document) by its digest; every
+        manifest it lists must already be in `repository`. `tag` then points tags at it."""
         for entry in index["manifests"]:
             if self.head(repository, entry["digest"]) is None:
                 raise RegistryError(f"`{self.registry}/{repository}` has no manifest "
                                     f"{entry['digest']} to list in an index")
         body = json.dumps(index, sort_keys=True, separators=(",", ":")).encode()
-        digest = self.put_manifest(repository, ref, body, OCI_INDEX)
+        digest = self.put_manifest(repository, sha256(body), body, OCI_INDEX)
         return Descriptor(digest, OCI_INDEX, len(body))
 
     def push_artifact(self, repository: str, subject: Descriptor, artifact_type: str,

@@ -213,15 +213,30 @@ def publish_one(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
     p = cand.planned
     date = today()
     reg = oci.Registry(matrix.registry)
-    subject = stage(matrix, reg, cand)
+    subject, refs = stage_and_attach(reg, matrix, cand)
     digest = subject.digest
-    assert cand.sbom_path is not None and cand.smoke_path is not None
-    sbom_ref = attach(reg, matrix, subject, "sbom", cand.sbom_path, SBOM_TYPE)
-    smoke_ref = attach(reg, matrix, subject, "smoke", cand.smoke_path, SMOKE_TYPE)
-    provenance_ref = attach_provenance(reg, matrix, subject, cand)
     tag, held = dated_tag(reg, matrix.repository, p.floating_tag, date, digest)
     for name in ([] if held else [tag]) + [p.hash_tag, *p.tags]:
         tag_image(reg, matrix, digest, name)  # dated, content (`plan` reads it), then moving
+    return publication(matrix, cand, digest, date, tag, [tag, p.hash_tag, *p.tags], refs)
+
+
+def stage_and_attach(reg: oci.Registry, matrix: Matrix,
+                     cand: Candidate) -> tuple[oci.Descriptor, dict[str, dict[str, str]]]:
+    """The image in the vetted repository by digest, with SBOM, smoke report and provenance
+    attached; no tag a user reads points at it yet."""
+    subject = stage(matrix, reg, cand)
+    assert cand.sbom_path is not None and cand.smoke_path is not None
+    refs = {"sbom": attach(reg, matrix, subject, "sbom", cand.sbom_path, SBOM_TYPE),
+            "smoke_report": attach(reg, matrix, subject, "smoke", cand.smoke_path, SMOKE_TYPE),
+            "provenance": attach_provenance(reg, matrix, subject, cand)}
+    return subject, refs
+
+
+def publication(matrix: Matrix, cand: Candidate, digest: str, date: str, dated: str,
+                tags: list[str], refs: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """The published.json record of one image (see its schema)."""
+    p = cand.planned
     facts = p.rendered.facts
     return {
         "date": f"{date[:4]}-{date[4:6]}-{date[6:]}",
@@ -229,14 +244,13 @@ def publish_one(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
         "registry": matrix.registry, "repository": matrix.repository,
         "digest": digest, "reference": f"{matrix.image_name}@{digest}",
         "image_id": cand.image_id, "content_hash": p.content_hash,
-        "tags": [tag, p.hash_tag, *p.tags], "dated_tag": tag, "hash_tag": p.hash_tag,
+        "tags": tags, "dated_tag": dated, "hash_tag": p.hash_tag,
         "floating_tag": p.floating_tag, "aliases": list(p.tags[1:]),
         "torch": facts.get("torch"), "python": facts.get("python") or p.variant.python,
         "accelerator": p.variant.accelerator, "cuda": facts.get("cuda"),
         "cudnn": facts.get("cudnn"), "nccl": facts.get("nccl"),
         "min_driver": facts.get("min_driver"), "flavor": p.variant.flavor,
-        "sbom": sbom_ref, "smoke_report": smoke_ref, "provenance": provenance_ref,
-        "smoke_gpu": cand.smoke_gpu, "allow_cpu_smoke": cand.allow_cpu_smoke,
+        **refs, "smoke_gpu": cand.smoke_gpu, "allow_cpu_smoke": cand.allow_cpu_smoke,
     }
 
 
@@ -288,12 +302,19 @@ def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
                      allow_cpu_smoke: bool, dry_run: bool = False,
                      manifest: Path = Path("published.json")) -> list[dict[str, Any]]:
     """Gate and publish each variant. Returns one result per variant (`status`: published,
-    refused, would-publish). Records what was published even when a later variant fails."""
+    refused, would-publish). Records what was published even when a later variant fails.
+    A variant with several platforms is published as one image index (builder.multiarch)."""
+    from builder import multiarch
+
     engine.ensure_engine()
     results: list[dict[str, Any]] = []
     done: dict[str, dict[str, Any]] = {}
     try:
-        for p in planned:
+        single = [p for p in planned if not multiarch.is_multi(matrix, p.variant)]
+        for group in multiarch.groups([p for p in planned if p not in single]):
+            results += multiarch.publish_group(matrix, group, allow_cpu_smoke=allow_cpu_smoke,
+                                               dry_run=dry_run, done=done)
+        for p in single:
             cand = gate(matrix, p, allow_cpu_smoke=allow_cpu_smoke)
             if cand.reason:
                 step(f"  [{p.variant.id}] refused: {cand.reason}")
@@ -334,6 +355,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="print what would be pushed; push nothing")
     p.add_argument("--manifest", default=Path("published.json"), type=Path, metavar="FILE",
                    help="publication record (default: %(default)s)")
+    p.add_argument("--by-digest", action="store_true",
+                   help="per platform image: push, attach evidence and tag build-<hash> only, "
+                   "and write a digest record to --digests; `builder index` then joins the "
+                   "platforms under the tags (CI: one job per platform runner)")
+    p.add_argument("--digests", type=Path, default=None, metavar="DIR",
+                   help="digest records (default: <state>/digests)")
     p.set_defaults(func=cmd_publish)
 
 
@@ -343,8 +370,15 @@ def cmd_publish(args: argparse.Namespace) -> int:
     matrix, variants = load_selected(args)
     planned = plan.make_plan(matrix, variants, args.locks, known_base_digests(variants, matrix),
                              check_registry=False)
-    results = publish_variants(matrix, planned, allow_cpu_smoke=args.allow_cpu_smoke,
-                               dry_run=args.dry_run, manifest=args.manifest)
+    if args.by_digest:
+        from builder import multiarch
+
+        results = multiarch.publish_by_digest(matrix, planned, args.digests,
+                                              allow_cpu_smoke=args.allow_cpu_smoke,
+                                              dry_run=args.dry_run)
+    else:
+        results = publish_variants(matrix, planned, allow_cpu_smoke=args.allow_cpu_smoke,
+                                   dry_run=args.dry_run, manifest=args.manifest)
     if args.json:
         emit_json(results)
     else:
