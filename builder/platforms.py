@@ -126,18 +126,17 @@ def requires_cuda(metadata: str, platform: Platform, python: str) -> bool:
 
 
 def wheel_problem(torch: str, python: str, accelerator: str, platform: Platform,
-                  wheels: Sequence[str], metadata: Callable[[str], str | None]) -> str | None:
+                  wheels: Sequence[str], cuda_build: Callable[[str], bool | None]) -> str | None:
     """Why torch==`torch` cannot serve this (python, platform, accelerator), or None.
-    `wheels` are the file names for that torch and python; `metadata(name)` reads one wheel's
-    METADATA (None when the index does not serve it: the CUDA check is then left to the lock)."""
+    `wheels` are the file names for that torch and python; `cuda_build(name)` says whether one
+    is a CUDA build (None: unknown, and the check is left to the lock)."""
     here = [w for w in wheels if wheel_matches(w, platform)]
     if not here:
         return (f"torch {torch} has no wheel for python {python} on {platform.name} "
                 f"(no cp{python.replace('.', '')} {platform.machine} wheel on its index)")
     if accelerator != "cuda":
         return None
-    text = metadata(here[0])
-    if text is not None and not requires_cuda(text, platform, python):
+    if cuda_build(here[0]) is False:
         return (f"torch {torch} on {platform.name} is a CPU-only build (its {platform.machine} "
                 "wheel requires no nvidia-* CUDA libraries); drop the platform or the cuda "
                 "accelerator for it")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import platforms, proc, state
+from builder.errors import BuilderError
 from builder.matrix import Variant
 
 PYPI_SIMPLE = "https://pypi.org/simple/torch/"
@@ -59,6 +60,25 @@ def wheel_metadata(variant: Variant, filename: str, timeout: float = 20.0) -> st
         return None
 
 
+def is_cuda_build(variant: Variant, filename: str) -> bool | None:
+    """Whether the variant's torch wheel for its platform pulls NVIDIA's CUDA libraries: from
+    its METADATA (PEP 658) when the index serves it, else from resolving `torch` alone for
+    that python and platform (uv, about a second; cached). None when neither answers."""
+    metadata = wheel_metadata(variant, filename)
+    if metadata is not None:
+        return platforms.requires_cuda(metadata, platforms.get(variant.platform), variant.python)
+    cache = _cache_file(f"cuda-build-{filename}-{variant.platform}-{index_for(variant)}")
+    if not cache.exists():
+        from builder import locks  # resolution machinery only on this path
+
+        try:
+            text = locks.resolve(variant, [f"torch=={variant.torch}"])
+        except BuilderError:
+            return None
+        state.atomic_write(cache, json.dumps(bool(locks.derive_facts(variant, text)["cuda"])))
+    return json.loads(cache.read_text())
+
+
 def index_for(variant: Variant) -> str:
     return variant.index_url.rstrip("/") + "/torch/" if variant.index_url else PYPI_SIMPLE
 
@@ -98,6 +118,6 @@ def missing_wheel_problems(variants: list[Variant]) -> tuple[list[str], list[str
             notes.append(f"{v.id}: could not read the package index; wheel check skipped")
         elif (why := platforms.wheel_problem(
                 v.torch, v.python, v.accelerator, platforms.get(v.platform), candidates(v, names),
-                lambda name, v=v: wheel_metadata(v, name))):
+                lambda name, v=v: is_cuda_build(v, name))):
             problems.append(f"{v.key}: {why}")
     return problems, notes
