@@ -154,19 +154,21 @@ def publish_by_digest(matrix: Matrix, planned: list[plan.PlannedVariant], folder
 
 def assemble(reg: oci.Registry, matrix: Matrix, records: list[dict[str, Any]]) -> dict[str, Any]:
     """Push the index of one variant's platform records and point its tags at it; returns the
-    variant's published.json record (the reference platform's, with the index digest)."""
+    variant's published.json record (the reference platform's, with the index digest). A
+    variant that is linux/amd64 alone keeps its plain manifest under its tags, as before."""
     vid = records[0]["id"]
     tags = {tuple(r["tags"]) for r in records}
     if len(tags) != 1:
         raise ConfigError(f"{vid}: its platforms resolved to different tags "
                           f"({' vs '.join(t[0] for t in sorted(tags))}): one tag cannot name "
                           "them all; give the platforms separate variants")
-    index = platforms.index_document(
-        [platforms.PlatformManifest(platforms.get(r["platform"]), oci.Descriptor(
-            r["descriptor"]["digest"], r["descriptor"]["mediaType"], r["descriptor"]["size"]))
-         for r in records],
-        {"org.opencontainers.image.title": f"{matrix.repository}:{vid}"})
-    desc = reg.push_index(matrix.repository, index)
+    manifests = [platforms.PlatformManifest(platforms.get(r["platform"]), oci.Descriptor(
+        r["descriptor"]["digest"], r["descriptor"]["mediaType"], r["descriptor"]["size"]))
+        for r in records]
+    single = [r["platform"] for r in records] == [platforms.DEFAULT]
+    desc = manifests[0].descriptor if single else reg.push_index(
+        matrix.repository, platforms.index_document(
+            manifests, {"org.opencontainers.image.title": f"{matrix.repository}:{vid}"}))
     date = publish.today()
     floating, *aliases = records[0]["tags"]
     dated, held = publish.dated_tag(reg, matrix.repository, floating, date, desc.digest)
@@ -175,13 +177,15 @@ def assemble(reg: oci.Registry, matrix: Matrix, records: list[dict[str, Any]]) -
     ordered = sorted(records, key=lambda r: list(platforms.KNOWN).index(r["platform"]))
     first = ordered[0]["record"]
     hash_tags = [r["record"]["hash_tag"] for r in ordered]
-    step(f"  [{vid}] index {desc.digest[:19]} ({', '.join(r['platform'] for r in ordered)}) "
-         f"→ {dated}, {floating}")
-    return {**first, "digest": desc.digest, "reference": f"{matrix.image_name}@{desc.digest}",
-            "date": f"{date[:4]}-{date[4:6]}-{date[6:]}", "dated_tag": dated,
-            "tags": [dated, *hash_tags, floating, *aliases],
-            "platforms": [{"platform": r["platform"], "smoke_emulated": r["smoke_emulated"],
-                           **{k: r["record"][k] for k in PLATFORM_FIELDS}} for r in ordered]}
+    step(f"  [{vid}] {'manifest' if single else 'index'} {desc.digest[:19]} "
+         f"({', '.join(r['platform'] for r in ordered)}) → {dated}, {floating}")
+    pub = {**first, "digest": desc.digest, "reference": f"{matrix.image_name}@{desc.digest}",
+           "date": f"{date[:4]}-{date[4:6]}-{date[6:]}", "dated_tag": dated,
+           "tags": [dated, *hash_tags, floating, *aliases]}
+    if not single:
+        pub["platforms"] = [{"platform": r["platform"], "smoke_emulated": r["smoke_emulated"],
+                             **{k: r["record"][k] for k in PLATFORM_FIELDS}} for r in ordered]
+    return pub
 
 
 def assemble_from_records(matrix: Matrix, variants: list[Variant], folder: Path | None
