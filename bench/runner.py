@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from bench import layers, naive
-from builder import engine, locks, matrix, render
+from builder import engine, locks, matrix, platforms, render
 from builder.output import human_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -310,7 +310,7 @@ def wheel_sizes(m: matrix.Matrix, variants: list[matrix.Variant]) -> tuple[int, 
         seen: set[Path] = set()
         for s in rendered.steps:
             for hashes in _hash_blocks(s.requirements):
-                path = wh.find(hashes)
+                path = wh.find(hashes, platforms.get(v.platform))
                 if path is not None and path not in seen:
                     seen.add(path)
                     unique[path] = path.stat().st_size

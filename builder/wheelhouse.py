@@ -50,11 +50,14 @@ class Wheelhouse:
     def _save(self) -> None:
         state.atomic_write(self.index_path, json.dumps(self.index, indent=1, sort_keys=True))
 
-    def find(self, hashes: Iterable[str]) -> Path | None:
-        """The stored wheel matching any of the lock's hashes, re-verified if present."""
+    def find(self, hashes: Iterable[str],
+             platform: platforms.Platform | None = None) -> Path | None:
+        """The stored wheel matching any of the lock's hashes, re-verified if present. A lock
+        lists the hashes of every platform's wheels: only one for `platform` is taken."""
         for h in hashes:
             name = self.index.get(h)
-            if name and (self.root / name).exists():
+            if name and (self.root / name).exists() and (
+                    platform is None or platforms.wheel_matches(name, platform)):
                 return self.root / name
         return None
 
@@ -62,13 +65,14 @@ class Wheelhouse:
                progress: Callable[[str], None] = print) -> list[Path]:
         """The wheels for these hash-pinned requirements, downloading only the missing ones."""
         blocks = _hash_blocks(requirements)
-        missing = [b for b in blocks if self.find(b) is None]
+        platform = platforms.get(variant.platform)
+        missing = [b for b in blocks if self.find(b, platform) is None]
         if missing:
             progress(f"  downloading {len(missing)} wheel(s) for {variant.id}")
             self._download(variant, requirements)
         paths = []
         for hashes in blocks:
-            path = self.find(hashes)
+            path = self.find(hashes, platform)
             if path is None:
                 raise BuilderError(f"no wheel matching the lock's hashes for {variant.id} "
                                    f"({hashes[0][:12]}…) after download")
