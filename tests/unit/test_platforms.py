@@ -286,3 +286,26 @@ def test_index_command_refuses_a_variant_with_a_platform_missing(tmp_path):
     done, refused = multiarch.assemble_from_records(
         m, m.select(["id=2.15.0-py3.11-cuda-slim"]), tmp_path)
     assert not done and "linux/arm64" in refused[0]["reason"]
+
+
+def test_wheelhouse_takes_the_wheel_of_the_platform(tmp_path):
+    """A lock line carries the hashes of every platform's wheels; the x86_64 wheel already in
+    the wheelhouse must not end up in an arm64 image."""
+    wh = wheelhouse.Wheelhouse(tmp_path)
+    for n, name in enumerate(WHEELS):
+        (tmp_path / name).write_bytes(b"w")
+        wh.index[f"{n:064x}"] = name
+    hashes = [f"{0:064x}", f"{1:064x}"]
+    assert wh.find(hashes, AMD).name == WHEELS[0]
+    assert wh.find(hashes, ARM).name == WHEELS[1]
+    assert wh.find(hashes[:1], ARM) is None
+
+
+def test_a_linux_amd64_only_variant_keeps_a_plain_manifest():
+    m = matrix.load(ROOT / "matrix.yaml")
+    reg = FakeRegistry([desc(1).digest])
+    pub = multiarch.assemble(reg, m, [record("linux/amd64", 1, ["t-cpu", "latest"])])
+    assert pub["digest"] == desc(1).digest and "platforms" not in pub
+    assert reg.tags["t-cpu"] == desc(1).digest
+    assert not multiarch.is_multi(m, m.variant("2.13.0-py3.11-cpu-runtime"))
+    assert multiarch.is_multi(m, m.variant("2.15.0-py3.11-cuda-slim"))
