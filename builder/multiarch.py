@@ -51,6 +51,15 @@ def groups(planned: Iterable[plan.PlannedVariant]) -> list[list[plan.PlannedVari
     return list(by_id.values())
 
 
+def publication_for(pub: dict[str, Any] | None, platform: str) -> dict[str, Any] | None:
+    """A variant's published.json record as seen by one platform: an index record's entry for
+    that platform over the variant's fields (a plain record is linux/amd64's)."""
+    if pub is None or "platforms" not in pub:
+        return pub if platform == platforms.DEFAULT else None
+    mine = [p for p in pub["platforms"] if p["platform"] == platform]
+    return {**pub, **mine[0]} if mine else None
+
+
 def digests_dir(folder: Path | None) -> Path:
     return folder if folder is not None else state.path("digests")
 
