@@ -28,6 +28,7 @@ from builder import (
     publish,
     registry,
     smoke,
+    verify,
 )
 
 pytestmark = pytest.mark.docker
@@ -138,6 +139,9 @@ def test_publish_joins_a_variants_platforms_under_its_tags(tmp_path: Path, addr:
         assert reg.fetch_artifact(m.repository, child["digest"], "sbom") is not None
         assert reg.fetch_artifact(m.repository, child["digest"], "smoke") is not None
         assert reg.head(m.repository, p.hash_tag).digest == child["digest"]
+    # `builder verify` of the index checks each platform's manifest and its evidence.
+    _, rows = verify.verify(verify.Reference(addr, m.repository, result["digest"]))
+    assert {r.what.split()[0] for r in rows} == {"linux/amd64", "linux/arm64"}
     doc = json.loads((tmp_path / "published.json").read_text())
     [pub] = doc["variants"][VARIANT]["publications"]
     assert [x["platform"] for x in pub["platforms"]] == ["linux/amd64", "linux/arm64"]
