@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from builder import locks, matrix, multiarch, oci, platforms, render, smoke, wheelhouse
+from builder import locks, matrix, multiarch, oci, plan, platforms, render, smoke, wheelhouse
 from builder.errors import ConfigError
 from builder.matrix import MatrixError
 
@@ -320,3 +320,24 @@ def test_rebuild_sees_each_platform_of_an_index_publication():
     plain = {"digest": "sha256:p", "reference": "r@p"}
     assert multiarch.publication_for(plain, "linux/amd64") == plain
     assert multiarch.publication_for(plain, "linux/arm64") is None
+
+
+def test_lock_refuses_a_cpu_only_resolution_for_a_cuda_platform():
+    m = matrix.load(ROOT / "matrix.yaml")
+    arm = m.select(["id=2.15.0-py3.11-cuda-slim", "platform=linux/arm64"])[0]
+    facts = locks.derive_facts(arm, "torch==2.9.1 \\\n    --hash=sha256:" + "0" * 64 + "\n")
+    [problem] = locks.check_facts(arm, facts, m)
+    assert "linux/arm64" in problem and "CPU-only" in problem
+
+
+def test_plan_names_each_platform_and_tags_it_apart_locally():
+    m = matrix.load(ROOT / "matrix.yaml")
+    amd, arm = m.select(["id=2.15.0-py3.11-cuda-slim"])
+    p_amd = plan.plan_variant(m, amd, ROOT / "locks", None, "s")
+    p_arm = plan.plan_variant(m, arm, ROOT / "locks", None, "s")
+    assert p_amd.tags == p_arm.tags  # one tag for both: the index
+    assert (p_amd.local_tag, p_arm.local_tag) == (p_amd.floating_tag,
+                                                  p_amd.floating_tag + ".linux-arm64")
+    assert p_amd.content_hash != p_arm.content_hash
+    entry = p_arm.as_json(m)
+    assert (entry["platform"], entry["key"]) == ("linux/arm64", arm.key)
