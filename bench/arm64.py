@@ -81,25 +81,34 @@ def smoke_table(res: Results, image_id: str) -> dict[str, Any]:
     return report
 
 
-def sbom_figures(res: Results, image_id: str) -> None:
-    doc = json.loads(state.sbom_path(image_id).read_text())
-    stack, purls = list(doc.get("components", [])), []
+def _components(image_id: str) -> list[dict[str, Any]]:
+    stack, out = list(json.loads(state.sbom_path(image_id).read_text()).get("components", [])), []
     while stack:
         c = stack.pop()
-        purls.append(c.get("purl") or "")
+        out.append(c)
         stack.extend(c.get("components", []))
-    debs = [p for p in purls if p.startswith("pkg:deb/")]
+    return out
+
+
+def sbom_figures(res: Results, arm_id: str, amd_id: str) -> None:
+    """arm64 debs, and NVIDIA libraries whose file hashes are not the amd64 image's: the
+    aarch64 builds of the same CUDA release."""
+    arm, amd = _components(arm_id), _components(amd_id)
+    debs = [c.get("purl", "") for c in arm if c.get("purl", "").startswith("pkg:deb/")]
     arm_debs = [p for p in debs if "arch=arm64" in p]
-    nvidia = sorted({p.split("@")[0] for p in purls if p.startswith("pkg:pypi/nvidia-")})
-    aarch64 = [p for p in purls if "aarch64" in p]
-    res.add(Figure("sbom arm64 debs", len(arm_debs), "", note=f"of {len(debs)} debs; the rest "
-                   "arch=all" if len(arm_debs) < len(debs) else "all debs"))
-    res.add(Figure("sbom NVIDIA wheels", len(nvidia), "", note=", ".join(
-        p.removeprefix("pkg:pypi/") for p in nvidia[:6]) + " …"))
-    res.add(Figure("sbom purls naming aarch64", len(aarch64), "",
-                   note=(aarch64[0][:120] if aarch64 else "none")))
-    res.details["sbom"] = {"debs": len(debs), "arm64_debs": len(arm_debs), "nvidia": nvidia,
-                           "aarch64_purls": aarch64[:20]}
+    libs = [c for c in arm if c.get("type") == "library" and c.get("group") == "nvidia"]
+    amd_hashes = {h["content"] for c in amd for h in c.get("hashes", [])}
+    own = [c for c in libs if not {h["content"] for h in c.get("hashes", [])} & amd_hashes]
+    wheels = sorted({c["purl"].split("@")[0].removeprefix("pkg:pypi/") for c in arm
+                     if c.get("purl", "").startswith("pkg:pypi/nvidia-")})
+    res.add(Figure("sbom arm64 debs", len(arm_debs), "", note=f"of {len(debs)} debs (the rest "
+                   "arch=all)"))
+    res.add(Figure("sbom NVIDIA libraries (aarch64 files)", len(own), "",
+                   note=f"{len(libs)} NVIDIA .so components, {len(own)} with hashes unlike the "
+                   f"amd64 image's; from {len(wheels)} wheels: {', '.join(wheels[:5])} …"))
+    res.details["sbom"] = {"debs": len(debs), "arm64_debs": len(arm_debs),
+                           "nvidia_wheels": wheels, "nvidia_libraries": len(libs),
+                           "nvidia_libraries_not_in_amd64": len(own)}
 
 
 def check_index(res: Results, addr: str, repo: str, tag: str) -> None:
@@ -181,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             res.add(Figure("size linux/arm64", _mb(sizes[ARM]), "MB", _mb(sizes[amd.platform]),
                            _ratio(sizes[ARM], sizes[amd.platform]), "arm64 / amd64"))
             smoke_table(res, built[ARM]["image_id"])
-            sbom_figures(res, built[ARM]["image_id"])
+            sbom_figures(res, built[ARM]["image_id"], built[amd.platform]["image_id"])
             builder_cli("publish", "--matrix", str(mpath), "--select", f"id={VARIANT}",
                         "--allow-cpu-smoke", "--manifest", str(Path(tmp) / "published.json"))
             tag = built[ARM]["image"].rsplit(":", 1)[1].removesuffix(
