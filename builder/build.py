@@ -18,12 +18,13 @@ import subprocess
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from builder import base, engine, labels, locks, plan, proc, render, state
 from builder.errors import BuilderError, EngineError
-from builder.matrix import Matrix
+from builder.matrix import Matrix, Variant
 from builder.matrix_cmd import load_selected
 from builder.output import emit_json, human_bytes, step, table
 from builder.render import SMOKE_DIR, facts_json
@@ -32,8 +33,32 @@ from builder.wheelhouse import Wheelhouse, local_wheels
 NEED_GB = {"cpu": 4, "cuda": 12}  # a new CUDA variant: ~7 GB of layers + ~5 GB of wheel cache
 
 
-@dataclass
+@dataclass(frozen=True)
+class BuildOptions:
+    """What a build was asked for: `builder build` reads it from its arguments, `rebuild`
+    passes its own."""
+
+    locks: Path = Path("locks")
+    force: bool = False
+    relock: bool = False
+    fail_fast: bool = False
+    smoke: bool = True
+    sbom: bool = True
+    stage: bool = False
+    require_gpu: bool = False
+    apt_refresh: str = ""
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> BuildOptions:
+        return cls(locks=args.locks, force=args.force, relock=args.relock,
+                   fail_fast=args.fail_fast, smoke=not args.no_smoke, sbom=not args.no_sbom,
+                   stage=args.stage, require_gpu=args.require_gpu, apt_refresh=args.apt_refresh)
+
+
+@dataclass(frozen=True)
 class Outcome:
+    """The built artifact of one planned variant: its image (by id), smoke report and SBOM."""
+
     variant_id: str
     state: str  # built | up-to-date | failed | smoke-failed
     image: str = ""
@@ -43,6 +68,10 @@ class Outcome:
     message: str = ""
     report: dict | None = field(default=None, repr=False)
     sbom_path: str = ""
+    planned: plan.PlannedVariant | None = field(default=None, repr=False, compare=False)
+
+    def as_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("report", "planned")}
 
 
 @contextlib.contextmanager
@@ -162,7 +191,7 @@ def docker_build(p: plan.PlannedVariant, image: str, context: Path, dockerfile: 
 
 
 def build_variant(matrix: Matrix, p: plan.PlannedVariant, wheelhouse: Wheelhouse,
-                  args: argparse.Namespace, after: Callable[[Outcome], None]) -> Outcome:
+                  options: BuildOptions, after: Callable[[Outcome], Outcome]) -> Outcome:
     vid = p.variant.id
     image = f"{matrix.image_name}:{p.floating_tag}"
     log = state.path("logs") / f"{vid}.log"
@@ -172,42 +201,42 @@ def build_variant(matrix: Matrix, p: plan.PlannedVariant, wheelhouse: Wheelhouse
         step(f"  [{vid}] wheels")
         context, dockerfile = prepare_context(p, wheelhouse)
         step(f"  [{vid}] building (log: {log})")
-        image_id = docker_build(p, image, context, dockerfile, args.locks, log,
-                                apt_refresh=args.apt_refresh)
+        image_id = docker_build(p, image, context, dockerfile, options.locks, log,
+                                apt_refresh=options.apt_refresh)
     except BuilderError as exc:
         step(f"  [{vid}] FAILED: {exc}" + (f"\n{exc.hint}" if exc.hint else ""))
-        return Outcome(vid, "failed", image, seconds=time.monotonic() - start, message=str(exc))
+        return Outcome(vid, "failed", image, seconds=time.monotonic() - start, message=str(exc),
+                       planned=p)
     info = engine.inspect_image(image_id) or {}
     outcome = Outcome(vid, "built", image, image_id, int(info.get("Size", 0)),
-                      time.monotonic() - start)
+                      time.monotonic() - start, planned=p)
     step(f"  [{vid}] built {image} ({human_bytes(outcome.size)}, {outcome.seconds:.0f} s)")
-    after(outcome)
-    return outcome
+    return after(outcome)
 
 
-def post_build(args: argparse.Namespace) -> Callable[[Outcome], None]:
+def post_build(options: BuildOptions) -> Callable[[Outcome], Outcome]:
     """Smoke and SBOM each new image (unless switched off); both are gates for publishing."""
 
-    def run(outcome: Outcome) -> None:
-        if not args.no_smoke:
-            from builder import smoke
+    def run(outcome: Outcome) -> Outcome:
+        if options.smoke:
+            from builder import smoketest
 
             step(f"  [{outcome.variant_id}] smoke")
-            report = smoke.run_smoke(outcome.image, require_gpu=args.require_gpu,
+            report = smoketest.run_smoke(outcome.image, require_gpu=options.require_gpu,
                                      gpus=None, report_path=None)
-            outcome.report = report
-            passed, why = smoke.report_passed(report, require_gpu=args.require_gpu)
-            if not passed:
-                outcome.state = "smoke-failed"
-                outcome.message = why
-        if not args.no_sbom:
+            passed, why = smoketest.report_passed(report, require_gpu=options.require_gpu)
+            outcome = replace(outcome, report=report) if passed else replace(
+                outcome, report=report, state="smoke-failed", message=why)
+        if options.sbom:
             step(f"  [{outcome.variant_id}] sbom")
-            outcome.sbom_path = str(write_image_sbom(outcome.image_id, outcome.image))
+            sbom_path = write_image_sbom(outcome.image_id, outcome.image)
+            outcome = replace(outcome, sbom_path=str(sbom_path))
+        return outcome
 
     return run
 
 
-def stage_outcome(matrix: Matrix, p: plan.PlannedVariant, outcome: Outcome) -> None:
+def stage_outcome(matrix: Matrix, p: plan.PlannedVariant, outcome: Outcome) -> Outcome:
     """Push the image to the staging repository by digest and attach its smoke report and
     SBOM there, so that any other machine can smoke, describe or publish it."""
     from builder import evidence
@@ -218,7 +247,7 @@ def stage_outcome(matrix: Matrix, p: plan.PlannedVariant, outcome: Outcome) -> N
         path = evidence.local_file(kind, outcome.image_id)
         if path.is_file():
             evidence.attach(staged, kind, path.read_bytes())
-    outcome.message = staged.reference
+    return replace(outcome, message=staged.reference)
 
 
 def write_image_sbom(image_id: str, image: str) -> Path:
@@ -233,33 +262,39 @@ def write_image_sbom(image_id: str, image: str) -> Path:
 
 def run_build(args: argparse.Namespace) -> list[Outcome]:
     matrix, variants = load_selected(args)
-    if getattr(args, "relock", False):
-        stale = [v for v in variants if not locks.is_current(args.locks, v)]
-        locks.lock_all(matrix, stale, args.locks, progress=step)
+    return build_images(matrix, variants, BuildOptions.from_args(args))
+
+
+def build_images(matrix: Matrix, variants: list[Variant], options: BuildOptions) -> list[Outcome]:
+    """Plan the variants, then build (and smoke, describe, stage) those not up to date."""
+    if options.relock:
+        stale = [v for v in variants if not locks.is_current(options.locks, v)]
+        locks.lock_all(matrix, stale, options.locks, progress=step)
     for v in variants:  # a missing or stale lock fails now, not after the bases are made
-        locks.require_lock(args.locks, v)
+        locks.require_lock(options.locks, v)
     ensure_buildkit()
     digests: dict[str, str] = {}
     for v in variants:
         if v.base.image not in digests:
             digests[v.base.image] = base.ensure(v.base, progress=step)
-    planned = plan.make_plan(matrix, variants, args.locks, digests, check_registry=False)
+    planned = plan.make_plan(matrix, variants, options.locks, digests, check_registry=False)
     wheelhouse = Wheelhouse()
     outcomes: list[Outcome] = []
-    todo = [p for p in planned if p.state == "build" or args.force]
+    todo = [p for p in planned if p.state == "build" or options.force]
     step(f"{len(todo)} of {len(planned)} variants to build"
          + ("" if todo else ": everything is up to date"))
-    after = post_build(args)
+    after = post_build(options)
     for p in planned:
         if p not in todo:
             image = f"{matrix.image_name}:{p.floating_tag}"
-            outcomes.append(Outcome(p.variant.id, "up-to-date", image, message=p.where))
+            outcomes.append(Outcome(p.variant.id, "up-to-date", image, message=p.where,
+                                    planned=p))
             continue
-        outcome = build_variant(matrix, p, wheelhouse, args, after)
-        if getattr(args, "stage", False) and outcome.state == "built":
-            stage_outcome(matrix, p, outcome)
+        outcome = build_variant(matrix, p, wheelhouse, options, after)
+        if options.stage and outcome.state == "built":
+            outcome = stage_outcome(matrix, p, outcome)
         outcomes.append(outcome)
-        if outcome.state != "built" and args.fail_fast:
+        if outcome.state != "built" and options.fail_fast:
             break
     return outcomes
 
@@ -327,7 +362,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     with build_lock():
         outcomes = run_build(args)
     if args.json:
-        emit_json([o.__dict__ | {"report": None} for o in outcomes])
+        emit_json([o.as_json() for o in outcomes])
     else:
         table(["variant", "state", "size", "time", "image"],
               [(o.variant_id, o.state + (f" ({o.message})" if o.message else ""),

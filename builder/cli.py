@@ -28,7 +28,7 @@ COMMANDS = {
     "validate": "builder.matrix_cmd", "lock": "builder.matrix_cmd",
     "render": "builder.matrix_cmd", "plan": "builder.matrix_cmd",
     "base": "builder.build", "build": "builder.build",
-    "smoke": "builder.smoke", "sbom": "builder.sbom", "audit": "builder.sbom",
+    "smoke": "builder.smoketest", "sbom": "builder.sbom_cmd", "audit": "builder.sbom_cmd",
     "registry": "builder.registry", "publish": "builder.publish", "verify": "builder.verify",
     "rebuild": "builder.rebuild",
 }

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import engine, oci, smoke, state
+from builder import engine, oci, smoketest, state
 from builder.errors import CommandFailed
 from builder.matrix import Matrix
 
@@ -47,7 +47,7 @@ def staging_repository(matrix: Matrix) -> str:
 
 def local_file(kind: str, image_id: str) -> Path:
     """The cached copy of an image's evidence on this machine."""
-    return smoke.report_file(image_id) if kind == "smoke" else state.sbom_path(image_id)
+    return smoketest.report_file(image_id) if kind == "smoke" else state.sbom_path(image_id)
 
 
 def find_staged(matrix: Matrix, hash_tag: str) -> Staged | None:

@@ -244,13 +244,26 @@ def require_lock(locks_dir: Path, variant: Variant) -> Lock:
 
 
 def lock_variant(matrix: Matrix, variant: Variant, locks_dir: Path, *, upgrade: bool = False,
+                 upgrade_packages: Sequence[str] = (),
                  memo: dict[str, str] | None = None) -> tuple[Lock, bool]:
-    """Resolve one variant unless its recorded inputs are unchanged. Returns (lock, resolved?)."""
+    """Resolve one variant unless its recorded inputs are unchanged. Returns (lock, changed?).
+
+    With `upgrade_packages` (a security re-lock), the existing pins are kept except for those
+    packages, which move to the newest release the matrix allows.
+    """
     memo = {} if memo is None else memo
     txt_path, json_path = lock_paths(locks_dir, variant)
     existing = json.loads(json_path.read_text()) if json_path.exists() else None
+    base_path = base_lock_path(locks_dir, variant)
+
+    def resolve_reqs(reqs: list[str], current_path: Path) -> str:
+        if upgrade_packages and current_path.exists():
+            return resolve(variant, reqs, current=current_path.read_text(),
+                           upgrade_packages=upgrade_packages)
+        return _resolve_memo(variant, reqs, upgrade, memo)
+
     reqs = requirements(variant)
-    text = base_text = _resolve_memo(variant, reqs, upgrade, memo)
+    text = base_text = resolve_reqs(reqs, base_path if base_path.exists() else txt_path)
     facts = derive_facts(variant, text)
     with_toolkit = False
     if variant.flavor == "devel" and facts["cuda"]:
@@ -258,17 +271,18 @@ def lock_variant(matrix: Matrix, variant: Variant, locks_dir: Path, *, upgrade: 
         if toolkit.get("wheels"):
             with_toolkit = True
             reqs = requirements(variant, toolkit_cuda=facts["cuda"])
-            text = _resolve_memo(variant, reqs, upgrade, memo)
+            text = resolve_reqs(reqs, txt_path)
             facts = derive_facts(variant, text)
     problems = check_facts(variant, facts, matrix)
     if problems:
         raise ConfigError("\n".join(problems))
-    key = inputs_hash(variant, reqs)
-    if existing and existing.get("inputs_hash") == key and txt_path.exists() and not upgrade \
-            and txt_path.read_text() == text:
+    unchanged = txt_path.exists() and txt_path.read_text() == text and (
+        not with_toolkit or (base_path.exists() and base_path.read_text() == base_text))
+    if existing and existing.get("inputs_hash") == inputs_hash(variant, reqs) and unchanged \
+            and not upgrade:
         return Lock(variant.id, text, existing["facts"]), False
     if with_toolkit:
-        atomic_write(base_lock_path(locks_dir, variant), base_text)
+        atomic_write(base_path, base_text)
     atomic_write(txt_path, text)
     atomic_write(json_path, lock_metadata(variant, reqs, facts))
     return Lock(variant.id, text, facts), True

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import engine, evidence, labels, oci, plan, provenance, smoke, state
+from builder import engine, evidence, labels, oci, plan, provenance, smoketest, state
 from builder.errors import BuilderError, GateRefused
 from builder.evidence import Staged
 from builder.matrix import Matrix
@@ -100,7 +100,7 @@ def _smoke_gate(cand: Candidate, allow_cpu_smoke: bool) -> str:
         report = json.loads(cand.evidence["smoke"]) if "smoke" in cand.evidence else None
     except ValueError as exc:
         return f"the smoke report is not JSON: {exc}"
-    passed, why = smoke.report_passed(report, require_gpu=is_cuda and not allow_cpu_smoke)
+    passed, why = smoketest.report_passed(report, require_gpu=is_cuda and not allow_cpu_smoke)
     if not passed:
         return why
     assert report is not None
@@ -111,7 +111,7 @@ def _smoke_gate(cand: Candidate, allow_cpu_smoke: bool) -> str:
     if (report.get("image") or {}).get("id") not in (None, cand.image_id):
         return "the smoke report is of another image"
     gpu_passed = all(c["status"] == "pass" for c in report["checks"]
-                     if c["name"] in smoke.GPU_CHECKS)
+                     if c["name"] in smoketest.GPU_CHECKS)
     cand.smoke_gpu = is_cuda and bool(report.get("require_gpu")) and gpu_passed
     cand.allow_cpu_smoke = is_cuda and not cand.smoke_gpu  # the waiver was needed, and used
     return ""

@@ -33,7 +33,7 @@ from typing import Any
 from builder import base, engine, labels, locks, oci, plan, proc, state
 from builder.errors import BuilderError, ConfigError
 from builder.matrix import Matrix, Variant
-from builder.matrix_cmd import known_base_digests, load_selected
+from builder.matrix_cmd import load_selected
 from builder.output import emit_json, step, table
 
 REASONS = ("debian-security", "python-vuln", "base-moved", "inputs-changed")
@@ -339,37 +339,11 @@ def apt_token(upgradable: dict[str, tuple[str, str]]) -> str:
 # ---- re-locking one package -------------------------------------------------------------------
 
 
-def _compile(variant: Variant, reqs: list[str], current: str, packages: list[str]) -> str:
-    """Re-resolve keeping the current pins except `packages` (which go to the newest allowed)."""
-    return locks.resolve(variant, reqs, current=current, upgrade_packages=packages)
-
-
 def upgrade_packages(matrix: Matrix, variant: Variant, locks_dir: Path,
                      packages: list[str]) -> bool:
-    """Re-lock only `packages` (newest allowed) and write the same files lock_variant writes.
-    Returns whether the lock changed."""
-    txt_path, json_path = locks.lock_paths(locks_dir, variant)
-    lock = locks.require_lock(locks_dir, variant)
-    meta = json.loads(json_path.read_text())
-    reqs = list(meta.get("requirements") or locks.requirements(variant))
-    text = _compile(variant, reqs, lock.text, packages)
-    base_path = locks.base_lock_path(locks_dir, variant)
-    base_text = None
-    if base_path.exists():
-        base_text = _compile(variant, locks.requirements(variant), base_path.read_text(),
-                             packages)
-    facts = locks.derive_facts(variant, text)
-    problems = locks.check_facts(variant, facts, matrix)
-    if problems:
-        raise ConfigError("\n".join(problems))
-    changed = text != lock.text or (base_text is not None and base_text != base_path.read_text())
-    if not changed:
-        return False
-    if base_text is not None:
-        state.atomic_write(base_path, base_text)
-    state.atomic_write(txt_path, text)
-    state.atomic_write(json_path, locks.lock_metadata(variant, reqs, facts))
-    return True
+    """Re-lock only `packages` (newest allowed) through the one lock store; did it change?"""
+    locks.require_lock(locks_dir, variant)  # a missing or stale lock is refused, not re-made
+    return locks.lock_variant(matrix, variant, locks_dir, upgrade_packages=packages)[1]
 
 
 # ---- the rebuild ------------------------------------------------------------------------------
@@ -402,13 +376,6 @@ def plan_actions(findings: list[Finding]) -> list[Action]:
     return list(actions.values())
 
 
-def build_args(args: argparse.Namespace, vid: str, apt_refresh: str) -> argparse.Namespace:
-    return argparse.Namespace(
-        matrix=args.matrix, select=[f"id={vid}"], json=False, locks=args.locks, force=True,
-        fail_fast=True, no_smoke=False, no_sbom=False, require_gpu=False,
-        ca_bundle=getattr(args, "ca_bundle", None), apt_refresh=apt_refresh)
-
-
 def old_sbom(pub: dict[str, Any]) -> dict[str, Any] | None:
     """The published image's SBOM: local by image id, else its registry artifact."""
     from builder import publish
@@ -438,9 +405,9 @@ def fetch_artifact(registry: str, repository: str, digest: str) -> dict[str, Any
 
 
 def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_dir: Path,
-            args: argparse.Namespace, allow_cpu_smoke: bool = False, dry_run: bool = False,
+            allow_cpu_smoke: bool = False, dry_run: bool = False,
             findings: list[Finding] | None = None, skip: Collection[str] = (),
-            build: Callable[[argparse.Namespace], list[Any]] | None = None,
+            build: Callable[..., list[Any]] | None = None,
             publish_fn: Callable[..., list[dict[str, Any]]] | None = None) -> list[Action]:
     """Rebuild and publish exactly the variants whose findings say so; returns the actions."""
     from builder import build as build_mod
@@ -453,7 +420,7 @@ def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_di
         for a in actions:
             a.state = "would-rebuild"
         return actions
-    build = build or build_mod.run_build
+    build = build or build_mod.build_images
     publish_fn = publish_fn or publish.publish_variants
     pubs = latest_publications(manifest)
     by_id = {v.id: v for v in variants}
@@ -469,15 +436,16 @@ def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_di
                             "re-locking found no newer allowed release of "
                             + ", ".join(a.upgrade) + ": the fix needs a matrix change")
                         continue
-                outcomes = build(build_args(args, a.variant_id, a.apt_refresh))
+                options = build_mod.BuildOptions(locks=locks_dir, force=True, fail_fast=True,
+                                                 apt_refresh=a.apt_refresh)
+                outcomes = build(matrix, [variant], options)
                 bad = [o for o in outcomes if o.state != "built"]
                 if bad or not outcomes:
                     a.state = "failed"
                     a.message = "; ".join(f"{o.state}: {o.message}" for o in bad) or "not built"
                     continue
                 a.state = "built"
-                planned = plan.make_plan(matrix, [variant], locks_dir,
-                                         known_base_digests([variant]), check_registry=False)
+                planned = [o.planned for o in outcomes if o.planned is not None]
                 results = publish_fn(matrix, planned, allow_cpu_smoke=allow_cpu_smoke,
                                      dry_run=False, manifest=manifest, locks_dir=locks_dir)
                 result = results[0] if results else {"status": "refused", "reason": "no result"}
@@ -565,7 +533,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         else:
             print_findings(findings, skip)
         return exit_code(findings)
-    actions = rebuild(matrix, variants, args.manifest, locks_dir=args.locks, args=args,
+    actions = rebuild(matrix, variants, args.manifest, locks_dir=args.locks,
                       allow_cpu_smoke=args.allow_cpu_smoke, dry_run=args.dry_run,
                       findings=findings)
     if args.json:

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from builder import labels, oci, provenance, smoke
+from builder import labels, oci, provenance, smoketest
 from builder.errors import FINDINGS, BuilderError
 from builder.output import emit_json, table
 
@@ -90,11 +90,11 @@ def label_row(image_labels: dict[str, str]) -> Row:
 def smoke_rows(report: Any, config_digest: str, image_labels: dict[str, str]) -> list[Row]:
     if report is None:
         return [Row("smoke", MISSING, "no smoke report attached (builder smoke, then publish)")]
-    if not isinstance(report, dict) or (problem := smoke.validation_error(report)):
+    if not isinstance(report, dict) or (problem := smoketest.validation_error(report)):
         return [Row("smoke", BAD, f"the report does not match its schema: {problem}")]
     gpus = (report.get("host") or {}).get("gpus") or []
     host = f"{len(gpus)} GPU(s): {gpus[0].get('name', '?')}" if gpus else "CPU host (no GPU)"
-    rows = [Row(f"smoke {c['name']}", OK if c["status"] in smoke.OK_STATUSES else BAD,
+    rows = [Row(f"smoke {c['name']}", OK if c["status"] in smoketest.OK_STATUSES else BAD,
                 f"{c['status']}: {c.get('message', '')}"[:90]) for c in report["checks"]]
     problems = []
     if report["status"] != "pass":

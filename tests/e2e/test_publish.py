@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 from helpers import free_port
 
-from builder import engine, evidence, labels, matrix, oci, plan, publish, registry, smoke
+from builder import engine, evidence, labels, matrix, oci, plan, publish, registry, smoketest
 from builder.oci import RegistryError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,7 +128,7 @@ class Images:
         if smoke_ok is not None:
             report = smoke_report(image_id, p.variant.accelerator,
                                   status="pass" if smoke_ok else "fail", require_gpu=smoke_gpu)
-            smoke.store_report(report, image_id, None)
+            smoketest.store_report(report, image_id, None)
         if sbom_ok:
             path = publish.sbom_file(image_id)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -173,7 +173,7 @@ def test_refused_on_failed_smoke(images: Images, tmp_path: Path) -> None:
 @pytest.mark.docker
 def test_refused_on_missing_smoke_report(images: Images, tmp_path: Path) -> None:
     p, image_id = images.build(CPU_ID)
-    smoke.report_file(image_id).unlink()
+    smoketest.report_file(image_id).unlink()
     [result] = run(images, [p], tmp_path)
     assert result["status"] == "refused" and "no smoke report" in result["reason"]
     assert tags(images.matrix.registry, images.matrix.repository) == []

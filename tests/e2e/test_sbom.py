@@ -232,7 +232,7 @@ def test_cli_sbom_and_diff(images, tmp_path, capsys):
     import argparse
 
     from builder import cli
-    from builder import sbom as cmd
+    from builder import sbom_cmd as cmd
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")

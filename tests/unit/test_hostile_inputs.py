@@ -22,9 +22,9 @@ from builder import (
     publish,
     registry,
     render,
+    sbom_cmd,
     state,
 )
-from builder import sbom as sbom_cmd
 from builder.errors import BuilderError, ConfigError
 from builder.matrix import MatrixError
 
@@ -80,9 +80,10 @@ def test_a_lock_made_from_other_inputs_is_refused(tmp_path, capsys, old, new, wh
 def test_build_refuses_a_stale_lock_before_touching_the_engine(tmp_path, monkeypatch):
     path = shipped_with(tmp_path, "packages: [numpy]", "packages: [numpy, requests]")
     monkeypatch.setattr(build, "ensure_buildkit", lambda: pytest.fail("reached the engine"))
-    args = argparse.Namespace(matrix=str(path), select=[f"id={CPU}"], locks=LOCKS, relock=False)
+    m = matrix.load(path)
+    stale = [v for v in m.variants if v.id == CPU]
     with pytest.raises(ConfigError, match=r"\(packages changed\): run builder lock"):
-        build.run_build(args)
+        build.build_images(m, stale, build.BuildOptions(locks=LOCKS))
 
 
 def test_the_shipped_locks_record_their_inputs():

@@ -117,3 +117,29 @@ def test_tags_and_content_hash(shipped):
     assert "latest-slim" in p1.tags
 
 
+
+
+@pytest.mark.parametrize("variant_id", ["2.13.0-py3.11-cpu-runtime", "2.15.0-py3.11-cuda-devel"])
+def test_a_security_relock_keeps_every_other_pin(shipped, tmp_path, monkeypatch, variant_id):
+    """`rebuild` re-locks through the one lock store: the current pins go to uv as the existing
+    output, only the vulnerable package may move, and both of a devel lock's files are kept in
+    step."""
+    variant = next(v for v in shipped.variants if v.id == variant_id)
+    for name in (f"{variant_id}.txt", f"{variant_id}.json", f"{variant_id}.base.txt"):
+        if (LOCKS / name).exists():
+            (tmp_path / name).write_bytes((LOCKS / name).read_bytes())
+    calls = []
+
+    def fake_resolve(v, reqs, *, upgrade=False, current=None, upgrade_packages=()):
+        calls.append((current is not None, tuple(upgrade_packages)))
+        return re.sub(r"(?m)^jinja2==\S+", "jinja2==9.9.9", current)
+
+    monkeypatch.setattr(locks, "resolve", fake_resolve)
+    assert locks.lock_variant(shipped, variant, tmp_path, upgrade_packages=["jinja2"])[1]
+    assert calls and all(c == (True, ("jinja2",)) for c in calls)
+    assert len(calls) == (2 if variant.flavor == "devel" else 1)
+    assert "jinja2==9.9.9" in (tmp_path / f"{variant_id}.txt").read_text()
+    assert locks.stale_reason(tmp_path, variant) is None
+
+    monkeypatch.setattr(locks, "resolve", lambda v, reqs, **kw: kw["current"])
+    assert not locks.lock_variant(shipped, variant, tmp_path, upgrade_packages=["jinja2"])[1]

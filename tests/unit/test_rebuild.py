@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -144,16 +143,12 @@ def test_apt_token_changes_with_list() -> None:
 # ---- the rebuild loop -------------------------------------------------------------------------
 
 
-def fake_args() -> argparse.Namespace:
-    return argparse.Namespace(matrix="matrix.yaml", locks=Path("locks"), ca_bundle=None)
-
-
 def test_nothing_to_do_builds_and_pushes_nothing(clean) -> None:
     def fail(*a, **k):
         raise AssertionError("must not be called")
 
     actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
-                              args=fake_args(), findings=[], build=fail, publish_fn=fail)
+                              findings=[], build=fail, publish_fn=fail)
     assert actions == []
 
 
@@ -168,25 +163,25 @@ def test_rebuild_builds_with_apt_refresh_and_publishes(clean, tmp_path: Path) ->
     old = {"components": [{"type": "library", "name": "libssl3", "version": "1",
                            "purl": "pkg:deb/debian/libssl3@1"}]}
 
-    def build(args):
-        built.append(args)
-        return [SimpleNamespace(state="built", message="", sbom_path=str(new_sbom))]
+    def build(matrix, variants, options):
+        built.append((variants, options))
+        return [SimpleNamespace(state="built", message="", sbom_path=str(new_sbom),
+                                planned="planned")]
 
     def publish_fn(matrix, planned, **kw):
-        published.append(kw)
+        published.append({"planned": planned, **kw})
         return [{"id": VID, "status": "published", "tags": ["t-20250101"]}]
 
-    clean.setattr(rebuild.plan, "make_plan", lambda *a, **k: ["planned"])
-    clean.setattr(rebuild, "known_base_digests", lambda v: {})
     clean.setattr(rebuild, "old_sbom", lambda pub: old)
     actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
-                              args=fake_args(), findings=findings, build=build,
+                              findings=findings, build=build,
                               publish_fn=publish_fn, allow_cpu_smoke=True)
     [a] = actions
     assert a.state == "published"
-    assert [b.apt_refresh for b in built] == ["20250101-ab"] and built[0].force
-    assert built[0].select == [f"id={VID}"]
-    assert published == [{"allow_cpu_smoke": True, "dry_run": False,
+    [(variants, options)] = built
+    assert variants == [CPU] and options.apt_refresh == "20250101-ab" and options.force
+    assert options.smoke and options.sbom and options.locks == Path("locks")
+    assert published == [{"planned": ["planned"], "allow_cpu_smoke": True, "dry_run": False,
                           "manifest": Path("p.json"), "locks_dir": Path("locks")}]
     assert a.changelog["changed"][0]["name"] == "libssl3"
 
@@ -197,8 +192,8 @@ def test_python_vuln_relocks_then_builds(clean) -> None:
     clean.setattr(rebuild, "upgrade_packages",
                   lambda m, v, d, pkgs: upgraded.append(pkgs) or False)
     actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
-                              args=fake_args(), findings=findings,
-                              build=lambda a: pytest.fail("lock unchanged: no build"),
+                              findings=findings,
+                              build=lambda *a: pytest.fail("lock unchanged: no build"),
                               publish_fn=lambda *a, **k: pytest.fail("no publish"))
     assert upgraded == [["jinja2"]]
     assert actions[0].state == "unchanged"
@@ -207,19 +202,19 @@ def test_python_vuln_relocks_then_builds(clean) -> None:
 def test_dry_run_changes_nothing(clean) -> None:
     findings = [rebuild.Finding(VID, "inputs-changed", "rebuild", "x")]
     actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
-                              args=fake_args(), findings=findings, dry_run=True,
-                              build=lambda a: pytest.fail("no build"))
+                              findings=findings, dry_run=True,
+                              build=lambda *a: pytest.fail("no build"))
     assert [a.state for a in actions] == ["would-rebuild"]
 
 
 def test_failed_build_is_reported(clean) -> None:
     findings = [rebuild.Finding(VID, "inputs-changed", "rebuild", "x")]
 
-    def build(args):
+    def build(*args):
         raise BuilderError("engine gone")
 
     actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
-                              args=fake_args(), findings=findings, build=build)
+                              findings=findings, build=build)
     assert actions[0].state == "failed" and "engine gone" in actions[0].message
 
 

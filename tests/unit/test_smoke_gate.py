@@ -1,4 +1,4 @@
-"""`builder.smoke`: the publish gate (`report_passed`) and `run_smoke` with a faked engine.
+"""`builder.smoketest`: the publish gate (`report_passed`) and `run_smoke` with a faked engine.
 
 Nothing here touches Docker: `builder.engine`'s calls are replaced by fakes.
 """
@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from builder import engine, labels
-from builder import smoke as bsmoke
+from builder import smoketest as bsmoke
 from builder.cli import common_parser
 from builder.errors import CommandFailed, EngineError
 
@@ -275,7 +275,7 @@ def test_cli_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 
 def test_require_gpu_failures_count_as_stand_ins_when_the_gate_allows_cpu_smoke():
     """A later `--require-gpu` run on a CPU host must not turn an allowed CPU smoke into a fail."""
-    from builder.smoke import _only_gpu_demand_failed
+    from builder.smoketest import _only_gpu_demand_failed
 
     report = {"require_gpu": True, "status": "fail", "checks": [
         {"name": "env", "status": "pass"},

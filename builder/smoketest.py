@@ -141,7 +141,7 @@ def error_report(
     """A valid report with one `error` check: what is stored when the container gave no report."""
     return {
         "schema_version": SCHEMA_VERSION,
-        "tool": {"name": "builder.smoke", "version": "0.1.0"},
+        "tool": {"name": "builder.smoketest", "version": "0.1.0"},
         "image": {"ref": image, "id": image_id, "digest": None},
         "facts": None,
         "host": {},
