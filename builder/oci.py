@@ -70,28 +70,31 @@ def sha256(data: bytes) -> str:
 
 
 def retry(what: str, registry: str, fn: Callable[[], T],
-          transient: tuple[type[Exception], ...] = ()) -> T:
+          transient: tuple[type[Exception], ...] = (),
+          backoff: tuple[float, ...] = BACKOFF_S) -> T:
     """`fn()` with bounded backoff; the last failure becomes a RegistryError naming the registry.
     `transient` adds exception types worth another try (e.g. a failed `docker push`)."""
     last: Exception | None = None
-    for delay in (*BACKOFF_S, None):
+    for delay in (*backoff, None):
         try:
             return fn()
         except (_Transient, OSError, *transient) as exc:
             last = exc
             if delay is not None:
                 time.sleep(delay)
-    raise RegistryError(f"{what}: registry `{registry}` failed after {len(BACKOFF_S) + 1} tries",
+    raise RegistryError(f"{what}: registry `{registry}` failed after {len(backoff) + 1} tries",
                         hint=getattr(last, "hint", None) or str(last))
 
 
 class Registry:
     """One registry host; every method names the repository it works on."""
 
-    def __init__(self, registry: str, timeout: float = TIMEOUT_S) -> None:
+    def __init__(self, registry: str, timeout: float = TIMEOUT_S,
+                 backoff: tuple[float, ...] = BACKOFF_S) -> None:
         self.registry = registry
         self.base = registry_url(registry)
         self.timeout = timeout
+        self.backoff = backoff  # () for a question that must not wait (the plan's)
         self._token: str | None = None
 
     # ---- HTTP ---------------------------------------------------------------------------------
@@ -151,7 +154,7 @@ class Registry:
         return bool(self._token)
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
-        return retry(what, self.registry, fn)
+        return retry(what, self.registry, fn, backoff=self.backoff)
 
     # ---- manifests ----------------------------------------------------------------------------
 

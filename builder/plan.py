@@ -10,17 +10,14 @@ building (and publishing) again, never "up to date" under the old name.
 from __future__ import annotations
 
 import hashlib
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import labels, locks, tags
-from builder.errors import ConfigError
+from builder import labels, locks, oci, tags
+from builder.errors import BuilderError, ConfigError
 from builder.matrix import Matrix, Variant
-from builder.oci import MANIFEST_TYPES, registry_url
 from builder.output import step
 from builder.render import SMOKE_DIR, Rendered, render
 
@@ -181,12 +178,10 @@ def local_content_hashes(engine) -> dict[str, set[str]]:
 
 
 def registry_has(registry: str, repository: str, tag: str, timeout: float = 3.0) -> bool:
-    """One manifest HEAD; an unreachable registry counts as `no` (the plan says build)."""
-    url = f"{registry_url(registry)}/v2/{repository}/manifests/{tag}"
-    request = urllib.request.Request(url, method="HEAD", headers={"Accept": ", ".join(
-        MANIFEST_TYPES)})
+    """One manifest HEAD, no retries; an unreachable registry counts as `no` (the plan says
+    build)."""
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
+        return oci.Registry(registry, timeout=timeout, backoff=()).head(repository, tag) \
+            is not None
+    except (BuilderError, OSError, ValueError, KeyError):
         return False
