@@ -193,7 +193,7 @@ def docker_build(p: plan.PlannedVariant, image: str, context: Path, dockerfile: 
 def build_variant(matrix: Matrix, p: plan.PlannedVariant, wheelhouse: Wheelhouse,
                   options: BuildOptions, after: Callable[[Outcome], Outcome]) -> Outcome:
     vid = p.variant.id
-    image = f"{matrix.image_name}:{p.floating_tag}"
+    image = p.local_image
     log = state.path("logs") / f"{vid}.log"
     start = time.monotonic()
     try:
@@ -286,7 +286,7 @@ def build_images(matrix: Matrix, variants: list[Variant], options: BuildOptions)
     after = post_build(options)
     for p in planned:
         if p not in todo:
-            image = f"{matrix.image_name}:{p.floating_tag}"
+            image = p.local_image
             outcomes.append(Outcome(p.variant.id, "up-to-date", image, message=p.where,
                                     planned=p))
             continue

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ class PlannedVariant:
     lock_hash: str
     base_digest: str | None
     tags: tuple[str, ...]
+    local_image: str  # the engine's name for the built image: <image_name>:<floating tag>
     state: str = "build"  # "build" | "up-to-date"
     where: str = ""  # "local" | "registry" when up-to-date
 
@@ -48,7 +49,7 @@ class PlannedVariant:
         return {
             "id": v.id, "torch": v.torch, "python": v.python, "accelerator": v.accelerator,
             "flavor": v.flavor, "default": v.default, "tags": list(self.tags),
-            "image": f"{matrix.image_name}:{self.floating_tag}",
+            "image": self.local_image,
             "content_hash": self.content_hash, "lock_hash": self.lock_hash,
             "base": v.base.image, "base_digest": self.base_digest, "state": self.state,
             "where": self.where, "facts": self.rendered.facts,
@@ -115,11 +116,12 @@ def plan_variant(matrix: Matrix, variant: Variant, locks_dir: Path, base_digest:
                  smoke_hash: str) -> PlannedVariant:
     lock = locks.require_lock(locks_dir, variant)
     rendered = render(matrix, variant, lock, locks.read_base_lock(locks_dir, variant))
+    tags = tags_for(matrix, variant, rendered.facts)
     return PlannedVariant(
         variant=variant, rendered=rendered,
         content_hash=content_hash(rendered, base_digest, smoke_hash),
         lock_hash=hashlib.sha256(lock.text.encode()).hexdigest(),
-        base_digest=base_digest, tags=tags_for(matrix, variant, rendered.facts),
+        base_digest=base_digest, tags=tags, local_image=f"{matrix.image_name}:{tags[0]}",
     )
 
 
@@ -140,7 +142,7 @@ def make_plan(matrix: Matrix, variants: Iterable[Variant], locks_dir: Path,
     for variant in variants:
         p = plan_variant(matrix, variant, locks_dir, base_digests.get(variant.base.image),
                          smoke_hash)
-        if f"{matrix.image_name}:{p.floating_tag}" in local.get(p.content_hash, ()):
+        if p.local_image in local.get(p.content_hash, ()):
             p = _with_state(p, "up-to-date", "local")
         elif check_registry and registry_has(matrix.registry, matrix.repository, p.hash_tag):
             p = _with_state(p, "up-to-date", "registry")
@@ -149,8 +151,7 @@ def make_plan(matrix: Matrix, variants: Iterable[Variant], locks_dir: Path,
 
 
 def _with_state(p: PlannedVariant, state: str, where: str) -> PlannedVariant:
-    return PlannedVariant(p.variant, p.rendered, p.content_hash, p.lock_hash, p.base_digest,
-                          p.tags, state, where)
+    return replace(p, state=state, where=where)
 
 
 def engine_available(engine) -> bool:

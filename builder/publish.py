@@ -62,7 +62,7 @@ def sbom_file(image_id: str) -> Path:
 
 
 def gate(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: bool) -> Candidate:
-    cand = Candidate(p, f"{matrix.image_name}:{p.floating_tag}")
+    cand = Candidate(p, p.local_image)
     cand.staged = evidence.find_staged(matrix, p.hash_tag)
     cand.image_id = cand.staged.image_id if cand.staged else _local_image(cand)
     if cand.reason:

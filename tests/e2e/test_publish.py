@@ -120,7 +120,7 @@ class Images:
         ctx.mkdir()
         (ctx / "nonce").write_text(nonce or uuid.uuid4().hex)
         (ctx / "Dockerfile").write_text("FROM scratch\nCOPY nonce /nonce\n")
-        ref = f"{self.matrix.image_name}:{p.floating_tag}"
+        ref = p.local_image
         engine.docker("build", "-q", "-t", ref, "--label", f"{labels.CONTENT_HASH}={content_hash}",
                       "--label", f"{labels.ACCELERATOR}={p.variant.accelerator}", str(ctx))
         image_id = engine.inspect_image(ref)["Id"]
