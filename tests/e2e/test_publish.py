@@ -48,7 +48,7 @@ def digest_at(addr: str, repo: str, tag: str) -> str | None:
 
 def get_manifest(addr: str, repo: str, ref: str) -> dict[str, Any]:
     req = urllib.request.Request(f"http://{addr}/v2/{repo}/manifests/{ref}",
-                                 headers={"Accept": ", ".join(plan.MANIFEST_TYPES)})
+                                 headers={"Accept": ", ".join(oci.MANIFEST_TYPES)})
     with urllib.request.urlopen(req, timeout=5) as r:
         return json.load(r)
 
