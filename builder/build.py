@@ -21,9 +21,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder import base, engine, labels, locks, plan, proc, render, state
+from builder import base, engine, labels, locks, plan, platforms, proc, render, state
 from builder.errors import BuilderError, EngineError
-from builder.matrix import Matrix
+from builder.locks import lock_paths
+from builder.matrix import Matrix, Variant
 from builder.matrix_cmd import load_selected
 from builder.output import emit_json, human_bytes, step, table
 from builder.render import SMOKE_DIR, facts_json
@@ -100,19 +101,20 @@ def public_url(remote: str) -> str:
     return urllib.parse.urlunsplit(("https", host, parts.path.removesuffix(".git"), "", ""))
 
 
-def created_time(variant_id: str, locks_dir: Path) -> str:
+def created_time(variant: Variant, locks_dir: Path) -> str:
     """When the inputs were fixed (the lock's commit), not wall-clock: same inputs, same config."""
-    committed = git("log", "-1", "--format=%cI", "--", str(locks_dir / f"{variant_id}.txt"))
+    txt, js = lock_paths(locks_dir, variant)
+    committed = git("log", "-1", "--format=%cI", "--", str(txt))
     if committed:
         return dt.datetime.fromisoformat(committed).astimezone(dt.UTC).strftime(
             "%Y-%m-%dT%H:%M:%SZ")
-    mtime = (locks_dir / f"{variant_id}.json").stat().st_mtime
+    mtime = js.stat().st_mtime
     return dt.datetime.fromtimestamp(mtime, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def build_labels(p: plan.PlannedVariant, locks_dir: Path) -> dict[str, str]:
     return {
-        labels.OCI + "created": created_time(p.variant.id, locks_dir),
+        labels.OCI + "created": created_time(p.variant, locks_dir),
         labels.OCI + "revision": git("rev-parse", "HEAD") or "unknown",
         **({labels.OCI + "source": url} if (url := source_url()) else {}),
         labels.OCI + "base.digest": p.base_digest or "",
@@ -137,7 +139,7 @@ def prepare_context(p: plan.PlannedVariant, wheelhouse: Wheelhouse) -> tuple[Pat
     if smoke.exists():
         shutil.rmtree(smoke)
     shutil.copytree(SMOKE_DIR, smoke, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    dockerfile_dir = state.path("rendered", p.variant.id)
+    dockerfile_dir = state.path("rendered", p.variant.key)
     state.atomic_write(dockerfile_dir / "Dockerfile", p.rendered.dockerfile)
     state.atomic_write(dockerfile_dir / "Dockerfile.dockerignore", p.rendered.dockerignore)
     return context, dockerfile_dir / "Dockerfile"
@@ -156,6 +158,8 @@ def docker_build(p: plan.PlannedVariant, image: str, context: Path, dockerfile: 
         argv += ["--secret", f"id=ca,src={ca}"]
     if apt_refresh:
         argv += ["--build-arg", f"APT_REFRESH={apt_refresh}"]
+    if p.variant.platform != platforms.DEFAULT:  # emulated unless the host is that platform
+        argv += ["--platform", p.variant.platform]
     log.unlink(missing_ok=True)
     engine.docker(*argv, str(context), log=log, timeout=4 * 3600)
     return iidfile.read_text().strip()
@@ -163,9 +167,9 @@ def docker_build(p: plan.PlannedVariant, image: str, context: Path, dockerfile: 
 
 def build_variant(matrix: Matrix, p: plan.PlannedVariant, wheelhouse: Wheelhouse,
                   args: argparse.Namespace, after: Callable[[Outcome], None]) -> Outcome:
-    vid = p.variant.id
-    image = f"{matrix.image_name}:{p.floating_tag}"
-    log = state.path("logs") / f"{vid}.log"
+    vid = p.variant.key
+    image = f"{matrix.image_name}:{p.local_tag}"
+    log = state.path("logs") / f"{p.variant.key}.log"
     start = time.monotonic()
     try:
         engine.ensure_disk(state.root(), NEED_GB[p.variant.accelerator])
@@ -212,7 +216,7 @@ def stage_outcome(matrix: Matrix, p: plan.PlannedVariant, outcome: Outcome) -> N
     SBOM there, so that any other machine can smoke, describe or publish it."""
     from builder import evidence
 
-    step(f"  [{p.variant.id}] staging in {matrix.registry}/{evidence.staging_repository(matrix)}")
+    step(f"  [{p.variant.key}] staging in {matrix.registry}/{evidence.staging_repository(matrix)}")
     staged = evidence.stage(matrix, outcome.image_id, p.hash_tag)
     for kind in ("smoke", "sbom"):
         path = evidence.local_file(kind, outcome.image_id)
@@ -239,10 +243,11 @@ def run_build(args: argparse.Namespace) -> list[Outcome]:
     for v in variants:  # a missing or stale lock fails now, not after the bases are made
         locks.require_lock(args.locks, v)
     ensure_buildkit()
-    digests: dict[str, str] = {}
+    digests: dict[str, str | None] = {}
     for v in variants:
-        if v.base.image not in digests:
-            digests[v.base.image] = base.ensure(v.base, progress=step)
+        key = platforms.base_key(v.base.image, v.platform)
+        if key not in digests:
+            digests[key] = base.ensure_variant(matrix, v, progress=step)
     planned = plan.make_plan(matrix, variants, args.locks, digests, check_registry=False)
     wheelhouse = Wheelhouse()
     outcomes: list[Outcome] = []
@@ -252,8 +257,8 @@ def run_build(args: argparse.Namespace) -> list[Outcome]:
     after = post_build(args)
     for p in planned:
         if p not in todo:
-            image = f"{matrix.image_name}:{p.floating_tag}"
-            outcomes.append(Outcome(p.variant.id, "up-to-date", image, message=p.where))
+            image = f"{matrix.image_name}:{p.local_tag}"
+            outcomes.append(Outcome(p.variant.key, "up-to-date", image, message=p.where))
             continue
         outcome = build_variant(matrix, p, wheelhouse, args, after)
         if getattr(args, "stage", False) and outcome.state == "built":

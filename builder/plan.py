@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import labels, locks, tags
+from builder import labels, locks, platforms, tags
 from builder.errors import ConfigError
 from builder.matrix import Matrix, Variant
 from builder.oci import MANIFEST_TYPES, registry_url
@@ -43,15 +43,22 @@ class PlannedVariant:
         return self.tags[0]
 
     @property
+    def local_tag(self) -> str:
+        """The engine's tag for this platform's image: the floating tag, plus the platform
+        suffix off linux/amd64 (one local tag holds one image; the registry joins them)."""
+        return self.floating_tag + platforms.get(self.variant.platform).suffix
+
+    @property
     def hash_tag(self) -> str:
         return HASH_TAG_PREFIX + self.content_hash[:20]
 
     def as_json(self, matrix: Matrix) -> dict[str, Any]:
         v = self.variant
         return {
-            "id": v.id, "torch": v.torch, "python": v.python, "accelerator": v.accelerator,
+            "id": v.id, "key": v.key, "platform": v.platform, "torch": v.torch,
+            "python": v.python, "accelerator": v.accelerator,
             "flavor": v.flavor, "default": v.default, "tags": list(self.tags),
-            "image": f"{matrix.image_name}:{self.floating_tag}",
+            "image": f"{matrix.image_name}:{self.local_tag}",
             "content_hash": self.content_hash, "lock_hash": self.lock_hash,
             "base": v.base.image, "base_digest": self.base_digest, "state": self.state,
             "where": self.where, "facts": self.rendered.facts,
@@ -81,6 +88,7 @@ def tag_problems(matrix: Matrix, locks_dir: Path) -> list[str]:
         lock = locks.read_lock(locks_dir, v)
         if lock is not None:
             owned.append((tag_for(v, lock.facts), f"{v.id} (floating)"))
+    owned = list(dict.fromkeys(owned))  # a variant's platforms share its tags (one index)
     owned += [(a.tag, f"alias `{a.tag}`") for a in matrix.aliases]
     problems = tags.collisions(owned)
     problems += [why for a in matrix.aliases if (why := tags.alias_shape_problem(a.tag))]
@@ -141,9 +149,10 @@ def make_plan(matrix: Matrix, variants: Iterable[Variant], locks_dir: Path,
              "(states below may say `build` for images that exist)")
     planned = []
     for variant in variants:
-        p = plan_variant(matrix, variant, locks_dir, base_digests.get(variant.base.image),
+        base_key = platforms.base_key(variant.base.image, variant.platform)
+        p = plan_variant(matrix, variant, locks_dir, base_digests.get(base_key),
                          smoke_hash)
-        if f"{matrix.image_name}:{p.floating_tag}" in local.get(p.content_hash, ()):
+        if f"{matrix.image_name}:{p.local_tag}" in local.get(p.content_hash, ()):
             p = _with_state(p, "up-to-date", "local")
         elif check_registry and registry_has(matrix.registry, matrix.repository, p.hash_tag):
             p = _with_state(p, "up-to-date", "registry")

@@ -24,9 +24,9 @@ from typing import Any
 
 import jinja2
 
-from builder import base, labels, state
+from builder import base, labels, platforms, state
 from builder.errors import BuilderError, ConfigError
-from builder.locks import Lock, normalize, parse_pins
+from builder.locks import Lock, lock_stem, normalize, parse_pins
 from builder.matrix import Matrix, Variant
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -72,11 +72,14 @@ class Step:
     prune: str = ""  # a find expression of what to delete right after installing
     restore: str = ""  # a find expression of what to copy back in from the wheels (only that)
     fixed_times: bool = False  # file times set to FIXED_EPOCH: the layer is byte-identical
+    # The platform's lock suffix ("" on linux/amd64, which keeps its set ids): a lock's hashes
+    # cover every platform's wheels, so the same lines need another set of wheels per platform.
+    platform: str = ""
 
     @property
     def set_id(self) -> str:
         # "uv": sets of the pip-era layout held the wheels themselves; never reuse one of those
-        key = "\0".join(("uv", self.requirements, *self.find_links))
+        key = "\0".join(("uv", self.requirements, *self.find_links)) + self.platform
         return hashlib.sha256(key.encode()).hexdigest()[:20]
 
     @property
@@ -237,7 +240,7 @@ def part_step(variant: Variant, part: str, requirements: str, **extra: Any) -> S
     nvidia = part == "nvidia"
     return Step(part, requirements, local_find_links(variant),
                 target=NVIDIA_SITE if nvidia else site_packages(variant), fixed_times=nvidia,
-                **extra)
+                platform=platforms.get(variant.platform).suffix, **extra)
 
 
 def shared_steps(variant: Variant, parts: Mapping[str, str]) -> list[Step]:
@@ -295,8 +298,9 @@ def image_facts(variant: Variant, lock: Lock) -> dict[str, Any]:
     # The smoke suite compares the installed nvidia-* wheels with these pins.
     wheels = {name: version for name, version in sorted(lock.pins.items())
               if name.startswith("nvidia-")}
+    extra = {"platform": variant.platform} if variant.platform != platforms.DEFAULT else {}
     return {**facts, "variant": variant.id, "flavor": variant.flavor, "dropped": left_out,
-            "wheels": wheels}
+            "wheels": wheels, **extra}
 
 
 def static_labels(matrix: Matrix, variant: Variant, facts: Mapping[str, Any]) -> dict[str, str]:
@@ -323,8 +327,15 @@ def static_labels(matrix: Matrix, variant: Variant, facts: Mapping[str, Any]) ->
     return {k: str(v) for k, v in values.items()}
 
 
-def base_ref(variant: Variant) -> str:
-    """The local image name of the variant's base (`builder base` makes it exist)."""
+def base_ref(variant: Variant, matrix: Matrix) -> str:
+    """The image name of the variant's base (`builder base` makes it exist): local on
+    linux/amd64; off it, a bootstrapped base is served from the registry (BuildKit resolves a
+    foreign-platform FROM there), and a normal ref is pulled for that platform."""
+    suite = variant.base.bootstrap_suite
+    platform = platforms.get(variant.platform)
+    if suite and platform.suffix:
+        repo = platforms.base_repository(matrix.repository)
+        return f"{matrix.registry}/{repo}:{platforms.base_tag(suite, platform)}"
     return base.local_ref(variant.base)
 
 
@@ -342,7 +353,8 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
     context = {
         "v": variant,
         "facts": facts,
-        "base_ref": base_ref(variant),
+        "base_ref": base_ref(variant, matrix),
+        "lock_stem": lock_stem(variant),
         "venv": labels.VENV,
         "site": site_packages(variant),
         "home": labels.HOME,
@@ -395,8 +407,8 @@ def uv_source() -> str:
 def write(rendered: Rendered, out_dir: Path) -> Path:
     """Write DIR/<id>/ atomically: stage a sibling folder, then rename it into place, so DIR/<id>
     is always the old output or the new one, never half-written or half-deleted."""
-    target = out_dir / rendered.variant.id
-    staging = out_dir / f".{rendered.variant.id}.{os.getpid()}.tmp"
+    target = out_dir / rendered.variant.key
+    staging = out_dir / f".{rendered.variant.key}.{os.getpid()}.tmp"
     try:
         if target.exists() and not target.is_dir():
             raise BuilderError(f"cannot write {target}: it is a file, not a folder")
