@@ -177,7 +177,7 @@ def test_rebuild_builds_with_apt_refresh_and_publishes(clean, tmp_path: Path) ->
         return [{"id": VID, "status": "published", "tags": ["t-20250101"]}]
 
     clean.setattr(rebuild.plan, "make_plan", lambda *a, **k: ["planned"])
-    clean.setattr(rebuild, "known_base_digests", lambda v: {})
+    clean.setattr(rebuild, "known_base_digests", lambda v, m=None: {})
     clean.setattr(rebuild, "old_sbom", lambda pub: old)
     actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
                               args=fake_args(), findings=findings, build=build,
