@@ -24,9 +24,8 @@ from builder.state import atomic_write
 from smoke.versions import MIN_DRIVER, MINOR_COMPAT_FLOOR
 
 LOCK_FORMAT = 1
-# glibc of Debian 12 and Ubuntu 22.04+ is newer; the cuDNN wheels need ≥ 2.27. Each target
-# platform resolves for its own machine (builder.platforms: aarch64-manylinux_2_28 on arm64).
-PLATFORM = platforms.get(platforms.DEFAULT).uv
+# Each target platform resolves for its own machine and glibc 2.28 (the cuDNN wheels need
+# ≥ 2.27; Debian 12 and Ubuntu 22.04+ have newer): builder.platforms.Platform.uv.
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 
