@@ -132,7 +132,7 @@ def prepare_context(p: plan.PlannedVariant, wheelhouse: Wheelhouse) -> tuple[Pat
         wheels = local_wheels(s.find_links, s.requirements)
         wheelhouse.link_set(context / s.source, s.requirements, wheels)
     uv = render.uv_requirements()
-    wheelhouse.link_set(context / render.uv_source(), uv,
+    wheelhouse.link_set(context / render.uv_source(p.variant.platform), uv,
                         wheelhouse.ensure(p.variant, uv, progress=step))
     state.atomic_write(context / p.rendered.facts_source, facts_json(p.rendered.facts))
     smoke = context / "smoke"

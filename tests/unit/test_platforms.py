@@ -201,6 +201,10 @@ def test_arm64_renders_a_registry_base_and_its_own_wheel_sets():
     # Same lock text (hashes cover every platform) but different wheels: different sets.
     assert not {s.set_id for s in r_amd.steps} & {s.set_id for s in r_arm.steps}
     assert 'NVIDIA_REQUIRE_CUDA="cuda>=13.2"' in r_arm.dockerfile
+    # One build context serves both platforms: each has its own folder for its uv wheel.
+    assert f"source={render.uv_source()}," in r_amd.dockerfile
+    assert f"source={render.uv_source(ARM.name)}," in r_arm.dockerfile
+    assert f"source={render.uv_source()}," not in r_arm.dockerfile
 
 
 def test_smoke_runs_a_foreign_image_with_its_platform():
