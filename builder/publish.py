@@ -12,6 +12,8 @@ idempotent; what users and `builder plan` read comes last):
            (also tagged `sha256-<hex>.sbom` / `.smoke` / `.provenance`)
   tag      `<floating>-YYYYMMDD` (UTC; `.1`, `.2`… when taken by another digest, never
            overwritten), the content tag `build-<hash20>`, the floating tag, then the aliases
+A variant with several platforms (or one off linux/amd64) is promoted per platform manifest and
+tagged as one OCI image index instead (builder.multiarch).
 A run stopped at any step leaves no tag on an image without its evidence; run it again to
 complete it. Credentials: docker's own config for `docker push`; REGISTRY_USERNAME/PASSWORD
 for the registry API.
