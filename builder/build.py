@@ -306,14 +306,16 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def cmd_base(args: argparse.Namespace) -> int:
-    _, variants = load_selected(args)
-    bases = {v.base.image: v.base for v in variants}
-    digests = {ref: base.ensure(b, progress=step) for ref, b in bases.items()}
+    matrix, variants = load_selected(args)
+    # One per base and platform (keys: platforms.base_key); off linux/amd64 a bootstrapped base
+    # is served from the registry, a pulled one is left to BuildKit (digest unknown: None).
+    first = {platforms.base_key(v.base.image, v.platform): v for v in variants}
+    digests = {key: base.ensure_variant(matrix, v, progress=step) for key, v in first.items()}
     if args.json:
         emit_json(digests)
     else:
-        table(["base", "local image", "digest"],
-              [(ref, base.local_ref(bases[ref]), d) for ref, d in digests.items()])
+        table(["base", "image", "digest"],
+              [(key, render.base_ref(first[key], matrix), d or "-") for key, d in digests.items()])
     return 0
 
 
