@@ -1,5 +1,10 @@
 import sys
 
+if sys.argv[1:2] == ["arm64"]:  # the emulated linux/arm64 end-to-end check
+    from bench.arm64 import main as arm64_main
+
+    sys.exit(arm64_main(sys.argv[2:]))
+
 from bench.runner import main
 
 sys.exit(main())

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from bench import layers, naive
-from builder import engine, locks, matrix, render
+from builder import engine, locks, matrix, platforms, render
 from builder.output import human_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,6 +114,9 @@ def builder_cli(*args: str, env: dict[str, str] | None = None,
 
 def build(select: list[str], *extra: str, env: dict[str, str] | None = None
           ) -> tuple[float, list[dict[str, Any]]]:
+    # linux/amd64 unless a platform is named: the emulated arm64 build is `python -m bench arm64`.
+    if not any(s.startswith("platform=") for s in select):
+        select = [*select, f"platform={platforms.DEFAULT}"]
     sel = [a for s in select for a in ("--select", s)]
     seconds, data, stderr = builder_cli("build", *sel, "--no-smoke", "--no-sbom", *extra, env=env)
     _LAST["waited"] = "waiting for it to finish" in stderr
@@ -212,8 +215,8 @@ def machine_facts() -> dict[str, Any]:
 def section_sizes(res: Results, m: matrix.Matrix, torch: str, flavors: list[str],
                   naive_key: str) -> None:
     """1. Size per flavor vs the naive image (also the naive cold build time)."""
-    variants = {v.flavor: v for v in m.variants
-                if v.torch == torch and v.python == PYTHON and v.flavor in flavors}
+    variants = {v.flavor: v for v in m.variants if v.torch == torch and v.python == PYTHON
+                and v.flavor in flavors and v.platform == platforms.DEFAULT}
     select = [f"torch={torch}", f"python={PYTHON}"]
     log(f"building {sorted(v.id for v in variants.values())} (no-op when up to date)")
     for flavor in flavors:
@@ -279,8 +282,9 @@ def section_build_times(res: Results, m: matrix.Matrix, variant_id: str, naive_k
 
 def section_incremental(res: Results, m: matrix.Matrix, torch: str) -> None:
     """2b. Add one package to one variant via include; rebuild the selection."""
-    select = [f"torch={torch}", f"python={PYTHON}"]
-    selected = [v for v in m.variants if v.torch == torch and v.python == PYTHON]
+    select = [f"torch={torch}", f"python={PYTHON}", f"platform={platforms.DEFAULT}"]
+    selected = [v for v in m.variants if v.torch == torch and v.python == PYTHON
+                and v.platform == platforms.DEFAULT]
     target = next(v for v in selected if v.flavor == "runtime")
     before = {v.id: image_id(image_ref(m, v.id)) for v in selected}
     refs = {v.id: image_ref(m, v.id) for v in selected}
@@ -486,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.ensure_disk(ROOT, 20)  # naive CUDA image + ours (runtime, slim, devel share layers)
         attempt("sizes cuda", section_sizes, res, m, CUDA_TORCH, cuda_flavors, "cuda")
         cuda_ids = [v.id for v in m.variants if v.torch == CUDA_TORCH and v.python == PYTHON
-                    and v.flavor in cuda_flavors]  # devel, runtime, slim
+                    and v.flavor in cuda_flavors and v.platform == platforms.DEFAULT]
         built_ids += cuda_ids
         cold_id, naive_key, incr_torch = (next(i for i in cuda_ids if i.endswith("-runtime")),
                                           "cuda", CUDA_TORCH)

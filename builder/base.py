@@ -12,9 +12,9 @@ import hashlib
 import tempfile
 from pathlib import Path
 
-from builder import engine, proc
-from builder.errors import EngineError
-from builder.matrix import Base
+from builder import engine, oci, platforms, proc
+from builder.errors import BuilderError, EngineError
+from builder.matrix import Base, Matrix, Variant
 
 BOOTSTRAP_PACKAGES = ("ca-certificates",)
 KEY_LABEL = "io.torch-images.base-key"
@@ -74,6 +74,48 @@ def ensure(base: Base, *, progress=print) -> str:
     return digest_of(info)
 
 
+def ensure_variant(matrix: Matrix, variant: Variant, *, progress=print) -> str | None:
+    """`ensure` for the variant's platform. Off linux/amd64 a bootstrapped base is served from
+    the registry (BuildKit resolves a foreign-platform FROM there, not in the local store); a
+    normal ref is left to BuildKit, which pulls that platform's manifest (digest unknown)."""
+    platform = platforms.get(variant.platform)
+    suite = variant.base.bootstrap_suite
+    if not platform.suffix:
+        return ensure(variant.base, progress=progress)
+    if suite is None:
+        return None
+    return platforms.ensure_registry_base(
+        matrix.registry, matrix.repository, suite, platform,
+        bootstrap_key(suite, options=SLIM_OPTIONS),
+        lambda tar: mmdebstrap(suite, tar, platform.arch, SLIM_OPTIONS), progress)
+
+
+def known_digest(matrix: Matrix | None, variant: Variant) -> str | None:
+    """The base digest without making the base: None when it is not there yet (or, off
+    linux/amd64, when no matrix names the registry that serves it)."""
+    platform = platforms.get(variant.platform)
+    suite = variant.base.bootstrap_suite
+    if not platform.suffix:
+        info = engine.inspect_image(local_ref(variant.base))
+        return digest_of(info) if info else None
+    if suite is None or matrix is None:
+        return None
+    try:
+        return platforms.registry_base_digest(
+            oci.Registry(matrix.registry), platforms.base_repository(matrix.repository),
+            platforms.base_tag(suite, platform))
+    except BuilderError:
+        return None
+
+
+def mmdebstrap(suite: str, tar: Path, arch: str | None = None,
+               options: tuple[str, ...] = ()) -> None:
+    """A minbase rootfs tarball; a foreign `arch` runs under qemu (binfmt, arch-test)."""
+    argv = ["mmdebstrap", "--variant=minbase", f"--include={','.join(BOOTSTRAP_PACKAGES)}",
+            *options, *([f"--arch={arch}"] if arch else [])]
+    proc.run([*argv, suite, str(tar)], timeout=1800, env={"SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH})
+
+
 def digest_of(info: dict) -> str:
     """The registry digest of a pulled base, else a digest of its filesystem layers.
 
@@ -97,9 +139,7 @@ def bootstrap(suite: str, *, slim: bool = True, progress=print) -> str:
     progress(f"bootstrapping {ref} with mmdebstrap (about 20 s)")
     with tempfile.TemporaryDirectory() as tmp:
         tar = Path(tmp) / "base.tar"
-        proc.run(["mmdebstrap", "--variant=minbase", f"--include={','.join(BOOTSTRAP_PACKAGES)}",
-                  *options, suite, str(tar)], timeout=1200,
-                 env={"SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH})
+        mmdebstrap(suite, tar, options=options)
         engine.docker("import", "--change", f"LABEL {KEY_LABEL}={key}",
                       "--change", 'CMD ["bash"]', str(tar), ref)
     info = engine.inspect_image(ref)

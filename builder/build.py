@@ -22,8 +22,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from builder import base, engine, labels, locks, plan, proc, render, state
+from builder import base, engine, labels, locks, plan, platforms, proc, render, state
 from builder.errors import BuilderError, EngineError
+from builder.locks import lock_paths
 from builder.matrix import Matrix, Variant
 from builder.matrix_cmd import load_selected
 from builder.output import emit_json, human_bytes, step, table
@@ -129,19 +130,20 @@ def public_url(remote: str) -> str:
     return urllib.parse.urlunsplit(("https", host, parts.path.removesuffix(".git"), "", ""))
 
 
-def created_time(variant_id: str, locks_dir: Path) -> str:
+def created_time(variant: Variant, locks_dir: Path) -> str:
     """When the inputs were fixed (the lock's commit), not wall-clock: same inputs, same config."""
-    committed = git("log", "-1", "--format=%cI", "--", str(locks_dir / f"{variant_id}.txt"))
+    txt, js = lock_paths(locks_dir, variant)
+    committed = git("log", "-1", "--format=%cI", "--", str(txt))
     if committed:
         return dt.datetime.fromisoformat(committed).astimezone(dt.UTC).strftime(
             "%Y-%m-%dT%H:%M:%SZ")
-    mtime = (locks_dir / f"{variant_id}.json").stat().st_mtime
+    mtime = js.stat().st_mtime
     return dt.datetime.fromtimestamp(mtime, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def build_labels(p: plan.PlannedVariant, locks_dir: Path) -> dict[str, str]:
     return {
-        labels.OCI + "created": created_time(p.variant.id, locks_dir),
+        labels.OCI + "created": created_time(p.variant, locks_dir),
         labels.OCI + "revision": git("rev-parse", "HEAD") or "unknown",
         **({labels.OCI + "source": url} if (url := source_url()) else {}),
         labels.OCI + "base.digest": p.base_digest or "",
@@ -159,14 +161,14 @@ def prepare_context(p: plan.PlannedVariant, wheelhouse: Wheelhouse) -> tuple[Pat
         wheels = local_wheels(s.find_links, s.requirements)
         wheelhouse.link_set(context / s.source, s.requirements, wheels)
     uv = render.uv_requirements()
-    wheelhouse.link_set(context / render.uv_source(), uv,
+    wheelhouse.link_set(context / render.uv_source(p.variant.platform), uv,
                         wheelhouse.ensure(p.variant, uv, progress=step))
     state.atomic_write(context / p.rendered.facts_source, facts_json(p.rendered.facts))
     smoke = context / "smoke"
     if smoke.exists():
         shutil.rmtree(smoke)
     shutil.copytree(SMOKE_DIR, smoke, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    dockerfile_dir = state.path("rendered", p.variant.id)
+    dockerfile_dir = state.path("rendered", p.variant.key)
     state.atomic_write(dockerfile_dir / "Dockerfile", p.rendered.dockerfile)
     state.atomic_write(dockerfile_dir / "Dockerfile.dockerignore", p.rendered.dockerignore)
     return context, dockerfile_dir / "Dockerfile"
@@ -185,6 +187,8 @@ def docker_build(p: plan.PlannedVariant, image: str, context: Path, dockerfile: 
         argv += ["--secret", f"id=ca,src={ca}"]
     if apt_refresh:
         argv += ["--build-arg", f"APT_REFRESH={apt_refresh}"]
+    if p.variant.platform != platforms.DEFAULT:  # emulated unless the host is that platform
+        argv += ["--platform", p.variant.platform]
     log.unlink(missing_ok=True)
     engine.docker(*argv, str(context), log=log, timeout=4 * 3600)
     return iidfile.read_text().strip()
@@ -192,9 +196,9 @@ def docker_build(p: plan.PlannedVariant, image: str, context: Path, dockerfile: 
 
 def build_variant(matrix: Matrix, p: plan.PlannedVariant, wheelhouse: Wheelhouse,
                   options: BuildOptions, after: Callable[[Outcome], Outcome]) -> Outcome:
-    vid = p.variant.id
+    vid = p.variant.key
     image = p.local_image
-    log = state.path("logs") / f"{vid}.log"
+    log = state.path("logs") / f"{p.variant.key}.log"
     start = time.monotonic()
     try:
         engine.ensure_disk(state.root(), NEED_GB[p.variant.accelerator])
@@ -241,7 +245,7 @@ def stage_outcome(matrix: Matrix, p: plan.PlannedVariant, outcome: Outcome) -> O
     SBOM there, so that any other machine can smoke, describe or publish it."""
     from builder import evidence
 
-    step(f"  [{p.variant.id}] staging in {matrix.registry}/{evidence.staging_repository(matrix)}")
+    step(f"  [{p.variant.key}] staging in {matrix.registry}/{evidence.staging_repository(matrix)}")
     staged = evidence.stage(matrix, outcome.image_id, p.hash_tag)
     for kind in ("smoke", "sbom"):
         path = evidence.local_file(kind, outcome.image_id)
@@ -273,10 +277,11 @@ def build_images(matrix: Matrix, variants: list[Variant], options: BuildOptions)
     for v in variants:  # a missing or stale lock fails now, not after the bases are made
         locks.require_lock(options.locks, v)
     ensure_buildkit()
-    digests: dict[str, str] = {}
+    digests: dict[str, str | None] = {}
     for v in variants:
-        if v.base.image not in digests:
-            digests[v.base.image] = base.ensure(v.base, progress=step)
+        key = platforms.base_key(v.base.image, v.platform)
+        if key not in digests:
+            digests[key] = base.ensure_variant(matrix, v, progress=step)
     planned = plan.make_plan(matrix, variants, options.locks, digests, check_registry=False)
     wheelhouse = Wheelhouse()
     outcomes: list[Outcome] = []
@@ -287,7 +292,7 @@ def build_images(matrix: Matrix, variants: list[Variant], options: BuildOptions)
     for p in planned:
         if p not in todo:
             image = p.local_image
-            outcomes.append(Outcome(p.variant.id, "up-to-date", image, message=p.where,
+            outcomes.append(Outcome(p.variant.key, "up-to-date", image, message=p.where,
                                     planned=p))
             continue
         outcome = build_variant(matrix, p, wheelhouse, options, after)
@@ -336,14 +341,16 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def cmd_base(args: argparse.Namespace) -> int:
-    _, variants = load_selected(args)
-    bases = {v.base.image: v.base for v in variants}
-    digests = {ref: base.ensure(b, progress=step) for ref, b in bases.items()}
+    matrix, variants = load_selected(args)
+    # One per base and platform (keys: platforms.base_key); off linux/amd64 a bootstrapped base
+    # is served from the registry, a pulled one is left to BuildKit (digest unknown: None).
+    first = {platforms.base_key(v.base.image, v.platform): v for v in variants}
+    digests = {key: base.ensure_variant(matrix, v, progress=step) for key, v in first.items()}
     if args.json:
         emit_json(digests)
     else:
-        table(["base", "local image", "digest"],
-              [(ref, base.local_ref(bases[ref]), d) for ref, d in digests.items()])
+        table(["base", "image", "digest"],
+              [(key, render.base_ref(first[key], matrix), d or "-") for key, d in digests.items()])
     return 0
 
 

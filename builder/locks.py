@@ -17,15 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import proc
+from builder import platforms, proc
 from builder.errors import BuilderError, ConfigError
 from builder.matrix import Matrix, Variant
 from builder.state import atomic_write
 from smoke.versions import MIN_DRIVER, MINOR_COMPAT_FLOOR
 
 LOCK_FORMAT = 1
-# glibc of Debian 12 and Ubuntu 22.04+ is newer; the cuDNN wheels need ≥ 2.27.
-PLATFORM = "x86_64-manylinux_2_28"
+# Each target platform resolves for its own machine and glibc 2.28 (the cuDNN wheels need
+# ≥ 2.27; Debian 12 and Ubuntu 22.04+ have newer): builder.platforms.Platform.uv.
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 
@@ -55,8 +55,14 @@ def parse_pins(text: str) -> dict[str, str]:
     return pins
 
 
+def lock_stem(variant: Variant) -> str:
+    """`<id>` on linux/amd64 (the names locks always had), `<id>.linux-arm64` elsewhere."""
+    return variant.id + platforms.get(variant.platform).suffix
+
+
 def lock_paths(locks_dir: Path, variant: Variant) -> tuple[Path, Path]:
-    return locks_dir / f"{variant.id}.txt", locks_dir / f"{variant.id}.json"
+    stem = lock_stem(variant)
+    return locks_dir / f"{stem}.txt", locks_dir / f"{stem}.json"
 
 
 def requirements(variant: Variant, toolkit_cuda: str | None = None) -> list[str]:
@@ -82,7 +88,8 @@ def lock_inputs(variant: Variant) -> dict[str, Any]:
     return {
         "torch": variant.torch, "packages": list(variant.packages),
         "index_url": variant.index_url, "find_links": list(variant.find_links),
-        "python": variant.python, "platform": PLATFORM, "resolver": RESOLVER,
+        "python": variant.python, "platform": platforms.get(variant.platform).uv,
+        "resolver": RESOLVER,
     }
 
 
@@ -118,7 +125,8 @@ def resolve(variant: Variant, reqs: list[str], *, upgrade: bool = False,
         if current is not None:
             out.write_text(current)  # uv prefers the pins of an existing output file
         argv = ["uv", "pip", "compile", "--no-config", "--native-tls", "--quiet",
-                "--python-version", variant.python, "--python-platform", PLATFORM,
+                "--python-version", variant.python,
+                "--python-platform", platforms.get(variant.platform).uv,
                 "--generate-hashes", "--no-header", "--no-annotate", "--emit-find-links",
                 "--emit-index-url", str(req_in), "-o", str(out)]
         for link in variant.find_links:
@@ -132,7 +140,7 @@ def resolve(variant: Variant, reqs: list[str], *, upgrade: bool = False,
         try:
             proc.run(argv, env=uv_env(), timeout=600)
         except BuilderError as exc:
-            raise ConfigError(f"cannot resolve {variant.id}: {exc}", hint=exc.hint) from None
+            raise ConfigError(f"cannot resolve {variant.key}: {exc}", hint=exc.hint) from None
         return out.read_text()
 
 
@@ -175,6 +183,7 @@ def derive_facts(variant: Variant, text: str) -> dict[str, Any]:
         "python": variant.python,
         "accelerator": variant.accelerator,
         "flavor": variant.flavor,
+        "platform": variant.platform,
         "cuda": cuda,
         "cuda_full": cuda_full,
         "cudnn": ".".join(cudnn_full.split(".")[:3]) if cudnn_full else None,
@@ -190,7 +199,9 @@ def check_facts(variant: Variant, facts: Mapping[str, Any], matrix: Matrix) -> l
     """Problems only visible once resolved (the matrix file cannot know the wheel's CUDA)."""
     problems = []
     if variant.accelerator == "cuda" and not facts["cuda"]:
-        problems.append(f"{variant.id}: torch {variant.torch} resolved without CUDA libraries")
+        problems.append(f"{variant.key}: torch {variant.torch} resolved without CUDA libraries "
+                        f"for {variant.platform} (PyPI serves a CPU-only wheel there); drop "
+                        "the platform or the cuda accelerator for it")
     if variant.accelerator == "cpu" and facts["cuda"]:
         problems.append(f"{variant.id}: accelerator cpu resolved CUDA {facts['cuda']} libraries")
     if variant.cuda and facts["cuda"] != variant.cuda:
@@ -236,7 +247,7 @@ def require_lock(locks_dir: Path, variant: Variant) -> Lock:
     """The variant's lock, refusing one made from other inputs than the matrix now gives."""
     lock = read_lock(locks_dir, variant)
     if lock is None:
-        raise ConfigError(f"no lock for {variant.id} in {locks_dir}/", hint="run: builder lock")
+        raise ConfigError(f"no lock for {variant.key} in {locks_dir}/", hint="run: builder lock")
     reason = stale_reason(locks_dir, variant)
     if reason:
         raise ConfigError(reason, hint="or pass --relock to `builder build` to re-lock first")
@@ -331,10 +342,10 @@ def lock_all(matrix: Matrix, variants: list[Variant], locks_dir: Path, *, upgrad
     for variant in variants:
         if not upgrade and is_current(locks_dir, variant):
             results.append((require_lock(locks_dir, variant), False))
-            progress(f"  up-to-date  {variant.id}")
+            progress(f"  up-to-date  {variant.key}")
             continue
         lock, changed = lock_variant(matrix, variant, locks_dir, upgrade=upgrade, memo=memo)
-        progress(f"  {'locked' if changed else 'unchanged':10}  {variant.id}  "
+        progress(f"  {'locked' if changed else 'unchanged':10}  {variant.key}  "
                  f"cuda={lock.facts['cuda']} cudnn={lock.facts['cudnn']} nccl={lock.facts['nccl']}")
         results.append((lock, changed))
     return results
@@ -342,7 +353,7 @@ def lock_all(matrix: Matrix, variants: list[Variant], locks_dir: Path, *, upgrad
 
 def base_lock_path(locks_dir: Path, variant: Variant) -> Path:
     """A devel variant with toolkit wheels also records the runtime resolution it builds on."""
-    return locks_dir / f"{variant.id}.base.txt"
+    return locks_dir / f"{lock_stem(variant)}.base.txt"
 
 
 def read_base_lock(locks_dir: Path, variant: Variant) -> Lock | None:

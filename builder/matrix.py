@@ -21,10 +21,11 @@ import yaml
 
 from builder import tags
 from builder.errors import BuilderError, ConfigError
+from builder.platforms import DEFAULT as DEFAULT_PLATFORM
 
 SCHEMA_PATH = Path(__file__).parent / "schema" / "matrix.schema.json"
 AXES = ("torch", "python", "accelerator", "flavor")
-SELECT_KEYS = (*AXES, "id", "default")
+SELECT_KEYS = (*AXES, "id", "default", "platform")
 Path_ = tuple[str | int, ...]
 
 
@@ -81,6 +82,13 @@ class Variant:
     index_url: str | None = None
     cuda: str | None = None  # declared CUDA (with an index); otherwise what the wheel brings
     default: bool = False
+    platform: str = DEFAULT_PLATFORM  # one variant per (id, platform); see builder.platforms
+
+    @property
+    def key(self) -> str:
+        """Unique per (id, platform): the id itself on linux/amd64, `<id>.linux-arm64` else."""
+        return self.id if self.platform == DEFAULT_PLATFORM else \
+            f"{self.id}.{self.platform.replace('/', '-')}"
 
     @property
     def torch_public(self) -> str:
@@ -134,8 +142,9 @@ class Matrix:
         return [v for v in self.variants if v.matches_any(wanted)]
 
     def variant(self, variant_id: str) -> Variant:
+        """The variant with this id on its first platform (or with this key)."""
         for v in self.variants:
-            if v.id == variant_id:
+            if variant_id in (v.id, v.key):
                 return v
         raise ConfigError(f"no variant `{variant_id}` in {self.path}", hint=suggest(
             variant_id, [v.id for v in self.variants]))
@@ -484,6 +493,7 @@ def _build(path: Path, data: dict[str, Any],
     problems: list[Problem] = []
     bases = {py: Base(**spec) for py, spec in data["bases"].items()}
     combos, origin = expand(data["axes"], data.get("include", []), data.get("exclude", []))
+    combos, origin = expand_platforms(combos, origin, data)
     defaults = data.get("default", [])
     variants: list[Variant] = []
     seen: dict[str, Path_] = {}
@@ -499,12 +509,12 @@ def _build(path: Path, data: dict[str, Any],
         problems += variant_problems
         if variant is None:
             continue
-        if variant.id in seen:
+        if variant.key in seen:
             problems.append(Problem(_line_of(lines, where), where,
-                                    f"duplicate variant `{variant.id}` (also from "
-                                    f"{format_path(seen[variant.id])})"))
+                                    f"duplicate variant `{variant.key}` (also from "
+                                    f"{format_path(seen[variant.key])})"))
             continue
-        seen[variant.id] = where
+        seen[variant.key] = where
         variants.append(variant)
     problems += _selector_problems(data, lines, variants)
     problems += _alias_problems(data.get("aliases", []), lines)
@@ -547,9 +557,12 @@ def _variant(combo: dict[str, Any], data: dict[str, Any], bases: Mapping[str, Ba
         torch=combo["torch"], python=combo["python"], accelerator=combo["accelerator"],
         flavor=combo["flavor"], base=base, packages=packages,
         find_links=tuple(combo.get("find_links", [])), index_url=combo.get("index_url"),
-        cuda=combo.get("cuda"),
+        cuda=combo.get("cuda"), platform=combo["platform"],
     )
-    is_default = any(variant.matches(s) for s in defaults)
+    # A default entry without `platform` means the variant's first platform: `nox -s build`
+    # does not start emulated builds unless asked to.
+    is_default = any(variant.matches(s) and ("platform" in s or combo["primary_platform"])
+                     for s in defaults)
     return Variant(**{**variant.__dict__, "default": is_default}), []
 
 
@@ -577,7 +590,7 @@ def _selector_problems(data: dict[str, Any], lines: Mapping[Path_, int],
     for key in ("default", "exclude", "aliases"):
         for i, selector in enumerate(data.get(key, [])):
             criteria = {k: v for k, v in selector.items() if k != "tag"}
-            hits = [v for v in variants if v.matches(criteria)]
+            hits = list({v.id: v for v in variants if v.matches(criteria)}.values())
             path: Path_ = (key, i)
             if key == "exclude":
                 continue  # excluding what the axes never made is harmless
@@ -589,3 +602,25 @@ def _selector_problems(data: dict[str, Any], lines: Mapping[Path_, int],
                                         f"({', '.join(v.id for v in hits[:4])}…); add keys until "
                                         "it selects one"))
     return problems
+
+
+def expand_platforms(combos: Sequence[dict[str, Any]], origin: Sequence[int],
+                     data: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[int]]:
+    """One combination per target platform. A combination's platforms come from a `platform`
+    axis, else its own `platforms` (an include entry), else the top-level `platforms`, else
+    linux/amd64. `exclude` entries naming a platform then remove single platforms."""
+    default = data.get("platforms") or [DEFAULT_PLATFORM]
+    first_axis = (data["axes"].get("platform") or [None])[0]
+    dropped = _exclude_matcher([e for e in data.get("exclude", []) if "platform" in e])
+    out: list[dict[str, Any]] = []
+    out_origin: list[int] = []
+    for combo, index in zip(combos, origin, strict=True):
+        names = [combo["platform"]] if "platform" in combo else combo.get("platforms", default)
+        for n, name in enumerate(names):
+            single = {k: v for k, v in combo.items() if k != "platforms"}
+            primary = name == first_axis if "platform" in combo else n == 0
+            single |= {"platform": name, "primary_platform": primary}
+            if not dropped(single):
+                out.append(single)
+                out_origin.append(index)
+    return out, out_origin

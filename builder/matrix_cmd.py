@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from builder import base, engine, locks, matrix, plan, render, wheels
+from builder import base, engine, locks, matrix, plan, platforms, render, wheels
 from builder.errors import BuilderError, ConfigError
 from builder.output import emit_json, step, table
 
@@ -114,27 +114,29 @@ def cmd_render(args: argparse.Namespace) -> int:
         if not args.json:
             step(f"  {target}/Dockerfile")
     if args.json:
-        emit_json([str(args.out / v.id / "Dockerfile") for v in variants])
+        emit_json([str(args.out / v.key / "Dockerfile") for v in variants])
     return 0
 
 
-def known_base_digests(variants: list[matrix.Variant]) -> dict[str, str | None]:
-    """Digests of bases already in the engine; a missing base is unknown (→ build)."""
+def known_base_digests(variants: list[matrix.Variant],
+                       m: matrix.Matrix | None = None) -> dict[str, str | None]:
+    """Digests of bases already there (the engine; the registry for other platforms' bases,
+    given the matrix); a missing base is unknown (→ build). Keys: platforms.base_key."""
     digests: dict[str, str | None] = {}
     try:
         engine.ensure_engine()
     except BuilderError:
         return digests
     for v in variants:
-        if v.base.image not in digests:
-            info = engine.inspect_image(base.local_ref(v.base))
-            digests[v.base.image] = base.digest_of(info) if info else None
+        key = platforms.base_key(v.base.image, v.platform)
+        if key not in digests:
+            digests[key] = base.known_digest(m, v)
     return digests
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     m, variants = load_selected(args)
-    planned = plan.make_plan(m, variants, args.locks, known_base_digests(variants),
+    planned = plan.make_plan(m, variants, args.locks, known_base_digests(variants, m),
                              check_registry=not args.offline)
     if args.json:
         emit_json({"include": [p.as_json(m) for p in planned]})

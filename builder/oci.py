@@ -31,6 +31,8 @@ DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 MANIFEST_TYPES = (OCI_INDEX, OCI_MANIFEST, DOCKER_MANIFEST, DOCKER_LIST)
 EMPTY_CONFIG = "application/vnd.oci.empty.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
 EMPTY_JSON = b"{}"
 REF_NAME = "org.opencontainers.image.ref.name"
 SUBJECT_ANNOTATION = "io.torch-images.subject"
@@ -264,6 +266,17 @@ class Registry:
             raise RegistryError(f"`{self.registry}/{repository}` has no manifest {digest}")
         body, desc = found
         self.put_manifest(repository, tag, body, desc.media_type)
+
+    def push_index(self, repository: str, index: dict[str, Any]) -> Descriptor:
+        """Store an image index (see builder.platforms.index_document) by its digest; every
+        manifest it lists must already be in `repository`. `tag` then points tags at it."""
+        for entry in index["manifests"]:
+            if self.head(repository, entry["digest"]) is None:
+                raise RegistryError(f"`{self.registry}/{repository}` has no manifest "
+                                    f"{entry['digest']} to list in an index")
+        body = json.dumps(index, sort_keys=True, separators=(",", ":")).encode()
+        digest = self.put_manifest(repository, sha256(body), body, OCI_INDEX)
+        return Descriptor(digest, OCI_INDEX, len(body))
 
     def push_artifact(self, repository: str, subject: Descriptor, artifact_type: str,
                       data: bytes, *, kind: str, title: str) -> Descriptor:

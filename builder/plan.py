@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from builder import labels, locks, oci, tags
+from builder import labels, locks, oci, platforms, tags
 from builder.errors import BuilderError, ConfigError
 from builder.matrix import Matrix, Variant
 from builder.output import step
@@ -32,7 +32,7 @@ class PlannedVariant:
     lock_hash: str
     base_digest: str | None
     tags: tuple[str, ...]
-    local_image: str  # the engine's name for the built image: <image_name>:<floating tag>
+    local_image: str  # the engine's name for the built image: <image_name>:<local_tag>
     state: str = "build"  # "build" | "up-to-date"
     where: str = ""  # "local" | "registry" when up-to-date
 
@@ -41,13 +41,19 @@ class PlannedVariant:
         return self.tags[0]
 
     @property
+    def local_tag(self) -> str:
+        """The engine's tag for this platform's image (see plan_variant)."""
+        return self.local_image.rpartition(":")[2]
+
+    @property
     def hash_tag(self) -> str:
         return HASH_TAG_PREFIX + self.content_hash[:20]
 
     def as_json(self, matrix: Matrix) -> dict[str, Any]:
         v = self.variant
         return {
-            "id": v.id, "torch": v.torch, "python": v.python, "accelerator": v.accelerator,
+            "id": v.id, "key": v.key, "platform": v.platform, "torch": v.torch,
+            "python": v.python, "accelerator": v.accelerator,
             "flavor": v.flavor, "default": v.default, "tags": list(self.tags),
             "image": self.local_image,
             "content_hash": self.content_hash, "lock_hash": self.lock_hash,
@@ -79,6 +85,7 @@ def tag_problems(matrix: Matrix, locks_dir: Path) -> list[str]:
         lock = locks.read_lock(locks_dir, v)
         if lock is not None:
             owned.append((tag_for(v, lock.facts), f"{v.id} (floating)"))
+    owned = list(dict.fromkeys(owned))  # a variant's platforms share its tags (one index)
     owned += [(a.tag, f"alias `{a.tag}`") for a in matrix.aliases]
     problems = tags.collisions(owned)
     problems += [why for a in matrix.aliases if (why := tags.alias_shape_problem(a.tag))]
@@ -117,11 +124,14 @@ def plan_variant(matrix: Matrix, variant: Variant, locks_dir: Path, base_digest:
     lock = locks.require_lock(locks_dir, variant)
     rendered = render(matrix, variant, lock, locks.read_base_lock(locks_dir, variant))
     tags = tags_for(matrix, variant, rendered.facts)
+    # The floating tag, plus the platform suffix off linux/amd64: one local tag holds one
+    # image; the registry joins the platforms into one index.
+    local_tag = tags[0] + platforms.get(variant.platform).suffix
     return PlannedVariant(
         variant=variant, rendered=rendered,
         content_hash=content_hash(rendered, base_digest, smoke_hash),
         lock_hash=hashlib.sha256(lock.text.encode()).hexdigest(),
-        base_digest=base_digest, tags=tags, local_image=f"{matrix.image_name}:{tags[0]}",
+        base_digest=base_digest, tags=tags, local_image=f"{matrix.image_name}:{local_tag}",
     )
 
 
@@ -140,7 +150,8 @@ def make_plan(matrix: Matrix, variants: Iterable[Variant], locks_dir: Path,
              "(states below may say `build` for images that exist)")
     planned = []
     for variant in variants:
-        p = plan_variant(matrix, variant, locks_dir, base_digests.get(variant.base.image),
+        base_key = platforms.base_key(variant.base.image, variant.platform)
+        p = plan_variant(matrix, variant, locks_dir, base_digests.get(base_key),
                          smoke_hash)
         if p.local_image in local.get(p.content_hash, ()):
             p = _with_state(p, "up-to-date", "local")

@@ -12,6 +12,8 @@ idempotent; what users and `builder plan` read comes last):
            (also tagged `sha256-<hex>.sbom` / `.smoke` / `.provenance`)
   tag      `<floating>-YYYYMMDD` (UTC; `.1`, `.2`… when taken by another digest, never
            overwritten), the content tag `build-<hash20>`, the floating tag, then the aliases
+A variant with several platforms (or one off linux/amd64) is promoted per platform manifest and
+tagged as one OCI image index instead (builder.multiarch).
 A run stopped at any step leaves no tag on an image without its evidence; run it again to
 complete it. Credentials: docker's own config for `docker push`; REGISTRY_USERNAME/PASSWORD
 for the registry API.
@@ -182,10 +184,6 @@ def attach_provenance(vetted: Staged) -> dict[str, str]:
                            "provenance.intoto.json")
 
 
-def tag_image(vetted: Staged, tag: str) -> None:
-    oci.Registry(vetted.registry).tag(vetted.repository, vetted.digest, tag)
-
-
 # ---- one variant ------------------------------------------------------------------------------
 
 
@@ -203,23 +201,22 @@ def dry_run_entry(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
             "registry": matrix.registry, "repository": matrix.repository}
 
 
-def publish_one(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
-    """Promote one gated image; returns its publication record (published.json schema).
+def promote_with_evidence(matrix: Matrix, cand: Candidate
+                          ) -> tuple[Staged, dict[str, dict[str, str]]]:
+    """The gated image in the vetted repository by digest, with SBOM, smoke report and
+    provenance attached to that digest; no tag points at it yet."""
+    vetted = promote(matrix, stage(matrix, cand))
+    refs = {"sbom": attach(vetted, "sbom", cand.evidence["sbom"]),
+            "smoke_report": attach(vetted, "smoke", cand.evidence["smoke"]),
+            "provenance": attach_provenance(vetted)}
+    return vetted, refs
 
-    Every step is idempotent, and what users and `builder plan` read comes last: a run that
-    stops anywhere leaves no tag on an image without its evidence, and the next run completes.
-    """
+
+def publication(matrix: Matrix, cand: Candidate, digest: str, dated: str,
+                tags: list[str], refs: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """The published.json record of one image (see its schema)."""
     p = cand.planned
     date = today()
-    vetted = promote(matrix, stage(matrix, cand))
-    sbom_ref = attach(vetted, "sbom", cand.evidence["sbom"])
-    smoke_ref = attach(vetted, "smoke", cand.evidence["smoke"])
-    provenance_ref = attach_provenance(vetted)
-    digest = vetted.digest
-    tag, held = dated_tag(oci.Registry(matrix.registry), matrix.repository, p.floating_tag, date,
-                          digest)
-    for name in ([] if held else [tag]) + [p.hash_tag, *p.tags]:
-        tag_image(vetted, name)  # dated, content (`plan` reads it), then the moving tags
     facts = p.rendered.facts
     return {
         "date": f"{date[:4]}-{date[4:6]}-{date[6:]}",
@@ -227,15 +224,40 @@ def publish_one(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
         "registry": matrix.registry, "repository": matrix.repository,
         "digest": digest, "reference": f"{matrix.image_name}@{digest}",
         "image_id": cand.image_id, "content_hash": p.content_hash,
-        "tags": [tag, p.hash_tag, *p.tags], "dated_tag": tag, "hash_tag": p.hash_tag,
+        "tags": tags, "dated_tag": dated, "hash_tag": p.hash_tag,
         "floating_tag": p.floating_tag, "aliases": list(p.tags[1:]),
         "torch": facts.get("torch"), "python": facts.get("python") or p.variant.python,
         "accelerator": p.variant.accelerator, "cuda": facts.get("cuda"),
         "cudnn": facts.get("cudnn"), "nccl": facts.get("nccl"),
         "min_driver": facts.get("min_driver"), "flavor": p.variant.flavor,
-        "sbom": sbom_ref, "smoke_report": smoke_ref, "provenance": provenance_ref,
-        "smoke_gpu": cand.smoke_gpu, "allow_cpu_smoke": cand.allow_cpu_smoke,
+        **refs, "smoke_gpu": cand.smoke_gpu, "allow_cpu_smoke": cand.allow_cpu_smoke,
     }
+
+
+def publish_one(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
+    """Promote one gated image; returns its publication record (published.json schema).
+
+    Every step is idempotent, and what users and `builder plan` read comes last: a run that
+    stops anywhere leaves no tag on an image without its evidence, and the next run completes.
+    """
+    p = cand.planned
+    vetted, refs = promote_with_evidence(matrix, cand)
+    tag = write_tags(vetted, p.floating_tag, [p.hash_tag, *p.tags])
+    return publication(matrix, cand, vetted.digest, tag, [tag, p.hash_tag, *p.tags], refs)
+
+
+def write_tags(vetted: Staged, floating: str, tags: list[str]) -> str:
+    """Point the first free dated tag of `floating`, then `tags` (content tag first, then the
+    moving ones) at the vetted image or index; returns the dated tag."""
+    reg = oci.Registry(vetted.registry)
+    dated, held = dated_tag(reg, vetted.repository, floating, today(), vetted.digest)
+    for name in ([] if held else [dated]) + tags:
+        tag_image(vetted, name)
+    return dated
+
+
+def tag_image(vetted: Staged, tag: str) -> None:
+    oci.Registry(vetted.registry).tag(vetted.repository, vetted.digest, tag)
 
 
 # ---- published.json ---------------------------------------------------------------------------
@@ -288,17 +310,27 @@ def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
                      locks_dir: Path = Path("locks")) -> list[dict[str, Any]]:
     """Gate and publish each variant. Returns one result per variant (`status`: published,
     refused, would-publish). Records what was published even when a later variant fails.
-    Every tag of the whole matrix is checked for collisions before anything is pushed."""
+    Every tag of the whole matrix is checked for collisions before anything is pushed. A variant
+    with several platforms is published as one image index (builder.multiarch)."""
+    from builder import multiarch  # it imports this module
+
     plan.check_tags(matrix, locks_dir)
     engine.ensure_engine()
     results: list[dict[str, Any]] = []
     done: dict[str, dict[str, Any]] = {}
     try:
-        for p in planned:
-            result = publish_variant(matrix, p, allow_cpu_smoke=allow_cpu_smoke, dry_run=dry_run)
-            if result["status"] == "published":
-                done[p.variant.id] = {k: v for k, v in result.items() if k not in ("id", "status")}
-            results.append(result)
+        for group in multiarch.groups(planned):
+            if multiarch.is_multi(matrix, group[0].variant):
+                out = multiarch.publish_group(matrix, group, allow_cpu_smoke=allow_cpu_smoke,
+                                              dry_run=dry_run)
+            else:
+                out = [publish_variant(matrix, p, allow_cpu_smoke=allow_cpu_smoke,
+                                       dry_run=dry_run) for p in group]
+            for result in out:
+                if result["status"] == "published":
+                    done[result["id"]] = {k: v for k, v in result.items()
+                                          if k not in ("id", "status")}
+            results += out
     except RegistryError as exc:
         exc.hint = ((exc.hint or "") + "\n\nno tag points at an image without its SBOM and "
                     "smoke report; run `builder publish` again to finish")
@@ -349,7 +381,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if not args.select:
         args.select = ["default=true"]
     matrix, variants = load_selected(args)
-    planned = plan.make_plan(matrix, variants, args.locks, known_base_digests(variants),
+    planned = plan.make_plan(matrix, variants, args.locks, known_base_digests(variants, matrix),
                              check_registry=False)
     results = publish_variants(matrix, planned, allow_cpu_smoke=args.allow_cpu_smoke,
                                dry_run=args.dry_run, manifest=args.manifest,

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import base, engine, labels, locks, oci, plan, proc, state
+from builder import base, engine, labels, locks, multiarch, oci, plan, platforms, proc, state
 from builder.errors import BuilderError, ConfigError
 from builder.matrix import Matrix, Variant
 from builder.matrix_cmd import load_selected
@@ -245,9 +245,13 @@ def check_variant(matrix: Matrix, variant: Variant, pub: dict[str, Any], locks_d
         findings.append(_unknown(vid, "base-moved", image_error))
     else:
         try:
-            if variant.base.image not in base_digests:
-                base_digests[variant.base.image] = base_digest_now(variant)
-            now = base_digests[variant.base.image]
+            key = platforms.base_key(variant.base.image, variant.platform)
+            if key not in base_digests:
+                base_digests[key] = (base_digest_now(variant)
+                                     if variant.platform == platforms.DEFAULT
+                                     else base.ensure_variant(matrix, variant, progress=step)
+                                     or "unknown")
+            now = base_digests[key]
         except BuilderError as exc:
             findings.append(_unknown(vid, "base-moved", exc))
         else:
@@ -293,7 +297,7 @@ def check(matrix: Matrix, variants: list[Variant], manifest: Path, *,
     base_digests: dict[str, str] = {}
     findings: list[Finding] = []
     for v in variants:
-        pub = pubs.get(v.id)
+        pub = multiarch.publication_for(pubs.get(v.id), v.platform)
         if pub is None:
             continue
         step(f"  [{v.id}] checking {pub['reference']}")
@@ -423,22 +427,22 @@ def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_di
     build = build or build_mod.build_images
     publish_fn = publish_fn or publish.publish_variants
     pubs = latest_publications(manifest)
-    by_id = {v.id: v for v in variants}
     with build_mod.build_lock():
         for a in actions:
-            variant = by_id[a.variant_id]
+            # Every selected platform of the variant: its tags name one multi-arch index.
+            group = [v for v in variants if v.id == a.variant_id]
             try:
                 if a.upgrade:
                     step(f"  [{a.variant_id}] re-locking {', '.join(a.upgrade)}")
-                    if not upgrade_packages(matrix, variant, locks_dir, a.upgrade) \
-                            and a.reasons == ["python-vuln"]:
+                    changed = [upgrade_packages(matrix, v, locks_dir, a.upgrade) for v in group]
+                    if not any(changed) and a.reasons == ["python-vuln"]:
                         a.state, a.message = "unchanged", (
                             "re-locking found no newer allowed release of "
                             + ", ".join(a.upgrade) + ": the fix needs a matrix change")
                         continue
                 options = build_mod.BuildOptions(locks=locks_dir, force=True, fail_fast=True,
                                                  apt_refresh=a.apt_refresh)
-                outcomes = build(matrix, [variant], options)
+                outcomes = build(matrix, group, options)
                 bad = [o for o in outcomes if o.state != "built"]
                 if bad or not outcomes:
                     a.state = "failed"

@@ -24,9 +24,9 @@ from typing import Any
 
 import jinja2
 
-from builder import base, labels, state
+from builder import base, labels, platforms, state
 from builder.errors import BuilderError, ConfigError
-from builder.locks import Lock, normalize, parse_pins
+from builder.locks import Lock, lock_stem, normalize, parse_pins
 from builder.matrix import Matrix, Variant
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -72,11 +72,14 @@ class Step:
     prune: str = ""  # a find expression of what to delete right after installing
     restore: str = ""  # a find expression of what to copy back in from the wheels (only that)
     fixed_times: bool = False  # file times set to FIXED_EPOCH: the layer is byte-identical
+    # The platform's lock suffix ("" on linux/amd64, which keeps its set ids): a lock's hashes
+    # cover every platform's wheels, so the same lines need another set of wheels per platform.
+    platform: str = ""
 
     @property
     def set_id(self) -> str:
         # "uv": sets of the pip-era layout held the wheels themselves; never reuse one of those
-        key = "\0".join(("uv", self.requirements, *self.find_links))
+        key = "\0".join(("uv", self.requirements, *self.find_links)) + self.platform
         return hashlib.sha256(key.encode()).hexdigest()[:20]
 
     @property
@@ -237,7 +240,7 @@ def part_step(variant: Variant, part: str, requirements: str, **extra: Any) -> S
     nvidia = part == "nvidia"
     return Step(part, requirements, local_find_links(variant),
                 target=NVIDIA_SITE if nvidia else site_packages(variant), fixed_times=nvidia,
-                **extra)
+                platform=platforms.get(variant.platform).suffix, **extra)
 
 
 def shared_steps(variant: Variant, parts: Mapping[str, str]) -> list[Step]:
@@ -295,8 +298,9 @@ def image_facts(variant: Variant, lock: Lock) -> dict[str, Any]:
     # The smoke suite compares the installed nvidia-* wheels with these pins.
     wheels = {name: version for name, version in sorted(lock.pins.items())
               if name.startswith("nvidia-")}
+    extra = {"platform": variant.platform} if variant.platform != platforms.DEFAULT else {}
     return {**facts, "variant": variant.id, "flavor": variant.flavor, "dropped": left_out,
-            "wheels": wheels}
+            "wheels": wheels, **extra}
 
 
 def static_labels(matrix: Matrix, variant: Variant, facts: Mapping[str, Any]) -> dict[str, str]:
@@ -323,8 +327,15 @@ def static_labels(matrix: Matrix, variant: Variant, facts: Mapping[str, Any]) ->
     return {k: str(v) for k, v in values.items()}
 
 
-def base_ref(variant: Variant) -> str:
-    """The local image name of the variant's base (`builder base` makes it exist)."""
+def base_ref(variant: Variant, matrix: Matrix) -> str:
+    """The image name of the variant's base (`builder base` makes it exist): local on
+    linux/amd64; off it, a bootstrapped base is served from the registry (BuildKit resolves a
+    foreign-platform FROM there), and a normal ref is pulled for that platform."""
+    suite = variant.base.bootstrap_suite
+    platform = platforms.get(variant.platform)
+    if suite and platform.suffix:
+        repo = platforms.base_repository(matrix.repository)
+        return f"{matrix.registry}/{repo}:{platforms.base_tag(suite, platform)}"
     return base.local_ref(variant.base)
 
 
@@ -339,10 +350,12 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
         by_flavor["devel"] += delta_steps(variant, runtime_text, lock.text)
     toolkit = matrix.toolkit_for(facts["cuda"]) if facts["cuda"] else None
     apt_python = variant.base.python_from == "apt"
+    uv_dir = uv_source(variant.platform)
     context = {
         "v": variant,
         "facts": facts,
-        "base_ref": base_ref(variant),
+        "base_ref": base_ref(variant, matrix),
+        "lock_stem": lock_stem(variant),
         "venv": labels.VENV,
         "site": site_packages(variant),
         "home": labels.HOME,
@@ -358,7 +371,7 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
         "nvidia_site": NVIDIA_SITE if parts.get("nvidia") else None,
         "mounts": MOUNTS,
         "epoch": FIXED_EPOCH,
-        "uv_source": uv_source(),
+        "uv_source": uv_dir,
         "install_args": lambda step: install_args(step, variant),
         "toolkit_image": (toolkit or {}).get("image"),
         "cuda_home": (f"{NVIDIA_SITE}/nvidia/cu{facts['cuda'].split('.')[0]}"
@@ -371,12 +384,12 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
     dockerfile = re.sub(r"\n{3,}", "\n\n", template.render(**context))
     all_steps = [*steps, *(s for row in by_flavor.values() for s in row)]
     files = {f"{s.source}/requirements.txt": s.requirements for s in all_steps}
-    files[f"{uv_source()}/requirements.txt"] = uv_requirements()
+    files[f"{uv_dir}/requirements.txt"] = uv_requirements()
     files[facts_source(facts)] = facts_json(facts)
     files["lock.txt"] = lock.text
     ignore = ["# Generated by `builder render`: send the engine only this variant's files.", "*"]
     ignore += sorted({f"!{s.source}" for s in all_steps}) + [
-        f"!{uv_source()}", f"!{facts_source(facts)}", "!smoke", "smoke/**/__pycache__"]
+        f"!{uv_dir}", f"!{facts_source(facts)}", "!smoke", "smoke/**/__pycache__"]
     return Rendered(variant, dockerfile, "\n".join(ignore) + "\n", lock, tuple(all_steps),
                     facts, files)
 
@@ -387,16 +400,18 @@ def uv_requirements() -> str:
     return UV_REQUIREMENTS.read_text()
 
 
-def uv_source() -> str:
-    """Its folder in the build context (by content: a new pin is a new folder)."""
-    return "tools/uv-" + hashlib.sha256(uv_requirements().encode()).hexdigest()[:12]
+def uv_source(platform: str = platforms.DEFAULT) -> str:
+    """Its folder in the build context (by content: a new pin is a new folder), with the
+    platform's suffix off linux/amd64: one context serves every platform, each its own uv wheel."""
+    digest = hashlib.sha256(uv_requirements().encode()).hexdigest()[:12]
+    return f"tools/uv-{digest}{platforms.get(platform).suffix}"
 
 
 def write(rendered: Rendered, out_dir: Path) -> Path:
     """Write DIR/<id>/ atomically: stage a sibling folder, then rename it into place, so DIR/<id>
     is always the old output or the new one, never half-written or half-deleted."""
-    target = out_dir / rendered.variant.id
-    staging = out_dir / f".{rendered.variant.id}.{os.getpid()}.tmp"
+    target = out_dir / rendered.variant.key
+    staging = out_dir / f".{rendered.variant.key}.{os.getpid()}.tmp"
     try:
         if target.exists() and not target.is_dir():
             raise BuilderError(f"cannot write {target}: it is a file, not a folder")

@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from builder import engine, labels, proc, state
+from builder import engine, labels, platforms, proc, state
 from builder.errors import BuilderError, CommandFailed, EngineError
 from smoke import OK_STATUSES, SCHEMA_VERSION
 from smoke.checks import CHECKS, GPU_CHECKS, timeout_for
@@ -69,7 +69,7 @@ def gpu_args(gpus: str | None, host_gpu: bool) -> list[str]:
 
 def docker_run_args(
     image: str, image_id: str, *, name: str, digest: str | None, require_gpu: bool,
-    gpu_flags: list[str], timeout_scale: float,
+    gpu_flags: list[str], timeout_scale: float, platform: str | None = None,
 ) -> list[str]:
     # Read-only root with an exec-able /tmp (inductor and triton load .so files from their
     # caches); HOME points there too since uid 1000 may have no writable home.
@@ -77,7 +77,8 @@ def docker_run_args(
         "run", "--rm", "--name", name, "--network", "none", "--read-only",
         "--tmpfs", "/tmp:rw,exec,nosuid,nodev", "--shm-size=8g",
         "-e", "HOME=/tmp", "-e", "PYTHONDONTWRITEBYTECODE=1",
-        "-w", labels.SMOKE_DIR, *gpu_flags, image,
+        "-w", labels.SMOKE_DIR, *gpu_flags, *(["--platform", platform] if platform else []),
+        image,
         "python", "-m", "smoke", "--report", "-", "--image-ref", image, "--image-id", image_id,
         "--timeout-scale", str(timeout_scale),
     ]
@@ -284,10 +285,18 @@ def run_smoke(
     effective_require = require_gpu and image_labels.get(labels.ACCELERATOR) != "cpu"
     name = f"builder-smoke-{uuid.uuid4().hex[:12]}"
     gpu_flags = gpu_args(gpus, host_has_gpu())
+    # An image of another architecture runs under qemu: the CPU-side checks run for real but
+    # slowly, and the report says so (its GPU checks are skip/substituted as on any CPU host).
+    platform = platforms.of_image(engine.inspect_image(image_id) or {})
+    emulated = platform is not None and platforms.emulated(platform.name)
+    if emulated:
+        timeout_scale = max(timeout_scale, platforms.EMULATED_TIMEOUT_SCALE)
     args = docker_run_args(image, image_id, name=name, digest=digest,
                            require_gpu=effective_require, gpu_flags=gpu_flags,
-                           timeout_scale=timeout_scale)
-    runner = {"kind": "docker", "command": ["docker", *args], "require_gpu_requested": require_gpu}
+                           timeout_scale=timeout_scale,
+                           platform=platform.name if emulated and platform else None)
+    runner = {"kind": "docker", "command": ["docker", *args], "require_gpu_requested": require_gpu,
+              "platform": platform.name if platform else None, "emulated": emulated}
     started, clock = _now(), dt.datetime.now(dt.UTC)
     rc, stdout, stderr = _run_container(args, name, CHECKS_TIMEOUT_S * timeout_scale + STARTUP_S)
     report = parse_report(stdout)
@@ -307,6 +316,9 @@ def run_smoke(
                                   f"its schema: {problem}", output=output,
                                   require_gpu=effective_require, started=started,
                                   duration_s=elapsed, runner=runner)
+    # Which platform's image this report is of, and whether its checks ran under qemu (also at
+    # the top level; the schema leaves it open, and changing it would rebuild every image).
+    report |= {"platform": runner["platform"], "emulated": emulated}
     store_report(report, image_id, report_path)
     return report
 

@@ -57,6 +57,8 @@ def verify(reference: Reference) -> tuple[str, list[Row]]:
                            f"`{reference.ref}`")
     body, desc = found
     manifest = json.loads(body)
+    if desc.media_type in (oci.OCI_INDEX, oci.DOCKER_LIST):
+        return desc.digest, index_rows(reference, manifest)
     config_digest = (manifest.get("config") or {}).get("digest", "")
     config = json.loads(reg.blob(reference.repository, config_digest)) if config_digest else {}
     image_labels = (config.get("config") or {}).get("Labels") or {}
@@ -73,6 +75,19 @@ def verify(reference: Reference) -> tuple[str, list[Row]]:
             sbom_row(fetch("sbom")),
             provenance_row(fetch("provenance"), desc.digest, image_labels)]
     return desc.digest, rows
+
+
+def index_rows(reference: Reference, index: dict[str, Any]) -> list[Row]:
+    """A multi-arch index: each platform's manifest is checked (its evidence is attached to
+    it, not to the index), rows prefixed with the platform."""
+    rows = []
+    for child in index.get("manifests", []):
+        where = "{os}/{architecture}".format(**child.get("platform", {"os": "?",
+                                                                      "architecture": "?"}))
+        _, child_rows = verify(Reference(reference.registry, reference.repository,
+                                         child["digest"]))
+        rows += [Row(f"{where} {r.what}", r.status, r.detail) for r in child_rows]
+    return rows or [Row("index", MISSING, "the index lists no manifests")]
 
 
 def label_row(image_labels: dict[str, str]) -> Row:

@@ -23,34 +23,34 @@ from pathlib import Path
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from builder import proc, state
+from builder import platforms, proc, state
 from builder.errors import BuilderError
 from builder.locks import normalize
 from builder.matrix import Variant
 
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
-MANYLINUX = [f"manylinux_2_{n}_x86_64" for n in range(28, 4, -1)] + [
-    "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
 
 
 @cache
-def supported_tags(python: str) -> frozenset[Tag]:
-    """The wheel tags a CPython `python` ("3.13") on these platforms installs."""
+def supported_tags(python: str, platform: str = platforms.DEFAULT) -> frozenset[Tag]:
+    """The wheel tags a CPython `python` ("3.13") on `platform` (a glibc-2.28+ Linux) installs."""
     version = tuple(int(p) for p in python.split(".")[:2])
-    return frozenset([*cpython_tags(version, platforms=MANYLINUX),
-                      *compatible_tags(version, f"cp{version[0]}{version[1]}", MANYLINUX)])
+    names = platforms.get(platform).manylinux_tags
+    return frozenset([*cpython_tags(version, platforms=names),
+                      *compatible_tags(version, f"cp{version[0]}{version[1]}", names)])
 
 
-def installable(wheel: str, python: str | None) -> bool:
-    """A lock lists the hashes of every python's wheel (cp311 and cp313 …): a stored wheel
-    serves a variant only if its tags fit the variant's python."""
+def installable(wheel: str, python: str | None, platform: str = platforms.DEFAULT) -> bool:
+    """A lock lists the hashes of every python's and platform's wheel (cp311 and cp313, x86_64
+    and aarch64 …): a stored wheel serves a variant only if its tags fit the variant's python
+    and platform (without a python, only the platform's machine is checked)."""
     if python is None:
-        return True
+        return platforms.wheel_matches(wheel, platforms.get(platform))
     try:
         tags = parse_wheel_filename(wheel)[3]
     except InvalidWheelFilename:
         return False
-    return not tags.isdisjoint(supported_tags(python))
+    return not tags.isdisjoint(supported_tags(python, platform))
 
 
 @dataclass
@@ -79,11 +79,13 @@ class Wheelhouse:
     def _save(self) -> None:
         state.atomic_write(self.index_path, json.dumps(self.index, indent=1, sort_keys=True))
 
-    def find(self, hashes: Iterable[str], python: str | None = None) -> Path | None:
-        """The stored wheel matching any of the lock's hashes (and installable on `python`)."""
+    def find(self, hashes: Iterable[str], python: str | None = None,
+             platform: str = platforms.DEFAULT) -> Path | None:
+        """The stored wheel matching any of the lock's hashes and installable on `python` and
+        `platform` (a lock lists the hashes of every platform's wheels)."""
         for h in hashes:
             name = self.index.get(h)
-            if name and installable(name, python) and (self.root / name).exists():
+            if name and installable(name, python, platform) and (self.root / name).exists():
                 return self.root / name
         return None
 
@@ -91,13 +93,13 @@ class Wheelhouse:
                progress: Callable[[str], None] = print) -> list[Path]:
         """The wheels for these hash-pinned requirements, downloading only the missing ones."""
         blocks = _hash_blocks(requirements)
-        missing = [b for b in blocks if self.find(b, variant.python) is None]
+        missing = [b for b in blocks if self.find(b, variant.python, variant.platform) is None]
         if missing:
             progress(f"  downloading {len(missing)} wheel(s) for {variant.id}")
             self._download(variant, requirements)
         paths = []
         for hashes in blocks:
-            path = self.find(hashes, variant.python)
+            path = self.find(hashes, variant.python, variant.platform)
             if path is None:
                 raise BuilderError(f"no wheel matching the lock's hashes for {variant.id} "
                                    f"({hashes[0][:12]}…) after download")
@@ -177,8 +179,8 @@ def download_command(variant: Variant, req: Path, dest: Path) -> list[str]:
     argv = ["python3", "-m", "pip", "--isolated", "download", "--no-deps", "--require-hashes",
             "--only-binary=:all:", "--implementation", "cp", "--python-version", variant.python,
             "--progress-bar", "off", "-d", str(dest), "-r", str(req)]
-    for platform in MANYLINUX:
-        argv += ["--platform", platform]
+    for tag in platforms.get(variant.platform).manylinux_tags:
+        argv += ["--platform", tag]
     if ca := proc.host_ca_bundle():
         argv += ["--cert", ca]
     for link in variant.find_links:

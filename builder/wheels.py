@@ -5,26 +5,82 @@ from __future__ import annotations
 import json
 import re
 import ssl
+import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
-from builder import proc, state
+from builder import platforms, proc, state
+from builder.errors import BuilderError
 from builder.matrix import Variant
 
 PYPI_SIMPLE = "https://pypi.org/simple/torch/"
 
 
-def _filenames_from_index(url: str, timeout: float = 10.0) -> list[str]:
-    cache = state.path("cache") / (re.sub(r"[^A-Za-z0-9]+", "_", url) + ".json")
-    if cache.exists():
-        return json.loads(cache.read_text())
-    request = urllib.request.Request(url, headers={
-        "Accept": "application/vnd.pypi.simple.v1+json"})
+def _cache_file(url: str) -> Path:
+    return state.path("cache") / (re.sub(r"[^A-Za-z0-9]+", "_", url) + ".json")
+
+
+def _get(url: str, timeout: float, accept: str = "*/*") -> bytes:
+    request = urllib.request.Request(url, headers={"Accept": accept})
     context = ssl.create_default_context(cafile=proc.host_ca_bundle())
     with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
-        names = [f["filename"] for f in json.load(response)["files"]]
-    state.atomic_write(cache, json.dumps(names))
-    return names
+        return response.read()
+
+
+def _index_files(url: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The index's files: name, url and whether it serves the METADATA apart (PEP 658)."""
+    cache = _cache_file(url + "#files")
+    if cache.exists():
+        return json.loads(cache.read_text())
+    doc = json.loads(_get(url, timeout, "application/vnd.pypi.simple.v1+json"))
+    files = [{"filename": f["filename"], "url": urllib.parse.urljoin(url, f["url"]),
+              "metadata": bool(f.get("core-metadata") or f.get("data-dist-info-metadata"))}
+             for f in doc["files"]]
+    state.atomic_write(cache, json.dumps(files))
+    return files
+
+
+def _filenames_from_index(url: str, timeout: float = 10.0) -> list[str]:
+    return [f["filename"] for f in _index_files(url, timeout)]
+
+
+def wheel_metadata(variant: Variant, filename: str, timeout: float = 20.0) -> str | None:
+    """A wheel's METADATA from its index (PEP 658), cached; None when not served that way."""
+    try:
+        found = [f for f in _index_files(index_for(variant)) if f["filename"] == filename]
+        if not found or not found[0]["metadata"]:
+            return None
+        cache = _cache_file(found[0]["url"].split("#")[0] + ".metadata")
+        if not cache.exists():
+            text = _get(found[0]["url"].split("#")[0] + ".metadata", timeout).decode()
+            state.atomic_write(cache, json.dumps(text))
+        return json.loads(cache.read_text())
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def is_cuda_build(variant: Variant, filename: str) -> bool | None:
+    """Whether the variant's torch wheel for its platform pulls NVIDIA's CUDA libraries: from
+    its METADATA (PEP 658) when the index serves it, else from resolving `torch` alone for
+    that python and platform (uv, about a second; cached). None when neither answers."""
+    metadata = wheel_metadata(variant, filename)
+    if metadata is not None:
+        return platforms.requires_cuda(metadata, platforms.get(variant.platform), variant.python)
+    cache = _cache_file(f"cuda-build-{filename}-{variant.platform}-{index_for(variant)}")
+    if not cache.exists():
+        from builder import locks  # resolution machinery only on this path
+
+        try:
+            text = locks.resolve(variant, [f"torch=={variant.torch}"])
+        except BuilderError:
+            return None
+        state.atomic_write(cache, json.dumps(bool(locks.derive_facts(variant, text)["cuda"])))
+    return json.loads(cache.read_text())
+
+
+def index_for(variant: Variant) -> str:
+    return variant.index_url.rstrip("/") + "/torch/" if variant.index_url else PYPI_SIMPLE
 
 
 def filenames(variant: Variant) -> list[str] | None:
@@ -33,19 +89,24 @@ def filenames(variant: Variant) -> list[str] | None:
     for link in variant.find_links:
         if link.startswith("/") and Path(link).is_dir():
             names += [p.name for p in Path(link).iterdir()]
-    index = variant.index_url.rstrip("/") + "/torch/" if variant.index_url else PYPI_SIMPLE
     try:
-        names += _filenames_from_index(index)
+        names += _filenames_from_index(index_for(variant))
     except (OSError, ValueError, KeyError):
         if not names:
             return None
     return names
 
 
-def has_wheel(variant: Variant, names: list[str]) -> bool:
+def candidates(variant: Variant, names: list[str]) -> list[str]:
+    """The torch wheels of the variant's version and python, any platform."""
     tag = "cp" + variant.python.replace(".", "")
     version = re.escape(variant.torch)
-    return any(re.match(rf"torch-{version}-{tag}-", n.replace("%2B", "+")) for n in names)
+    return [n for n in names if re.match(rf"torch-{version}-{tag}-", n.replace("%2B", "+"))]
+
+
+def has_wheel(variant: Variant, names: list[str]) -> bool:
+    platform = platforms.get(variant.platform)
+    return any(platforms.wheel_matches(n, platform) for n in candidates(variant, names))
 
 
 def missing_wheel_problems(variants: list[Variant]) -> tuple[list[str], list[str]]:
@@ -55,7 +116,8 @@ def missing_wheel_problems(variants: list[Variant]) -> tuple[list[str], list[str
         names = filenames(v)
         if names is None:
             notes.append(f"{v.id}: could not read the package index; wheel check skipped")
-        elif not has_wheel(v, names):
-            problems.append(f"{v.id}: torch {v.torch} has no wheel for python {v.python} "
-                            f"(cp{v.python.replace('.', '')})")
+        elif (why := platforms.wheel_problem(
+                v.torch, v.python, v.accelerator, platforms.get(v.platform), candidates(v, names),
+                lambda name, v=v: is_cuda_build(v, name))):
+            problems.append(f"{v.key}: {why}")
     return problems, notes

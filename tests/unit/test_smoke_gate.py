@@ -15,7 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from builder import engine, labels
+from builder import engine, labels, platforms
 from builder import smoketest as bsmoke
 from builder.cli import common_parser
 from builder.errors import CommandFailed, EngineError
@@ -285,3 +285,28 @@ def test_require_gpu_failures_count_as_stand_ins_when_the_gate_allows_cpu_smoke(
     assert not _only_gpu_demand_failed(report, require_gpu=True)
     report["checks"].append({"name": "amp_train", "status": "fail"})
     assert not _only_gpu_demand_failed(report, require_gpu=False)
+
+
+def test_a_foreign_image_runs_emulated_with_a_longer_timeout_and_says_so(
+    fake_engine: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake_engine["Architecture"] = "arm64"
+    monkeypatch.setattr(platforms, "host", lambda: platforms.get("linux/amd64"))
+    fake = use_docker(monkeypatch, FakeDocker(stdout=json.dumps(report("cuda"))))
+    result = bsmoke.run_smoke("local/torch:x", require_gpu=False, gpus=None, report_path=None)
+    args = fake.run_args
+    assert args[args.index("--platform") + 1] == "linux/arm64"
+    assert float(args[args.index("--timeout-scale") + 1]) == platforms.EMULATED_TIMEOUT_SCALE
+    assert (result["platform"], result["emulated"]) == ("linux/arm64", True)
+    assert result["runner"]["emulated"] is True
+    jsonschema.Draft202012Validator(SCHEMA).validate(result)
+
+
+def test_a_native_image_runs_without_platform_flag(
+    fake_engine: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(platforms, "host", lambda: platforms.get("linux/amd64"))
+    fake = use_docker(monkeypatch, FakeDocker(stdout=json.dumps(report("cuda"))))
+    result = bsmoke.run_smoke("local/torch:x", require_gpu=False, gpus=None, report_path=None)
+    assert "--platform" not in fake.run_args
+    assert (result["platform"], result["emulated"]) == ("linux/amd64", False)

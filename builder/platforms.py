@@ -1,0 +1,264 @@
+"""Target platforms (`linux/amd64`, `linux/arm64`): names, wheel tags, lock and tag suffixes,
+foreign-platform base images, and the multi-arch image index that joins one variant's platforms
+under one tag.
+
+linux/amd64 is the reference platform: its locks, local tags and base keep the names they had
+before platforms existed (`locks/<id>.txt`, `torch-images-base:<suite>`), so adding a platform
+changes nothing for amd64. Every other platform adds a `.linux-<arch>` suffix.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import platform as host_platform
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from builder import oci
+from builder.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Platform:
+    name: str  # OCI form: linux/arm64
+    arch: str  # OCI/Debian architecture: arm64
+    machine: str  # uname -m and wheel tags: aarch64
+    variant: str | None = None  # OCI platform variant (arm64 → v8)
+
+    @property
+    def uv(self) -> str:
+        """`uv pip compile --python-platform`: glibc 2.28, which the cuDNN wheels need."""
+        return f"{self.machine}-manylinux_2_28"
+
+    @property
+    def suffix(self) -> str:
+        """Lock-file and local-tag suffix; empty for the reference platform."""
+        return "" if self.name == DEFAULT else "." + self.name.replace("/", "-")
+
+    @property
+    def manylinux_tags(self) -> list[str]:
+        """Every wheel platform tag a glibc-2.28+ Linux of this machine accepts (pip --platform)."""
+        tags = [f"manylinux_2_{n}_{self.machine}" for n in range(28, 16, -1)]
+        tags.append(f"manylinux2014_{self.machine}")
+        if self.machine == "x86_64":  # the older aliases only exist for x86
+            tags += [f"manylinux_2_{n}_x86_64" for n in range(16, 4, -1)]
+            tags += ["manylinux2010_x86_64", "manylinux1_x86_64"]
+        return [*tags, f"linux_{self.machine}"]
+
+    def as_oci(self) -> dict[str, str]:
+        out = {"architecture": self.arch, "os": "linux"}
+        return out | ({"variant": self.variant} if self.variant else {})
+
+
+DEFAULT = "linux/amd64"
+KNOWN: Mapping[str, Platform] = {
+    "linux/amd64": Platform("linux/amd64", "amd64", "x86_64"),
+    "linux/arm64": Platform("linux/arm64", "arm64", "aarch64", "v8"),
+}
+_MACHINES = {p.machine: p for p in KNOWN.values()}
+
+
+def get(name: str) -> Platform:
+    try:
+        return KNOWN[name]
+    except KeyError:
+        raise ConfigError(f"unknown platform `{name}`; known: {', '.join(KNOWN)}") from None
+
+
+def host() -> Platform | None:
+    """The platform this machine runs natively (None when it is none of the known ones)."""
+    return _MACHINES.get(host_platform.machine())
+
+
+def of_image(info: Mapping[str, Any]) -> Platform | None:
+    """The platform of a `docker image inspect` result (None for an unknown architecture)."""
+    found = [p for p in KNOWN.values() if p.arch == info.get("Architecture", "amd64")]
+    return found[0] if found else None
+
+
+def emulated(name: str) -> bool:
+    """True when images of this platform run here through binfmt/qemu, not natively."""
+    native = host()
+    return native is None or native.name != name
+
+
+def timeout_scale(name: str) -> float:
+    """Emulated CPUs are 10 to 30 times slower: the per-check smoke timeouts grow."""
+    return EMULATED_TIMEOUT_SCALE if emulated(name) else 1.0
+
+
+EMULATED_TIMEOUT_SCALE = 15.0
+
+
+# ---------------------------------------------------------------- wheels per platform
+
+
+def wheel_matches(filename: str, platform: Platform) -> bool:
+    """Whether a wheel file name is built for this platform's machine (or for any)."""
+    tags = filename.removesuffix(".whl").split("-")[-1]
+    return any(t == "any" or t.endswith("_" + platform.machine) for t in tags.split("."))
+
+
+def requires_cuda(metadata: str, platform: Platform, python: str) -> bool:
+    """Whether a wheel's METADATA pulls NVIDIA CUDA libraries on this platform: a CUDA build.
+    torch's Requires-Dist markers name platform_machine, so they are evaluated, not grepped."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    env = {"platform_machine": platform.machine, "sys_platform": "linux",
+           "platform_system": "Linux", "os_name": "posix", "python_version": python,
+           "python_full_version": python + ".0", "implementation_name": "cpython",
+           "platform_python_implementation": "CPython", "extra": ""}
+    for line in metadata.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        try:
+            req = Requirement(line.split(":", 1)[1].strip())
+        except InvalidRequirement:
+            continue
+        if req.name.lower().startswith("nvidia-") and (
+                req.marker is None or req.marker.evaluate(env)):
+            return True
+    return False
+
+
+def wheel_problem(torch: str, python: str, accelerator: str, platform: Platform,
+                  wheels: Sequence[str], cuda_build: Callable[[str], bool | None]) -> str | None:
+    """Why torch==`torch` cannot serve this (python, platform, accelerator), or None.
+    `wheels` are the file names for that torch and python; `cuda_build(name)` says whether one
+    is a CUDA build (None: unknown, and the check is left to the lock)."""
+    here = [w for w in wheels if wheel_matches(w, platform)]
+    if not here:
+        return (f"torch {torch} has no wheel for python {python} on {platform.name} "
+                f"(no cp{python.replace('.', '')} {platform.machine} wheel on its index)")
+    if accelerator != "cuda":
+        return None
+    if cuda_build(here[0]) is False:
+        return (f"torch {torch} on {platform.name} is a CPU-only build (its {platform.machine} "
+                "wheel requires no nvidia-* CUDA libraries); drop the platform or the cuda "
+                "accelerator for it")
+    return None
+
+
+# ---------------------------------------------------------------- foreign-platform bases
+
+
+def base_key(image: str, platform: str) -> str:
+    """Key of a base digest: the base ref, plus the platform suffix off linux/amd64."""
+    return image + get(platform).suffix
+
+
+def base_repository(repository: str) -> str:
+    return f"{repository}-base"
+
+
+def base_tag(suite: str, platform: Platform) -> str:
+    return f"{suite}-slim-{platform.arch}"  # the slim bootstrap (builder.base.SLIM_OPTIONS)
+
+
+def rootfs_config(platform: Platform, diff_id: str, labels: Mapping[str, str],
+                  created_by: str) -> dict[str, Any]:
+    """An OCI image config for a one-layer rootfs, with the platform written in (what
+    `docker import --platform` on Docker 20.10 fails to do)."""
+    return {
+        **platform.as_oci(),
+        "created": "2024-01-01T00:00:00Z",
+        "config": {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                   "Cmd": ["bash"], "Labels": dict(labels)},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "history": [{"created": "2024-01-01T00:00:00Z", "created_by": created_by}],
+    }
+
+
+def push_rootfs(reg: oci.Registry, repository: str, tar: Path, platform: Platform,
+                tags: Iterable[str], labels: Mapping[str, str], created_by: str) -> str:
+    """Push a rootfs tarball as a one-layer image of `platform`; returns the manifest digest."""
+    raw = tar.read_bytes()
+    layer = gzip.compress(raw, compresslevel=1, mtime=0)  # mtime 0: same tar, same digest
+    config = json.dumps(rootfs_config(platform, oci.sha256(raw), labels, created_by),
+                        sort_keys=True, separators=(",", ":")).encode()
+    manifest = {
+        "schemaVersion": 2, "mediaType": oci.OCI_MANIFEST,
+        "config": {"mediaType": oci.OCI_CONFIG, "digest": reg.push_blob(repository, config),
+                   "size": len(config)},
+        "layers": [{"mediaType": oci.OCI_LAYER_GZIP, "digest": reg.push_blob(repository, layer),
+                    "size": len(layer)}],
+    }
+    body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+    digest = ""
+    for tag in tags:
+        digest = reg.put_manifest(repository, tag, body, oci.OCI_MANIFEST)
+    return digest
+
+
+def layers_digest(diff_ids: Sequence[str]) -> str:
+    """The same base digest `builder.base.digest_of` computes for a local image: over its
+    filesystem layers, so a re-bootstrap with the same packages changes nothing."""
+    return oci.sha256("\n".join(diff_ids).encode())
+
+
+def registry_base_digest(reg: oci.Registry, repository: str, tag: str) -> str | None:
+    found = reg.manifest(repository, tag)
+    if found is None:
+        return None
+    config = json.loads(reg.blob(repository, json.loads(found[0])["config"]["digest"]))
+    return layers_digest(config["rootfs"]["diff_ids"])
+
+
+def ensure_registry_base(registry: str, repository: str, suite: str, platform: Platform,
+                         key: str, bootstrap: Callable[[Path], None],
+                         progress: Callable[[str], None] = print) -> str:
+    """Bootstrap `suite` for `platform` (once per key) and serve it from the registry, where
+    BuildKit looks for a foreign-platform FROM. Returns the base digest (see layers_digest)."""
+    from builder.base import KEY_LABEL
+
+    reg = oci.Registry(registry)
+    repo, tag = base_repository(repository), base_tag(suite, platform)
+    keyed = f"{tag}-{key}"
+    digest = registry_base_digest(reg, repo, keyed)
+    if digest is not None:
+        reg.tag(repo, reg.head(repo, keyed).digest, tag)  # type: ignore[union-attr]
+        return digest
+    progress(f"bootstrapping {suite} for {platform.name} (emulated: about 2 min), serving it "
+             f"as {registry}/{repo}:{tag}")
+    with tempfile.TemporaryDirectory() as tmp:
+        tar = Path(tmp) / "base.tar"
+        bootstrap(tar)
+        push_rootfs(reg, repo, tar, platform, [keyed, tag], {KEY_LABEL: key},
+                    f"mmdebstrap --variant=minbase --arch={platform.arch} {suite}")
+    found = registry_base_digest(reg, repo, keyed)
+    assert found is not None
+    return found
+
+
+# ---------------------------------------------------------------- the multi-arch index
+
+
+@dataclass(frozen=True)
+class PlatformManifest:
+    platform: Platform
+    descriptor: oci.Descriptor
+
+
+def index_document(manifests: Sequence[PlatformManifest],
+                   annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """An OCI image index: one entry per platform, in a fixed order (reference platform first),
+    so the same manifests always give the same index digest."""
+    names = [m.platform.name for m in manifests]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"an image index needs one manifest per platform, got {names}")
+    order = list(KNOWN)
+    entries = sorted(manifests, key=lambda m: (order.index(m.platform.name)
+                                               if m.platform.name in order else len(order),
+                                               m.platform.name))
+    doc: dict[str, Any] = {
+        "schemaVersion": 2, "mediaType": oci.OCI_INDEX,
+        "manifests": [{**m.descriptor.as_json(), "platform": m.platform.as_oci()}
+                      for m in entries],
+    }
+    if annotations:
+        doc["annotations"] = dict(sorted(annotations.items()))
+    return doc
