@@ -145,3 +145,19 @@ def bootstrap(suite: str, *, slim: bool = True, progress=print) -> str:
     info = engine.inspect_image(ref)
     assert info is not None
     return digest_of(info)
+
+
+def known_digests(variants: list[Variant],
+                       m: Matrix | None = None) -> dict[str, str | None]:
+    """Digests of bases already there (the engine; the registry for other platforms' bases,
+    given the matrix); a missing base is unknown (→ build). Keys: platforms.base_key."""
+    digests: dict[str, str | None] = {}
+    try:
+        engine.ensure_engine()
+    except BuilderError:
+        return digests
+    for v in variants:
+        key = platforms.base_key(v.base.image, v.platform)
+        if key not in digests:
+            digests[key] = known_digest(m, v)
+    return digests

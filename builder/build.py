@@ -26,7 +26,7 @@ from builder import base, engine, labels, locks, plan, platforms, proc, render, 
 from builder.errors import BuilderError, EngineError
 from builder.locks import lock_paths
 from builder.matrix import Matrix, Variant
-from builder.matrix_cmd import load_selected
+from builder.options import add_locks_option, load_selected
 from builder.output import emit_json, human_bytes, step, table
 from builder.render import SMOKE_DIR, facts_json
 from builder.wheelhouse import Wheelhouse, local_wheels
@@ -317,7 +317,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         description="Build the plan's `build` variants (default selection: the matrix's "
         "`default`) with BuildKit, skip up-to-date ones, then smoke-test and write an SBOM for "
         "each new image. Logs: .state/logs/<variant>.log.")
-    p.add_argument("--locks", default="locks", type=Path)
+    add_locks_option(p)
     p.add_argument("--force", action="store_true", help="rebuild even up-to-date variants")
     p.add_argument("--relock", action="store_true",
                    help="re-lock variants whose lock is out of date (instead of refusing them)")

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 import traceback
 
 from builder import __version__, proc
 from builder.errors import COULD_NOT_RUN, BuilderError
+from builder.options import common_parser
 from builder.output import emit_json
 
 EXIT_CODES = """exit status (every command):
@@ -32,23 +32,6 @@ COMMANDS = {
     "registry": "builder.registry", "publish": "builder.publish", "verify": "builder.verify",
     "rebuild": "builder.rebuild",
 }
-
-
-def common_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--matrix", default=os.environ.get("BUILDER_MATRIX", "matrix.yaml"), metavar="FILE",
-        help="the version matrix (default: %(default)s)",
-    )
-    common.add_argument(
-        "--select", action="append", default=[], metavar="KEY=VALUE",
-        help="only variants whose KEY equals VALUE (repeatable: different keys must all match, "
-        "a repeated key matches any of its values), e.g. --select flavor=slim --select "
-        "flavor=runtime --select python=3.11 (slim or runtime, on 3.11); KEY is torch, python, "
-        "accelerator, flavor, id or default (default=true picks the matrix's default selection)",
-    )
-    common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    return common
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -6,8 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
-from builder import base, engine, locks, matrix, plan, platforms, render, wheels
-from builder.errors import BuilderError, ConfigError
+from builder import base, locks, matrix, plan, render, wheels
+from builder.options import add_locks_option, load_selected
 from builder.output import emit_json, step, table
 
 
@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                        "exit 1 when there is any.")
     p.add_argument("--offline", action="store_true",
                    help="skip the check that each torch release has a wheel for its python")
-    p.add_argument("--locks", default="locks", type=Path, help="lock folder (default: locks)")
+    add_locks_option(p)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("lock", parents=[common], help="resolve variants into hash-pinned locks",
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                        "into locks/<id>.txt (every pin == with --hash) and locks/<id>.json (facts "
                        "derived from the resolved wheels). Only variants whose inputs changed are "
                        "resolved again.")
-    p.add_argument("--locks", default="locks", type=Path, help="lock folder (default: locks)")
+    add_locks_option(p)
     p.add_argument("--upgrade", action="store_true", help="re-resolve to the newest allowed pins")
     p.set_defaults(func=cmd_lock)
 
@@ -35,24 +35,16 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                        description="Render templates/ into DIR/<id>/Dockerfile with the lock it "
                        "installs (pure and offline; byte-for-byte deterministic).")
     p.add_argument("--out", default="out", type=Path, help="output folder (default: out)")
-    p.add_argument("--locks", default="locks", type=Path)
+    add_locks_option(p)
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("plan", parents=[common], help="tags, content hash and build state",
                        description="For each selected variant: tags, content hash and state "
                        "(`build`, or `up-to-date` when an image with that hash exists locally or "
                        "in the registry). --json output is the CI job matrix.")
-    p.add_argument("--locks", default="locks", type=Path)
+    add_locks_option(p)
     p.add_argument("--offline", action="store_true", help="do not ask the registry")
     p.set_defaults(func=cmd_plan)
-
-
-def load_selected(args: argparse.Namespace) -> tuple[matrix.Matrix, list[matrix.Variant]]:
-    m = matrix.load(args.matrix)
-    variants = m.select(args.select)
-    if not variants:
-        raise ConfigError(f"--select {' '.join(args.select)} matches no variant in {args.matrix}")
-    return m, variants
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -118,25 +110,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def known_base_digests(variants: list[matrix.Variant],
-                       m: matrix.Matrix | None = None) -> dict[str, str | None]:
-    """Digests of bases already there (the engine; the registry for other platforms' bases,
-    given the matrix); a missing base is unknown (→ build). Keys: platforms.base_key."""
-    digests: dict[str, str | None] = {}
-    try:
-        engine.ensure_engine()
-    except BuilderError:
-        return digests
-    for v in variants:
-        key = platforms.base_key(v.base.image, v.platform)
-        if key not in digests:
-            digests[key] = base.known_digest(m, v)
-    return digests
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
     m, variants = load_selected(args)
-    planned = plan.make_plan(m, variants, args.locks, known_base_digests(variants, m),
+    planned = plan.make_plan(m, variants, args.locks, base.known_digests(variants, m),
                              check_registry=not args.offline)
     if args.json:
         emit_json({"include": [p.as_json(m) for p in planned]})

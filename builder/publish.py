@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import engine, evidence, labels, oci, plan, provenance, smoketest, state
+from builder import base, engine, evidence, labels, oci, plan, provenance, smoketest, state
 from builder.errors import BuilderError, GateRefused
 from builder.evidence import Staged
 from builder.matrix import Matrix
-from builder.matrix_cmd import known_base_digests, load_selected
 from builder.oci import RegistryError
+from builder.options import add_locks_option, load_selected
 from builder.output import emit_json, step, table
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "published.schema.json"
@@ -367,7 +367,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "report and provenance, then tag `<tag>-YYYYMMDD` (never overwritten), `build-<hash>`, "
         "the floating tag and aliases. Never builds; a stopped run is completed by the next. "
         "Exit 1 when any image was refused.")
-    p.add_argument("--locks", default="locks", type=Path)
+    add_locks_option(p)
     p.add_argument("--allow-cpu-smoke", action="store_true",
                    help="publish CUDA images whose smoke ran without a GPU (recorded)")
     p.add_argument("--dry-run", action="store_true",
@@ -381,7 +381,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if not args.select:
         args.select = ["default=true"]
     matrix, variants = load_selected(args)
-    planned = plan.make_plan(matrix, variants, args.locks, known_base_digests(variants, matrix),
+    planned = plan.make_plan(matrix, variants, args.locks, base.known_digests(variants, matrix),
                              check_registry=False)
     results = publish_variants(matrix, planned, allow_cpu_smoke=args.allow_cpu_smoke,
                                dry_run=args.dry_run, manifest=args.manifest,

@@ -33,7 +33,7 @@ from typing import Any
 from builder import base, engine, labels, locks, multiarch, oci, plan, platforms, proc, state
 from builder.errors import BuilderError, ConfigError
 from builder.matrix import Matrix, Variant
-from builder.matrix_cmd import load_selected
+from builder.options import add_locks_option, load_selected
 from builder.output import emit_json, step, table
 
 REASONS = ("debian-security", "python-vuln", "base-moved", "inputs-changed")
@@ -487,7 +487,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "the SBOM diff of exactly those variants. --skip-source leaves a source unasked (reported "
         "as skipped, never clean).")
     p.add_argument("--check", action="store_true", help="report only; build and push nothing")
-    p.add_argument("--locks", default="locks", type=Path)
+    add_locks_option(p)
     p.add_argument("--manifest", default=Path("published.json"), type=Path, metavar="FILE",
                    help="publication record (default: %(default)s)")
     p.add_argument("--allow-cpu-smoke", action="store_true",

@@ -231,12 +231,12 @@ def test_no_secret_or_host_path_in_sbom(images, tmp_path):
 def test_cli_sbom_and_diff(images, tmp_path, capsys):
     import argparse
 
-    from builder import cli
+    from builder import options
     from builder import sbom_cmd as cmd
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
-    cmd.register(sub, cli.common_parser())
+    cmd.register(sub, options.common_parser())
     out_a, out_b = tmp_path / "a.json", tmp_path / "b.json"
     for variant, out in (("a", out_a), ("b", out_b)):
         args = parser.parse_args(["sbom", images["tags"][variant], "-o", str(out)])

@@ -59,3 +59,13 @@ def test_no_module_shadows_a_top_level_package() -> None:
     packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
     modules = {p.stem for p in (ROOT / "builder").glob("*.py")}
     assert modules & packages == set()
+
+
+def test_nothing_imports_upward_into_the_command_layer() -> None:
+    """`builder.cli` and the command-only module are leaves: stages take their shared options
+    and selection from `builder.options`, never from another command."""
+    commands = {"builder.cli", "builder.matrix_cmd"}
+    imports = {m: resolved(n) for pkg in ("builder", "sbom", "bench")
+               for m, n in imported_builder_modules(pkg).items()}
+    upward = {m: n & commands for m, n in imports.items() if n & commands}
+    assert upward == {"builder/__main__.py": {"builder.cli"}}  # the entry point itself

@@ -17,8 +17,8 @@ import pytest
 
 from builder import engine, labels, platforms
 from builder import smoketest as bsmoke
-from builder.cli import common_parser
 from builder.errors import CommandFailed, EngineError
+from builder.options import common_parser
 
 IMAGE_ID = "sha256:" + "c0ffee" * 10 + "abcd"
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "smoke" /

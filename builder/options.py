@@ -1,0 +1,43 @@
+"""The options every command shares, and the selection they all start from: the CLI layer's
+own helpers (command modules import this, never `builder.cli` or each other)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from builder import matrix
+from builder.errors import ConfigError
+
+
+def common_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--matrix", default=os.environ.get("BUILDER_MATRIX", "matrix.yaml"), metavar="FILE",
+        help="the version matrix (default: %(default)s)",
+    )
+    common.add_argument(
+        "--select", action="append", default=[], metavar="KEY=VALUE",
+        help="only variants whose KEY equals VALUE (repeatable: different keys must all match, "
+        "a repeated key matches any of its values), e.g. --select flavor=slim --select "
+        "flavor=runtime --select python=3.11 (slim or runtime, on 3.11); KEY is torch, python, "
+        "accelerator, flavor, platform, id or default (default=true picks the matrix's default "
+        "selection)",
+    )
+    common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    return common
+
+
+def add_locks_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--locks", default=Path("locks"), type=Path, metavar="DIR",
+                        help="the lock folder (default: locks)")
+
+
+def load_selected(args: argparse.Namespace) -> tuple[matrix.Matrix, list[matrix.Variant]]:
+    """The matrix of --matrix and its variants that --select picks (at least one)."""
+    m = matrix.load(args.matrix)
+    variants = m.select(args.select)
+    if not variants:
+        raise ConfigError(f"--select {' '.join(args.select)} matches no variant in {args.matrix}")
+    return m, variants
