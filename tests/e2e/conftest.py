@@ -11,9 +11,12 @@ import functools
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 
 import pytest
-from helpers import missing
+from helpers import free_port, missing
+
+from builder import registry
 
 DOCKER = "/usr/bin/docker"
 
@@ -31,3 +34,13 @@ def engine_problem() -> str | None:
 def _engine(request: pytest.FixtureRequest) -> None:
     if request.node.get_closest_marker("docker") and (problem := engine_problem()):
         missing(problem)
+
+
+@pytest.fixture(scope="session")
+def registry_addr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One real registry (Debian's docker-registry) on a free port for the session."""
+    folder = tmp_path_factory.mktemp("registry")
+    addr = f"127.0.0.1:{free_port()}"
+    registry.start(addr, folder)
+    yield addr
+    registry.stop(folder)

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import free_port
 from test_publish import SBOM_DOC, smoke_report, tags
 
 from builder import (
@@ -26,7 +25,6 @@ from builder import (
     plan,
     platforms,
     publish,
-    registry,
     smoketest,
     verify,
 )
@@ -34,15 +32,6 @@ from builder import (
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
 VARIANT = "2.15.0-py3.11-cuda-runtime"  # declared for linux/amd64 and linux/arm64
-
-
-@pytest.fixture(scope="module")
-def addr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    folder = tmp_path_factory.mktemp("registry")
-    address = f"127.0.0.1:{free_port()}"
-    registry.start(address, folder)
-    yield address
-    registry.stop(folder)
 
 
 @pytest.fixture
@@ -74,13 +63,13 @@ def pulled_arch(ref: str, platform: str, made: list[str]) -> str:
     return engine.inspect_image(ref)["Architecture"]
 
 
-def test_index_of_two_scratch_images_pulls_per_platform(tmp_path: Path, addr: str,
+def test_index_of_two_scratch_images_pulls_per_platform(tmp_path: Path, registry_addr: str,
                                                         made: list[str]) -> None:
     repo = f"index-{uuid.uuid4().hex[:8]}"
-    reg = oci.Registry(addr)
+    reg = oci.Registry(registry_addr)
     entries = []
     for name in ("linux/amd64", "linux/arm64"):
-        ref = f"{addr}/{repo}:{platforms.get(name).arch}"
+        ref = f"{registry_addr}/{repo}:{platforms.get(name).arch}"
         scratch_image(tmp_path, ref, name, made)
         engine.docker("push", ref)
         desc = reg.head(repo, platforms.get(name).arch)
@@ -90,8 +79,8 @@ def test_index_of_two_scratch_images_pulls_per_platform(tmp_path: Path, addr: st
     reg.tag(repo, index.digest, "both")
     assert reg.head(repo, "both").media_type == oci.OCI_INDEX
     for name in ("linux/amd64", "linux/arm64"):
-        engine.docker("image", "rm", f"{addr}/{repo}:both", check=False)
-        assert pulled_arch(f"{addr}/{repo}:both", name, made) == platforms.get(name).arch
+        engine.docker("image", "rm", f"{registry_addr}/{repo}:both", check=False)
+        assert pulled_arch(f"{registry_addr}/{repo}:both", name, made) == platforms.get(name).arch
     # An index may only list manifests the repository holds.
     missing = platforms.PlatformManifest(platforms.get("linux/arm64"),
                                          oci.Descriptor("sha256:" + "0" * 64, oci.OCI_MANIFEST, 1))
@@ -110,12 +99,12 @@ def scratch_variant(tmp_path: Path, m: matrix.Matrix, variant: matrix.Variant,
     return p, image_id
 
 
-def test_publish_joins_a_variants_platforms_under_its_tags(tmp_path: Path, addr: str, made,
+def test_publish_joins_a_variants_platforms_under_its_tags(tmp_path: Path, registry_addr: str, made,
                                                            monkeypatch) -> None:
     monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "state"))
     monkeypatch.setattr(publish, "today", lambda: "20260102")
     base = matrix.load(ROOT / "matrix.yaml")
-    m = dataclasses.replace(base, registry=addr, repository=f"multi-{uuid.uuid4().hex[:8]}")
+    m = dataclasses.replace(base, registry=registry_addr, repository=f"multi-{uuid.uuid4().hex[:8]}")
     planned = []
     for variant in m.select([f"id={VARIANT}"]):
         p, image_id = scratch_variant(tmp_path, m, variant, made)
@@ -129,12 +118,12 @@ def test_publish_joins_a_variants_platforms_under_its_tags(tmp_path: Path, addr:
     [refused, *_] = publish.publish_variants(m, planned[1:], allow_cpu_smoke=True,
                                              manifest=tmp_path / "published.json")
     assert refused["status"] == "refused" and "linux/amd64" in refused["reason"]
-    assert tags(addr, m.repository) == []
+    assert tags(registry_addr, m.repository) == []
 
     [result] = publish.publish_variants(m, planned, allow_cpu_smoke=True,
                                         manifest=tmp_path / "published.json")
     assert result["status"] == "published"
-    reg = oci.Registry(addr)
+    reg = oci.Registry(registry_addr)
     floating = planned[0].floating_tag
     assert reg.head(m.repository, floating).digest == result["digest"]
     assert reg.head(m.repository, "latest-runtime").digest == result["digest"]
@@ -148,7 +137,7 @@ def test_publish_joins_a_variants_platforms_under_its_tags(tmp_path: Path, addr:
             assert reg.fetch_artifact(m.repository, child["digest"], kind) is not None, kind
         assert reg.head(m.repository, p.hash_tag).digest == child["digest"]
     # `builder verify` of the index checks each platform's manifest and its evidence.
-    _, rows = verify.verify(verify.Reference(addr, m.repository, result["digest"]))
+    _, rows = verify.verify(verify.Reference(registry_addr, m.repository, result["digest"]))
     assert {r.what.split()[0] for r in rows} == {"linux/amd64", "linux/arm64"}
     doc = json.loads((tmp_path / "published.json").read_text())
     [pub] = doc["variants"][VARIANT]["publications"]
@@ -157,13 +146,13 @@ def test_publish_joins_a_variants_platforms_under_its_tags(tmp_path: Path, addr:
     assert pulled_arch(f"{m.image_name}:{floating}", "linux/arm64", made) == "arm64"
 
 
-def test_platforms_staged_apart_are_promoted_into_one_index(tmp_path: Path, addr: str, made,
+def test_platforms_staged_apart_are_promoted_into_one_index(tmp_path: Path, registry_addr: str, made,
                                                             monkeypatch) -> None:
     """The CI pattern: each platform is built and staged by digest, with its evidence attached
     to its own manifest, on its own runner; the publish job (no local images, an empty state)
     promotes them all and writes the index."""
     base = matrix.load(ROOT / "matrix.yaml")
-    m = dataclasses.replace(base, registry=addr, repository=f"staged-{uuid.uuid4().hex[:8]}")
+    m = dataclasses.replace(base, registry=registry_addr, repository=f"staged-{uuid.uuid4().hex[:8]}")
     planned = []
     for variant in m.select([f"id={VARIANT}"]):
         monkeypatch.setenv("BUILDER_STATE", str(tmp_path / f"runner-{variant.platform[6:]}"))
@@ -172,13 +161,13 @@ def test_platforms_staged_apart_are_promoted_into_one_index(tmp_path: Path, addr
         evidence.attach(staged, "smoke", json.dumps(smoke_report(image_id, "cuda")).encode())
         evidence.attach(staged, "sbom", json.dumps(SBOM_DOC).encode())
         engine.remove_image(f"{m.image_name}:{p.local_tag}")
-        assert p.floating_tag not in tags(addr, m.repository)  # nothing a user reads, yet
+        assert p.floating_tag not in tags(registry_addr, m.repository)  # nothing a user reads, yet
         planned.append(p)
     monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "publisher"))
     [result] = publish.publish_variants(m, planned, allow_cpu_smoke=True,
                                         manifest=tmp_path / "published.json")
     assert result["status"] == "published", result.get("reason")
-    reg = oci.Registry(addr)
+    reg = oci.Registry(registry_addr)
     assert reg.head(m.repository, planned[0].floating_tag).digest == result["digest"]
     assert [e["digest"] for e in result["platforms"]] == [
         reg.head(m.repository, p.hash_tag).digest for p in planned]

@@ -76,15 +76,6 @@ SBOM_DOC = {"bomFormat": "CycloneDX", "specVersion": "1.6", "version": 1,
 
 
 @pytest.fixture(scope="session")
-def registry_addr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    folder = tmp_path_factory.mktemp("registry")
-    addr = f"127.0.0.1:{free_port()}"
-    registry.start(addr, folder)
-    yield addr
-    registry.stop(folder)
-
-
-@pytest.fixture(scope="session")
 def base_matrix() -> matrix.Matrix:
     return matrix.load(ROOT / "matrix.yaml")
 
