@@ -33,8 +33,10 @@ def build(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Unit tests (seconds) and end-to-end tests against a real engine and registry.
-    `nox -s tests -- tests/unit` runs only the unit tests."""
-    session.run(PYTHON, "-m", "pytest", "-ra", *(session.posargs or ["tests"]))
+    `nox -s tests -- tests/unit` runs only the unit tests. The slowest 15 are listed with their
+    times (where an e2e's time goes is part of the record)."""
+    session.run(PYTHON, "-m", "pytest", "-ra", "--durations=15",
+                *(session.posargs or ["tests"]))
 
 
 @nox.session
