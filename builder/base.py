@@ -147,8 +147,7 @@ def bootstrap(suite: str, *, slim: bool = True, progress=print) -> str:
     return digest_of(info)
 
 
-def known_digests(variants: list[Variant],
-                       m: Matrix | None = None) -> dict[str, str | None]:
+def known_digests(variants: list[Variant], m: Matrix | None = None) -> dict[str, str | None]:
     """Digests of bases already there (the engine; the registry for other platforms' bases,
     given the matrix); a missing base is unknown (→ build). Keys: platforms.base_key."""
     digests: dict[str, str | None] = {}

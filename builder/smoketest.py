@@ -32,12 +32,8 @@ STARTUP_S = 300
 TAIL_LINES = 40
 
 
-def state_dir() -> Path:
-    return Path(os.environ.get("BUILDER_STATE", ".state"))
-
-
 def report_file(image_id: str) -> Path:
-    return state_dir() / "reports" / f"{image_id.removeprefix('sha256:')}.json"
+    return state.root() / "reports" / f"{image_id.removeprefix('sha256:')}.json"
 
 
 # ---- host side: which container options -------------------------------------------------------
