@@ -117,8 +117,6 @@ def test_tags_and_content_hash(shipped):
     assert "latest-slim" in p1.tags
 
 
-
-
 @pytest.mark.parametrize("variant_id", ["2.13.0-py3.11-cpu-runtime", "2.15.0-py3.11-cuda-devel"])
 def test_a_security_relock_keeps_every_other_pin(shipped, tmp_path, monkeypatch, variant_id):
     """`rebuild` re-locks through the one lock store: the current pins go to uv as the existing
