@@ -26,7 +26,8 @@ from typing import Any
 import yaml
 
 from bench.runner import Figure, Results, _mb, _ratio, builder_cli, log
-from builder import engine, locks, matrix, oci, platforms, registry, smoketest, state
+from builder.core import engine, oci, registry, state
+from builder.stages import locks, matrix, platforms, smoketest
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from builder import engine
+from builder.core import engine
 
 EMPTY_LAYER = "sha256:5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef"
 
@@ -60,7 +60,7 @@ def free_port() -> int:
 def registry_bytes(refs: list[str]) -> dict[str, Any]:
     """Push `refs` to a scratch registry; the bytes of the blobs it then stores (compressed
     layers, configs, manifests), against the sum of the images' (uncompressed) sizes."""
-    from builder import registry
+    from builder.core import registry
 
     total = sum(int((engine.inspect_image(r) or {}).get("Size", 0)) for r in refs)
     with tempfile.TemporaryDirectory(prefix="bench-registry-", dir=Path.cwd() / ".state") as tmp:

@@ -19,8 +19,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import base, engine
-from builder.errors import BuilderError
+from builder.core import engine
+from builder.core.errors import BuilderError
+from builder.stages import base
 
 SUITE = "bookworm"
 BASE = base.bootstrap_ref(SUITE, slim=False)

@@ -28,8 +28,9 @@ from typing import Any
 import yaml
 
 from bench import layers, naive
-from builder import engine, locks, matrix, platforms, render
-from builder.output import human_bytes
+from builder.core import engine
+from builder.core.output import human_bytes
+from builder.stages import locks, matrix, platforms, render
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent

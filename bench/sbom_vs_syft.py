@@ -27,8 +27,8 @@ from typing import Any
 
 from packageurl import PackageURL
 
-from builder import engine, proc
-from builder.errors import CommandFailed
+from builder.core import engine, proc
+from builder.core.errors import CommandFailed
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,10 +11,11 @@ import importlib
 import sys
 import traceback
 
-from builder import __version__, proc
-from builder.errors import COULD_NOT_RUN, BuilderError
-from builder.options import common_parser
-from builder.output import emit_json
+from builder import __version__
+from builder.commands.options import common_parser
+from builder.core import proc
+from builder.core.errors import COULD_NOT_RUN, BuilderError
+from builder.core.output import emit_json
 
 EXIT_CODES = """exit status (every command):
   0        ok, or nothing to do
@@ -22,15 +23,12 @@ EXIT_CODES = """exit status (every command):
   2        could not run: engine, registry, network, unreachable source, bad usage or path
   130/143  stopped by SIGINT/SIGTERM"""
 
-# Command → the module that registers it (`register(subparsers, common)`), in pipeline order.
+# Command → its module in `builder.commands` (`register(subparsers, common)`), in pipeline order.
 # Only the module of the command being run is imported: `builder sbom` need not load jinja2.
 COMMANDS = {
-    "validate": "builder.matrix_cmd", "lock": "builder.matrix_cmd",
-    "render": "builder.matrix_cmd", "plan": "builder.matrix_cmd",
-    "base": "builder.build", "build": "builder.build",
-    "smoke": "builder.smoketest", "sbom": "builder.sbom_cmd", "audit": "builder.sbom_cmd",
-    "registry": "builder.registry", "publish": "builder.publish", "verify": "builder.verify",
-    "rebuild": "builder.rebuild",
+    "validate": "matrix", "lock": "matrix", "render": "matrix", "plan": "matrix",
+    "base": "build", "build": "build", "smoke": "smoke", "sbom": "sbom", "audit": "sbom",
+    "registry": "registry", "publish": "publish", "verify": "verify", "rebuild": "rebuild",
 }
 
 
@@ -48,7 +46,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     common = common_parser()
     modules = [COMMANDS[command]] if command in COMMANDS else dict.fromkeys(COMMANDS.values())
     for name in modules:
-        importlib.import_module(name).register(sub, common)
+        importlib.import_module(f"builder.commands.{name}").register(sub, common)
     return parser
 
 

@@ -21,8 +21,8 @@ from typing import Any
 from packageurl import PackageURL
 from packaging.version import InvalidVersion, Version
 
-from builder import proc
-from builder.errors import CommandFailed
+from builder.core import proc
+from builder.core.errors import CommandFailed
 from sbom import dpkg
 from sbom.diff import iter_components
 from sbom.pydist import normalize

@@ -20,7 +20,8 @@ from typing import Any
 
 from packageurl import PackageURL
 
-from builder import __version__, labels
+from builder import __version__
+from builder.core import labels
 from sbom import dpkg, iri, pydist
 from sbom.collect import ImageFacts, NativeLib
 

@@ -34,8 +34,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from builder import engine
-from builder.errors import EngineError
+from builder.core import engine
+from builder.core.errors import EngineError
 
 _BUFSIZE = 4 << 20  # one reusable read buffer
 _SITE_RE = re.compile(

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from builder.errors import GateRefused
+from builder.core.errors import GateRefused
 
 FORMATS = ("json", "xml")
 

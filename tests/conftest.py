@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import matrix
+from builder.stages import matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 

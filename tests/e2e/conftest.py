@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 from helpers import free_port, missing
 
-from builder import registry
+from builder.core import registry
 
 DOCKER = "/usr/bin/docker"
 

@@ -14,15 +14,15 @@ from __future__ import annotations
 import pytest
 from helpers import missing
 
-from builder.errors import BuilderError
-from builder.matrix import Base
+from builder.core.errors import BuilderError
+from builder.stages.matrix import Base
 
 MINBASE = Base(image="mmdebstrap:bookworm")
 
 
 def ensure_minbase() -> str:
     """The minbase image's local ref, bootstrapped when absent or stale."""
-    from builder import base
+    from builder.stages import base
 
     try:
         base.ensure(MINBASE)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from builder import rebuild
+from builder.flows import rebuild
 
 
 @pytest.mark.docker
 def test_debian_source_on_a_real_image() -> None:
     """apt inside a real image answers a dict of name → (old, new), or an error: never a silent
     clean when the mirror is unreachable (apt-get update --error-on=any)."""
-    from builder import engine
+    from builder.core import engine
 
     image = "torch-images-base:bookworm"
     if engine.inspect_image(image) is None:

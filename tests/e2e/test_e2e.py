@@ -17,7 +17,7 @@ import pytest
 import yaml
 from helpers import free_port, run_builder
 
-from builder import engine, labels, registry
+from builder.core import engine, labels, registry
 
 pytestmark = pytest.mark.docker
 
@@ -205,7 +205,7 @@ def test_second_build_builds_nothing(env, built):
 
 
 def test_sboms_have_deb_pypi_and_cuda_components(built):
-    from builder import state
+    from builder.core import state
 
     for variant, image in built.items():
         image_id = engine.inspect_image(image)["Id"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import engine, proc
+from builder.core import engine, proc
 
 pytestmark = pytest.mark.docker
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import locks, matrix, render
+from builder.stages import locks, matrix, render
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCKS = ROOT / "locks"

@@ -16,18 +16,9 @@ from pathlib import Path
 import pytest
 from test_publish import SBOM_DOC, smoke_report, tags
 
-from builder import (
-    engine,
-    evidence,
-    labels,
-    matrix,
-    oci,
-    plan,
-    platforms,
-    publish,
-    smoketest,
-    verify,
-)
+from builder.core import engine, labels, oci
+from builder.flows import verify
+from builder.stages import evidence, matrix, multiarch, plan, platforms, publish, smoketest
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,12 +106,12 @@ def test_publish_joins_a_variants_platforms_under_its_tags(tmp_path: Path, regis
     assert [p.variant.platform for p in planned] == ["linux/amd64", "linux/arm64"]
 
     # One platform alone is refused: its tag must not lose the other.
-    [refused, *_] = publish.publish_variants(m, planned[1:], allow_cpu_smoke=True,
+    [refused, *_] = multiarch.publish_variants(m, planned[1:], allow_cpu_smoke=True,
                                              manifest=tmp_path / "published.json")
     assert refused["status"] == "refused" and "linux/amd64" in refused["reason"]
     assert tags(registry_addr, m.repository) == []
 
-    [result] = publish.publish_variants(m, planned, allow_cpu_smoke=True,
+    [result] = multiarch.publish_variants(m, planned, allow_cpu_smoke=True,
                                         manifest=tmp_path / "published.json")
     assert result["status"] == "published"
     reg = oci.Registry(registry_addr)
@@ -164,7 +155,7 @@ def test_platforms_staged_apart_are_promoted_into_one_index(tmp_path: Path, regi
         assert p.floating_tag not in tags(registry_addr, m.repository)  # nothing a user reads, yet
         planned.append(p)
     monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "publisher"))
-    [result] = publish.publish_variants(m, planned, allow_cpu_smoke=True,
+    [result] = multiarch.publish_variants(m, planned, allow_cpu_smoke=True,
                                         manifest=tmp_path / "published.json")
     assert result["status"] == "published", result.get("reason")
     reg = oci.Registry(registry_addr)

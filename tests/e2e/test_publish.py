@@ -20,8 +20,9 @@ import jsonschema
 import pytest
 from helpers import free_port
 
-from builder import engine, evidence, labels, matrix, oci, plan, publish, registry, smoketest
-from builder.oci import RegistryError
+from builder.core import engine, labels, oci, registry
+from builder.core.oci import RegistryError
+from builder.stages import evidence, matrix, multiarch, plan, publish, smoketest
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_ID = "2.13.0-py3.11-cpu-runtime"
@@ -148,7 +149,7 @@ def images(tmp_path: Path, env: Path, registry_addr: str,
 def run(images: Images, planned: list[plan.PlannedVariant], tmp_path: Path, **kw: Any
         ) -> list[dict[str, Any]]:
     kw.setdefault("allow_cpu_smoke", False)
-    return publish.publish_variants(images.matrix, planned, manifest=tmp_path / "published.json",
+    return multiarch.publish_variants(images.matrix, planned, manifest=tmp_path / "published.json",
                                     **kw)
 
 
@@ -362,7 +363,7 @@ def test_a_crash_at_any_step_leaves_nothing_half_done(
 
 @pytest.mark.docker
 def test_verify_reads_the_evidence_attached_to_a_digest(images: Images, tmp_path: Path) -> None:
-    from builder import verify
+    from builder.flows import verify
 
     p, _ = images.build(CPU_ID)
     [result] = run(images, [p], tmp_path)

@@ -22,9 +22,10 @@ import pytest
 import yaml
 from helpers import free_port, run_builder
 
-from builder import base, engine, oci, registry
-from builder.matrix import Base
-from builder.oci import registry_url
+from builder.core import engine, oci, registry
+from builder.core.oci import registry_url
+from builder.stages import base
+from builder.stages.matrix import Base
 
 pytestmark = pytest.mark.docker
 

@@ -49,7 +49,7 @@ def _dist(name: str, version: str, requires: list[str] = (), files: dict[str, by
 
 
 def _build(tmp: Path, tag: str, body: str, labels: dict[str, str], secret: Path | None = None):
-    from builder import engine
+    from builder.core import engine
 
     (tmp / "Dockerfile").write_text(body)
     args = ["build", "-q", "-t", tag]
@@ -88,7 +88,7 @@ def _image_dockerfile(base: str, *, variant: str) -> str:
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory, minbase_image: str):  # noqa: F811
     """Two synthetic images (a, b) differing in a few Python packages; removed afterwards."""
-    from builder import engine
+    from builder.core import engine
 
     tmp = tmp_path_factory.mktemp("sbom-images")
     secret = tmp / "fake-ca.crt"
@@ -231,8 +231,8 @@ def test_no_secret_or_host_path_in_sbom(images, tmp_path):
 def test_cli_sbom_and_diff(images, tmp_path, capsys):
     import argparse
 
-    from builder import options
-    from builder import sbom_cmd as cmd
+    from builder.commands import options
+    from builder.commands import sbom as cmd
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
@@ -253,7 +253,7 @@ CPU_RUNTIME = "2.13.0-py3.11-cpu-runtime"
 
 def _cpu_runtime_image() -> str:
     """A local CPU runtime image (any tag), built with the shipped matrix when there is none."""
-    from builder import engine
+    from builder.core import engine
 
     def find() -> list[str]:
         return engine.images_with_label("io.torch-images.variant", CPU_RUNTIME)
@@ -344,7 +344,7 @@ RUN printf 'new-torch' > {SITE}/torch/lib/libtorch_cpu.so \\
 @pytest.fixture(scope="module")
 def layered_image(tmp_path_factory: pytest.TempPathFactory, minbase_image: str):  # noqa: F811
     """An image whose second layer overwrites, deletes and replaces what the first made."""
-    from builder import engine
+    from builder.core import engine
 
     tag = f"sbomtest/layered:{uuid.uuid4().hex[:8]}"
     ctx = tmp_path_factory.mktemp("sbom-layered")
@@ -357,7 +357,7 @@ def layered_image(tmp_path_factory: pytest.TempPathFactory, minbase_image: str):
 
 @pytest.mark.docker
 def test_overlay2_layers_give_the_same_contents_as_export(layered_image):
-    from builder import engine
+    from builder.core import engine
 
     try:
         dirs = layers.layer_dirs(layered_image, engine.engine_address())
@@ -385,7 +385,7 @@ def test_overlay2_layers_give_the_same_contents_as_export(layered_image):
 @pytest.mark.docker
 def test_cli_export_stream_gives_the_same_contents(layered_image, monkeypatch):
     """A remote engine (tcp, ssh) is read through the `docker export` CLI: the same contents."""
-    from builder import engine
+    from builder.core import engine
 
     via_socket = read_export(layered_image["Id"])
     monkeypatch.setattr(engine, "engine_address", lambda: "tcp://remote.invalid:2376")
@@ -396,7 +396,7 @@ def test_cli_export_stream_gives_the_same_contents(layered_image, monkeypatch):
 
 @pytest.mark.docker
 def test_inspect_over_the_socket_is_the_cli_inspect(layered_image):
-    from builder import engine
+    from builder.core import engine
     from sbom.collect import inspect_image
 
     assert inspect_image(layered_image["Id"]) == engine.inspect_image(layered_image["Id"])
@@ -404,8 +404,8 @@ def test_inspect_over_the_socket_is_the_cli_inspect(layered_image):
 
 
 def test_stream_drains_what_the_reader_leaves_and_reports_failures():
-    from builder import proc
-    from builder.errors import CommandFailed
+    from builder.core import proc
+    from builder.core.errors import CommandFailed
 
     with proc.stream(["sh", "-c", "head -c 3000000 /dev/zero"]) as out:
         assert out.read(10) == bytes(10)  # the rest is drained, not a broken pipe
@@ -417,7 +417,7 @@ def test_stream_drains_what_the_reader_leaves_and_reports_failures():
 
 @pytest.mark.docker
 def test_collect_says_which_path_it_used(layered_image, monkeypatch):
-    from builder import engine
+    from builder.core import engine
     from sbom.collect import read_contents
 
     try:

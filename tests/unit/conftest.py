@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from builder import engine
+from builder.core import engine
 
 
 class Forbidden(AssertionError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder import locks, matrix, render
+from builder.stages import locks, matrix, render
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCKS = ROOT / "locks"

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from rendering import LOCKS, ROOT, rendered
 
-from builder import locks, render
+from builder.stages import locks, render
 from smoke.checks.compile import skip_reason
 
 
@@ -97,7 +97,7 @@ def test_node_check_job_example():
 def test_python_axis_gets_its_own_wheels(shipped):
     """The same lock lines list every python's wheel hashes: a cp311 wheel must not be linked
     into a py3.13 build, and the install sets of the two pythons are distinct."""
-    from builder.wheelhouse import installable
+    from builder.stages.wheelhouse import installable
 
     cp311 = "cuda_bindings-13.5.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl"
     cp313 = cp311.replace("cp311", "cp313")

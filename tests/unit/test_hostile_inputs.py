@@ -11,22 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from builder import (
-    build,
-    cli,
-    locks,
-    matrix,
-    matrix_cmd,
-    plan,
-    proc,
-    publish,
-    registry,
-    render,
-    sbom_cmd,
-    state,
-)
-from builder.errors import BuilderError, ConfigError
-from builder.matrix import MatrixError
+from builder import cli
+from builder.commands import matrix as matrix_cmd
+from builder.commands import registry as registry_cmd
+from builder.commands import sbom as sbom_cmd
+from builder.core import proc, registry, state
+from builder.core.errors import BuilderError, ConfigError
+from builder.stages import build, locks, matrix, multiarch, plan, publish, render
+from builder.stages.matrix import MatrixError
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCKS = ROOT / "locks"
@@ -114,7 +106,7 @@ def test_an_alias_equal_to_another_variants_floating_tag_stops_publish_before_an
 
     monkeypatch.setattr(publish.engine, "ensure_engine", no_engine)
     with pytest.raises(ConfigError, match="tags collide"):
-        publish.publish_variants(hostile, [], allow_cpu_smoke=True, dry_run=True,
+        multiarch.publish_variants(hostile, [], allow_cpu_smoke=True, dry_run=True,
                                  manifest=Path("unused.json"), locks_dir=LOCKS)
 
 
@@ -312,7 +304,7 @@ def test_registry_start_names_a_foreign_registry(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(registry, "is_up", lambda addr, timeout=2.0: True)
     args = argparse.Namespace(matrix=str(ROOT / "matrix.yaml"), addr=None, action="start",
                               json=False)
-    assert registry.cmd_registry(args) == 0
+    assert registry_cmd.cmd_registry(args) == 0
     err = capsys.readouterr().err
     assert "a registry already answers on 127.0.0.1:5000, not one started from" in err
     assert "storage:" not in err

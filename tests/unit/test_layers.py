@@ -10,8 +10,8 @@ import re
 import pytest
 from rendering import LOCKS, rendered
 
-from builder import locks, render
-from builder.wheelhouse import local_wheels
+from builder.stages import locks, render
+from builder.stages.wheelhouse import local_wheels
 
 
 def instructions(dockerfile: str) -> list[str]:

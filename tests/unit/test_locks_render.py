@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import locks, plan, render
-from builder.errors import ConfigError
+from builder.core.errors import ConfigError
+from builder.stages import locks, plan, render
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCKS = ROOT / "locks"

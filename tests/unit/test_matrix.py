@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from builder import matrix
-from builder.matrix import MatrixError, expand
+from builder.stages import matrix
+from builder.stages.matrix import MatrixError, expand
 
 HEAD = """\
 registry: 127.0.0.1:5000
@@ -201,7 +201,7 @@ default:
 
 
 def test_python_without_a_torch_wheel_is_refused():
-    from builder import wheels
+    from builder.stages import wheels
 
     base = matrix.Base("mmdebstrap:bookworm")
     names = ["torch-2.5.1-cp311-cp311-manylinux1_x86_64.whl",

@@ -1,71 +1,171 @@
-"""The layering the code is read by: the in-image suite stands alone, `sbom/` and the core
-never reach into command modules, and no module name shadows a package."""
+"""The layering the code is read by, enforced on every `import` (top level and inside functions):
+
+    builder.core  ←  builder.stages  ←  builder.flows  ←  builder.commands  ←  builder.cli
+    sbom/ uses only builder.core; smoke/ (runs inside the image) imports nothing from builder.
+
+and no import cycle anywhere. Each rule is also run against a planted violation, so a checker
+that silently finds nothing cannot pass.
+"""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
-# What every stage may use: errors, subprocesses, the engine, the registry client, paths,
-# labels and output. Nothing here imports a stage or a command.
-CORE = {"builder", "builder.errors", "builder.proc", "builder.engine", "builder.oci",
-        "builder.state", "builder.labels", "builder.output"}
+PACKAGES = ("builder", "sbom", "smoke", "bench")
+# layer → the layers it may import (itself included)
+ALLOWED = {
+    "builder.core": {"builder.core"},
+    # sbom/ is the SBOM library the stages call; smoke/ lends its report schema and version parsing
+    "builder.stages": {"builder.core", "builder.stages", "sbom", "smoke"},
+    "builder.flows": {"builder.core", "builder.stages", "builder.flows", "sbom", "smoke"},
+    "builder.commands": {"builder.core", "builder.stages", "builder.flows", "builder.commands",
+                         "sbom", "smoke"},
+    "builder.cli": {"builder.core", "builder.commands"},
+    "sbom": {"builder.core", "sbom"},
+    "smoke": {"smoke"},
+    "bench": {"builder.core", "builder.stages", "builder.flows", "sbom", "bench"},
+}
 
 
-def imported_builder_modules(package: str) -> dict[str, set[str]]:
-    """For each module of `package`, the `builder` modules it imports (at any depth)."""
-    found: dict[str, set[str]] = {}
-    for path in sorted((ROOT / package).rglob("*.py")):
-        names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                names |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-        found[str(path.relative_to(ROOT))] = {
-            n for n in names if n == "builder" or n.startswith("builder.")}
-    return found
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def resolved(names: set[str]) -> set[str]:
-    """`from builder import proc` names the module builder.proc; `from builder.errors import X`
-    names builder.errors."""
-    modules = {p.stem for p in (ROOT / "builder").glob("*.py")}
-    out = set()
-    for name in names:
-        parts = name.split(".")
-        out.add(".".join(parts[:2]) if len(parts) > 1 and parts[1] in modules else "builder")
+def modules_of(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
+    return {module_name(p, root): p for pkg in packages for p in sorted((root / pkg).rglob("*.py"))}
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The known modules `name` imports, at any depth: `from a.b import c` names `a.b.c` when that
+    is a module, else `a.b`; relative imports are resolved against the package."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
+                      for a in node.names}
+    return {n for n in found if n in known and n != name}
+
+
+def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    mods = modules_of(root, packages)
+    # a package's __init__ is not a dependency of its modules' importers: only real modules count
+    known = {m for m, p in mods.items() if p.name != "__init__.py"} | {"builder"}
+    return {m: imports_of(m, p, known) for m, p in mods.items()}
+
+
+def layer(module: str) -> str:
+    for candidate in sorted(ALLOWED, key=len, reverse=True):
+        if module == candidate or module.startswith(candidate + "."):
+            return candidate
+    return module  # `builder` itself (its __version__) and `builder.__main__`
+
+
+def layer_violations(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        allowed = ALLOWED.get(layer(module))
+        if allowed is None:
+            continue
+        bad = {d for d in deps if d != "builder" and layer(d) not in allowed}
+        if bad:
+            out[module] = bad
     return out
 
 
-def test_the_in_image_smoke_suite_imports_nothing_from_builder() -> None:
-    assert {m: n for m, n in imported_builder_modules("smoke").items() if n} == {}
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
 
 
-def test_sbom_uses_only_the_core() -> None:
-    beyond = {m: resolved(n) - CORE for m, n in imported_builder_modules("sbom").items()}
-    assert {m: n for m, n in beyond.items() if n} == {}
+def test_no_import_cycles() -> None:
+    assert cycles(import_graph()) == []
 
 
-def test_the_core_imports_only_the_core() -> None:
-    core_files = {f"builder/{m.split('.', 1)[1]}.py" for m in CORE if "." in m}
-    imports = imported_builder_modules("builder")
-    beyond = {m: resolved(imports[m]) - CORE for m in core_files}
-    assert {m: n for m, n in beyond.items() if n} == {}
+def test_every_module_keeps_to_its_layer() -> None:
+    assert layer_violations(import_graph()) == {}
+
+
+def test_only_the_entry_point_imports_the_cli() -> None:
+    importers = {m for m, deps in import_graph().items() if "builder.cli" in deps}
+    assert importers == {"builder.__main__"}
 
 
 def test_no_module_shadows_a_top_level_package() -> None:
     packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
-    modules = {p.stem for p in (ROOT / "builder").glob("*.py")}
+    modules = {p.stem for p in (ROOT / "builder").glob("*.py")}  # builder.X next to top-level X
     assert modules & packages == set()
 
 
-def test_nothing_imports_upward_into_the_command_layer() -> None:
-    """`builder.cli` and the command-only module are leaves: stages take their shared options
-    and selection from `builder.options`, never from another command."""
-    commands = {"builder.cli", "builder.matrix_cmd"}
-    imports = {m: resolved(n) for pkg in ("builder", "sbom", "bench")
-               for m, n in imported_builder_modules(pkg).items()}
-    upward = {m: n & commands for m, n in imports.items() if n & commands}
-    assert upward == {"builder/__main__.py": {"builder.cli"}}  # the entry point itself
+# ---- the checkers find planted violations ------------------------------------------------------
+
+
+@pytest.fixture
+def planted(tmp_path: Path) -> Path:
+    files = {
+        "builder/__init__.py": "",
+        "builder/core/__init__.py": "",
+        "builder/core/errors.py": "class E(Exception): ...\n",
+        "builder/core/proc.py": "def run():\n    from builder.stages import build  # upward\n",
+        "builder/stages/__init__.py": "",
+        "builder/stages/build.py": "from builder.core import proc\nfrom . import plan\n",
+        "builder/stages/plan.py": "def f():\n    from builder.stages.build import x\n",
+        "smoke/__init__.py": "",
+        "smoke/runner.py": "from builder.core.errors import E\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def test_a_planted_cycle_is_found_through_function_level_imports(planted: Path) -> None:
+    graph = import_graph(planted, ("builder", "smoke"))
+    assert cycles(graph) == [["builder.core.proc", "builder.stages.build", "builder.stages.plan"]]
+
+
+def test_a_planted_upward_import_is_a_violation(planted: Path) -> None:
+    graph = import_graph(planted, ("builder", "smoke"))
+    assert layer_violations(graph) == {"builder.core.proc": {"builder.stages.build"},
+                                       "smoke.runner": {"builder.core.errors"}}

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from builder import (
+from builder.core import oci
+from builder.core.errors import ConfigError
+from builder.stages import (
     locks,
     matrix,
     multiarch,
-    oci,
     plan,
     platforms,
     publish,
@@ -21,9 +22,8 @@ from builder import (
     smoketest,
     wheelhouse,
 )
-from builder.errors import ConfigError
-from builder.evidence import Staged
-from builder.matrix import MatrixError
+from builder.stages.evidence import Staged
+from builder.stages.matrix import MatrixError
 
 ROOT = Path(__file__).resolve().parents[2]
 ARM = platforms.get("linux/arm64")

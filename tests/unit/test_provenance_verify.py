@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from builder import labels, provenance, verify
-from builder.errors import BuilderError
+from builder.core import labels
+from builder.core.errors import BuilderError
+from builder.flows import verify
+from builder.stages import provenance
 
 DIGEST = "sha256:" + "d" * 64
 LABELS = {

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import oci, publish
-from builder.errors import BuilderError
-from builder.oci import RegistryError
+from builder.core import oci
+from builder.core.errors import BuilderError
+from builder.core.oci import RegistryError
+from builder.stages import publish
 
 DATE = "20260102"
 

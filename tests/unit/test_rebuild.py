@@ -8,9 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from builder import labels, rebuild
-from builder.errors import BuilderError
-from builder.matrix import Base, Variant
+from builder.commands import rebuild as rebuild_cmd
+from builder.core import labels
+from builder.core.errors import BuilderError
+from builder.flows import rebuild
+from builder.stages.matrix import Base, Variant
 
 CPU = Variant(torch="2.13.0+cpu", python="3.11", accelerator="cpu", flavor="runtime",
               base=Base("mmdebstrap:bookworm"))
@@ -232,8 +234,8 @@ def test_cli_check_exit_codes(clean, tmp_path: Path, capsys, findings, code) -> 
 
     manifest = tmp_path / "published.json"
     manifest.write_text("{}")
-    clean.setattr(rebuild, "_selected", lambda args: (None, [CPU]))
-    clean.setattr(rebuild, "check", lambda *a, **k: findings)
+    clean.setattr(rebuild_cmd, "_selected", lambda args: (None, [CPU]))
+    clean.setattr(rebuild_cmd, "check", lambda *a, **k: findings)
     assert main(["rebuild", "--check", "--json", "--manifest", str(manifest)]) == code
     out = json.loads(capsys.readouterr().out)
     assert out["exit_code"] == code and len(out["findings"]) == len(findings)
@@ -244,8 +246,8 @@ def test_cli_rebuild_nothing_to_do(clean, tmp_path: Path, capsys) -> None:
 
     manifest = tmp_path / "published.json"
     manifest.write_text("{}")
-    clean.setattr(rebuild, "_selected", lambda args: (None, [CPU]))
-    clean.setattr(rebuild, "check", lambda *a, **k: [])
+    clean.setattr(rebuild_cmd, "_selected", lambda args: (None, [CPU]))
+    clean.setattr(rebuild_cmd, "check", lambda *a, **k: [])
     assert main(["rebuild", "--manifest", str(manifest)]) == 0
     assert "nothing rebuilt, nothing pushed" in capsys.readouterr().out
 

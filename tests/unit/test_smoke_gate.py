@@ -15,10 +15,12 @@ from typing import Any
 import jsonschema
 import pytest
 
-from builder import engine, labels, platforms
-from builder import smoketest as bsmoke
-from builder.errors import CommandFailed, EngineError
-from builder.options import common_parser
+from builder.commands import smoke as smoke_cmd
+from builder.commands.options import common_parser
+from builder.core import engine, labels
+from builder.core.errors import CommandFailed, EngineError
+from builder.stages import platforms
+from builder.stages import smoketest as bsmoke
 
 IMAGE_ID = "sha256:" + "c0ffee" * 10 + "abcd"
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "smoke" /
@@ -241,7 +243,7 @@ def test_load_report_absent_and_corrupt(monkeypatch: pytest.MonkeyPatch, tmp_pat
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="builder")
-    bsmoke.register(parser.add_subparsers(dest="command"), common_parser())
+    smoke_cmd.register(parser.add_subparsers(dest="command"), common_parser())
     return parser.parse_args(argv)
 
 
@@ -256,7 +258,7 @@ def test_cli_exit_code_and_table(
         seen.update(kwargs, image=image)
         return report("cuda", statuses=statuses)
 
-    monkeypatch.setattr(bsmoke, "run_smoke", fake_run)
+    monkeypatch.setattr(smoke_cmd, "run_smoke", fake_run)
     args = _parse(["smoke", "local/torch:x", "--gpus", "0", "--timeout-scale", "2"])
     assert args.func(args) == code
     out = capsys.readouterr().out
@@ -267,7 +269,7 @@ def test_cli_exit_code_and_table(
 
 
 def test_cli_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(bsmoke, "run_smoke", lambda image, **kw: report("cuda", statuses=CPU_HOST))
+    monkeypatch.setattr(smoke_cmd, "run_smoke", lambda image, **kw: report("cuda", statuses=CPU_HOST))
     args = _parse(["smoke", "img", "--require-gpu", "--json"])
     assert args.func(args) == 1  # a CPU-host report of a CUDA image fails --require-gpu
     assert json.loads(capsys.readouterr().out)["checks"][1]["status"] == "skip"
@@ -275,7 +277,7 @@ def test_cli_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 
 def test_require_gpu_failures_count_as_stand_ins_when_the_gate_allows_cpu_smoke():
     """A later `--require-gpu` run on a CPU host must not turn an allowed CPU smoke into a fail."""
-    from builder.smoketest import _only_gpu_demand_failed
+    from builder.stages.smoketest import _only_gpu_demand_failed
 
     report = {"require_gpu": True, "status": "fail", "checks": [
         {"name": "env", "status": "pass"},

@@ -21,22 +21,22 @@ for the registry API.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import base, engine, evidence, labels, oci, plan, provenance, smoketest, state
-from builder.errors import BuilderError, GateRefused
-from builder.evidence import Staged
-from builder.matrix import Matrix
-from builder.oci import RegistryError
-from builder.options import add_locks_option, load_selected
-from builder.output import emit_json, step, table
+from builder.core import engine, labels, oci, state
+from builder.core.errors import BuilderError
+from builder.core.oci import RegistryError
+from builder.core.output import step
+from builder.stages import evidence, plan, provenance, smoketest
+from builder.stages.evidence import Staged
+from builder.stages.matrix import Matrix
 
-SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "published.schema.json"
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schema" / "published.schema.json"
+MANIFEST = Path("published.json")  # the publication record, in the working folder
 SCHEMA_VERSION = 1
 MAX_SUFFIX = 99
 
@@ -301,45 +301,6 @@ def record(path: Path, publications: dict[str, dict[str, Any]]) -> None:
     state.atomic_write(path, json.dumps(doc, indent=2) + "\n")
 
 
-# ---- all selected variants --------------------------------------------------------------------
-
-
-def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
-                     allow_cpu_smoke: bool, dry_run: bool = False,
-                     manifest: Path = Path("published.json"),
-                     locks_dir: Path = Path("locks")) -> list[dict[str, Any]]:
-    """Gate and publish each variant. Returns one result per variant (`status`: published,
-    refused, would-publish). Records what was published even when a later variant fails.
-    Every tag of the whole matrix is checked for collisions before anything is pushed. A variant
-    with several platforms is published as one image index (builder.multiarch)."""
-    from builder import multiarch  # it imports this module
-
-    plan.check_tags(matrix, locks_dir)
-    engine.ensure_engine()
-    results: list[dict[str, Any]] = []
-    done: dict[str, dict[str, Any]] = {}
-    try:
-        for group in multiarch.groups(planned):
-            if multiarch.is_multi(matrix, group[0].variant):
-                out = multiarch.publish_group(matrix, group, allow_cpu_smoke=allow_cpu_smoke,
-                                              dry_run=dry_run)
-            else:
-                out = [publish_variant(matrix, p, allow_cpu_smoke=allow_cpu_smoke,
-                                       dry_run=dry_run) for p in group]
-            for result in out:
-                if result["status"] == "published":
-                    done[result["id"]] = {k: v for k, v in result.items()
-                                          if k not in ("id", "status")}
-            results += out
-    except RegistryError as exc:
-        exc.hint = ((exc.hint or "") + "\n\nno tag points at an image without its SBOM and "
-                    "smoke report; run `builder publish` again to finish")
-        raise
-    finally:
-        record(manifest, done)
-    return results
-
-
 def publish_variant(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: bool,
                     dry_run: bool) -> dict[str, Any]:
     cand = gate(matrix, p, allow_cpu_smoke=allow_cpu_smoke)
@@ -352,48 +313,3 @@ def publish_variant(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: 
     step(f"  [{p.variant.id}] publishing {cand.staged.reference if cand.staged else cand.image}")
     return {"id": p.variant.id, "status": "published", **publish_one(matrix, cand)}
 
-
-# ---- CLI --------------------------------------------------------------------------------------
-
-
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "publish", parents=[common],
-        help="promote gated images from staging under dated tags; write published.json",
-        description="Promote each selected variant (default: the matrix's default selection): "
-        "find its staged image by content hash (staging a local image first), check that its "
-        "smoke report passed (CUDA: on a GPU) and its SBOM is valid — from the registry or this "
-        "machine's cache — copy it into the vetted repository by digest, attach SBOM, smoke "
-        "report and provenance, then tag `<tag>-YYYYMMDD` (never overwritten), `build-<hash>`, "
-        "the floating tag and aliases. Never builds; a stopped run is completed by the next. "
-        "Exit 1 when any image was refused.")
-    add_locks_option(p)
-    p.add_argument("--allow-cpu-smoke", action="store_true",
-                   help="publish CUDA images whose smoke ran without a GPU (recorded)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print what would be pushed; push nothing")
-    p.add_argument("--manifest", default=Path("published.json"), type=Path, metavar="FILE",
-                   help="publication record (default: %(default)s)")
-    p.set_defaults(func=cmd_publish)
-
-
-def cmd_publish(args: argparse.Namespace) -> int:
-    if not args.select:
-        args.select = ["default=true"]
-    matrix, variants = load_selected(args)
-    planned = plan.make_plan(matrix, variants, args.locks, base.known_digests(variants, matrix),
-                             check_registry=False)
-    results = publish_variants(matrix, planned, allow_cpu_smoke=args.allow_cpu_smoke,
-                               dry_run=args.dry_run, manifest=args.manifest,
-                               locks_dir=args.locks)
-    if args.json:
-        emit_json(results)
-    else:
-        table(["variant", "status", "tags / reason"],
-              [(r["id"], r["status"], r.get("reason") or ", ".join(r.get("tags", [])))
-               for r in results])
-    refused = [r["id"] for r in results if r["status"] == "refused"]
-    if refused:
-        raise GateRefused(f"{len(refused)} of {len(results)} images refused: {', '.join(refused)}",
-                          hint="nothing of them was pushed; see the reasons above")
-    return 0

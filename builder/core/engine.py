@@ -18,8 +18,8 @@ from io import BufferedReader
 from pathlib import Path
 from typing import Any
 
-from builder import proc
-from builder.errors import CommandFailed, EngineError
+from builder.core import proc
+from builder.core.errors import CommandFailed, EngineError
 
 # Debian's docker.io client (20.10) runs BuildKit builds without buildx; a newer client without the
 # buildx plugin cannot, so it is preferred when both are installed.

@@ -23,10 +23,11 @@ from pathlib import Path
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from builder import platforms, proc, state
-from builder.errors import BuilderError
-from builder.locks import normalize
-from builder.matrix import Variant
+from builder.core import proc, state
+from builder.core.errors import BuilderError
+from builder.stages import platforms
+from builder.stages.locks import normalize
+from builder.stages.matrix import Variant
 
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 

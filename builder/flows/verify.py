@@ -7,14 +7,13 @@ each other. Exit 0 only when everything a platform team needs is there and agree
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass
 from typing import Any
 
-from builder import labels, oci, provenance, smoketest
-from builder.errors import FINDINGS, BuilderError
-from builder.output import emit_json, table
+from builder.core import labels, oci
+from builder.core.errors import BuilderError
+from builder.stages import provenance, smoketest
 
 OK, MISSING, BAD = "ok", "missing", "fail"
 # Report facts that must equal the image's labels.
@@ -154,31 +153,4 @@ def provenance_row(doc: Any, digest: str, image_labels: dict[str, str]) -> Row:
     return Row("provenance", OK, f"commit {params.get('revision', '')[:12]}, lock "
                f"{image_labels.get(labels.LOCK_HASH, '')[:12]}, base "
                f"{image_labels.get(labels.OCI + 'base.digest', '')[:19]}")
-
-
-# ---- CLI --------------------------------------------------------------------------------------
-
-
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "verify", parents=[common], help="check what is attached to a published image digest",
-        description="Fetch, by digest, an image's labels and the smoke report, SBOM and "
-        "provenance attached to it, and check them against each other. Needs no checkout. "
-        "Exit 0 when all are there and agree, 1 when something is missing or wrong, 2 when the "
-        "registry cannot be asked.")
-    p.add_argument("reference", metavar="REGISTRY/REPOSITORY@sha256:DIGEST")
-    p.set_defaults(func=cmd_verify)
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    reference = Reference.parse(args.reference)
-    digest, rows = verify(reference)
-    ok = all(r.status == OK for r in rows)
-    if args.json:
-        emit_json({"reference": f"{reference.registry}/{reference.repository}@{digest}",
-                   "ok": ok, "checks": [r.__dict__ for r in rows]})
-    else:
-        table(["check", "status", "detail"], [(r.what, r.status, r.detail) for r in rows],
-              title=f"{reference.registry}/{reference.repository}@{digest}")
-    return 0 if ok else FINDINGS
 

@@ -18,11 +18,9 @@ smoke + SBOM), published under a new dated tag, and the SBOM diff old → new is
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import hashlib
 import json
-import os
 import re
 import tempfile
 from collections.abc import Callable, Collection
@@ -30,11 +28,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import base, engine, labels, locks, multiarch, oci, plan, platforms, proc, state
-from builder.errors import BuilderError, ConfigError
-from builder.matrix import Matrix, Variant
-from builder.options import add_locks_option, load_selected
-from builder.output import emit_json, step, table
+from builder.core import engine, labels, oci, proc, state
+from builder.core.errors import BuilderError, ConfigError
+from builder.core.output import step
+from builder.stages import base, locks, multiarch, plan, platforms, publish
+from builder.stages import build as build_mod
+from builder.stages.matrix import Matrix, Variant
 
 REASONS = ("debian-security", "python-vuln", "base-moved", "inputs-changed")
 BASE_DIGEST_LABEL = labels.OCI + "base.digest"
@@ -70,8 +69,6 @@ class SourceError(BuilderError):
 
 def latest_publications(manifest: Path) -> dict[str, dict[str, Any]]:
     """variant id → its latest publication in published.json."""
-    from builder import publish
-
     doc = publish.load_manifest(manifest)
     return {vid: entry["publications"][-1] for vid, entry in doc["variants"].items()
             if entry.get("publications")}
@@ -382,8 +379,6 @@ def plan_actions(findings: list[Finding]) -> list[Action]:
 
 def old_sbom(pub: dict[str, Any]) -> dict[str, Any] | None:
     """The published image's SBOM: local by image id, else its registry artifact."""
-    from builder import publish
-
     image_id = pub.get("image_id", "")
     if image_id:
         for path in (state.sbom_path(image_id), publish.sbom_file(image_id)):
@@ -414,9 +409,6 @@ def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_di
             build: Callable[..., list[Any]] | None = None,
             publish_fn: Callable[..., list[dict[str, Any]]] | None = None) -> list[Action]:
     """Rebuild and publish exactly the variants whose findings say so; returns the actions."""
-    from builder import build as build_mod
-    from builder import publish
-
     if findings is None:
         findings = check(matrix, variants, manifest, locks_dir=locks_dir, skip=skip)
     actions = plan_actions(findings)
@@ -425,7 +417,7 @@ def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_di
             a.state = "would-rebuild"
         return actions
     build = build or build_mod.build_images
-    publish_fn = publish_fn or publish.publish_variants
+    publish_fn = publish_fn or multiarch.publish_variants
     pubs = latest_publications(manifest)
     with build_mod.build_lock():
         for a in actions:
@@ -472,98 +464,6 @@ def changelog(pub: dict[str, Any] | None, outcome: Any) -> dict[str, Any] | None
     if old is None or new_path is None or not new_path.is_file():
         return None
     return sbom.diff_sboms(old, json.loads(new_path.read_text()))
-
-
-# ---- CLI --------------------------------------------------------------------------------------
-
-
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "rebuild", parents=[common], help="rebuild published images whose sources moved",
-        description="For each published variant (published.json; narrow with --select) ask: "
-        "Debian updates inside the image, Python vulnerabilities with a fix (pip-audit on the "
-        "lock), a moved base digest, changed inputs. --check only reports (exit 0 nothing to do, "
-        "1 something to rebuild, 2 a source unknown); otherwise rebuilds, publishes and prints "
-        "the SBOM diff of exactly those variants. --skip-source leaves a source unasked (reported "
-        "as skipped, never clean).")
-    p.add_argument("--check", action="store_true", help="report only; build and push nothing")
-    add_locks_option(p)
-    p.add_argument("--manifest", default=Path("published.json"), type=Path, metavar="FILE",
-                   help="publication record (default: %(default)s)")
-    p.add_argument("--allow-cpu-smoke", action="store_true",
-                   help="publish CUDA images whose smoke ran without a GPU (recorded)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="say what would be rebuilt and why; change, build and push nothing")
-    p.add_argument("--ca-bundle", type=Path,
-                   default=os.environ.get("BUILDER_CA_BUNDLE") or proc.host_ca_bundle(),
-                   help="CA bundle for downloads inside the build (see builder build)")
-    p.add_argument("--skip-source", action="append", default=[], choices=REASONS,
-                   metavar="NAME", dest="skip_source",
-                   help="do not ask this source (repeatable; one of: %(choices)s); it is "
-                   "reported as skipped, never as clean")
-    p.set_defaults(func=cmd_rebuild)
-
-
-def _selected(args: argparse.Namespace) -> tuple[Matrix, list[Variant]]:
-    matrix, variants = load_selected(args)
-    return matrix, published_variants(matrix, variants, args.manifest)
-
-
-def print_findings(findings: list[Finding], skip: Collection[str] = ()) -> None:
-    skipped = [r for r in REASONS if r in skip]
-    if skipped:
-        print(f"skipped (not asked, so not known to be clean): {', '.join(skipped)}")
-    if not findings:
-        print("nothing needs rebuilding: every source asked is clean" if skipped
-              else "nothing needs rebuilding: every source was asked and is clean")
-        return
-    table(["variant", "reason", "status", "detail"],
-          [(f.variant_id, f.reason, f.status, f.detail) for f in findings])
-
-
-def cmd_rebuild(args: argparse.Namespace) -> int:
-    if not args.manifest.exists():
-        raise BuilderError(f"no {args.manifest}: nothing has been published",
-                          hint="publish first: builder publish")
-    proc.use_ca_bundle(args.ca_bundle)
-    matrix, variants = _selected(args)
-    skip = sorted(set(getattr(args, "skip_source", None) or ()))
-    findings = check(matrix, variants, args.manifest, locks_dir=args.locks, skip=skip)
-    summary = {"sources": source_summary(findings, skip), "skipped": skip}
-    if args.check:
-        if args.json:
-            emit_json({"findings": [f.as_json() for f in findings], **summary,
-                       "exit_code": exit_code(findings)})
-        else:
-            print_findings(findings, skip)
-        return exit_code(findings)
-    actions = rebuild(matrix, variants, args.manifest, locks_dir=args.locks,
-                      allow_cpu_smoke=args.allow_cpu_smoke, dry_run=args.dry_run,
-                      findings=findings)
-    if args.json:
-        emit_json({"findings": [f.as_json() for f in findings], **summary,
-                   "actions": [asdict(a) for a in actions]})
-    else:
-        print_findings(findings, skip)
-        if not actions:
-            print("nothing rebuilt, nothing pushed")
-        else:
-            table(["variant", "reasons", "state", "detail"],
-                  [(a.variant_id, ", ".join(a.reasons), a.state, a.message) for a in actions])
-            print_changelogs(actions)
-    if any(a.state == "failed" for a in actions):
-        return 1
-    return 2 if any(f.status == UNKNOWN for f in findings) else 0
-
-
-def print_changelogs(actions: list[Action]) -> None:
-    from sbom.diff import format_diff
-
-    for a in actions:
-        if a.state != "published":
-            continue
-        print(f"\nchanges in {a.variant_id}:")
-        print(format_diff(a.changelog) if a.changelog else "  (old SBOM not available: no diff)")
 
 
 __all__ = ["Action", "Finding", "check", "exit_code", "rebuild", "source_summary",

@@ -15,11 +15,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from builder import labels, locks, oci, platforms, tags
-from builder.errors import BuilderError, ConfigError
-from builder.matrix import Matrix, Variant
-from builder.output import step
-from builder.render import SMOKE_DIR, Rendered, render
+from builder.core import labels, oci
+from builder.core.errors import BuilderError, ConfigError
+from builder.core.output import step
+from builder.stages import locks, platforms, tags
+from builder.stages.matrix import Matrix, Variant
+from builder.stages.render import SMOKE_DIR, Rendered, render
 
 HASH_TAG_PREFIX = tags.HASH_TAG_PREFIX
 
@@ -139,7 +140,7 @@ def make_plan(matrix: Matrix, variants: Iterable[Variant], locks_dir: Path,
               base_digests: Mapping[str, str | None], *, check_registry: bool = True
               ) -> list[PlannedVariant]:
     """Plan the variants; `base_digests` maps base image refs to digests (None: unknown)."""
-    from builder import engine  # only needed when an engine is there to ask
+    from builder.core import engine
 
     smoke_hash = smoke_files_hash()
     if engine_available(engine):

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import platforms, proc
-from builder.errors import BuilderError, ConfigError
-from builder.matrix import Matrix, Variant
-from builder.state import atomic_write
+from builder.core import proc
+from builder.core.errors import BuilderError, ConfigError
+from builder.core.state import atomic_write
+from builder.stages import platforms
+from builder.stages.matrix import Matrix, Variant
 from smoke.versions import MIN_DRIVER, MINOR_COMPAT_FLOOR
 
 LOCK_FORMAT = 1

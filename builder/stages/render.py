@@ -24,13 +24,14 @@ from typing import Any
 
 import jinja2
 
-from builder import base, labels, platforms, state
-from builder.errors import BuilderError, ConfigError
-from builder.locks import Lock, lock_stem, normalize, parse_pins
-from builder.matrix import Matrix, Variant
+from builder.core import labels, state
+from builder.core.errors import BuilderError, ConfigError
+from builder.stages import base, platforms
+from builder.stages.locks import Lock, lock_stem, normalize, parse_pins
+from builder.stages.matrix import Matrix, Variant
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
-SMOKE_DIR = Path(__file__).resolve().parent.parent / "smoke"
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+SMOKE_DIR = Path(__file__).resolve().parents[2] / "smoke"
 OS_PACKAGES_APT = ("ca-certificates", "python3", "python3-venv")
 OS_PACKAGES_IMAGE = ("ca-certificates",)
 DEVEL_PACKAGES = ("build-essential", "ninja-build", "git")

@@ -12,9 +12,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import engine, oci, smoketest, state
-from builder.errors import CommandFailed
-from builder.matrix import Matrix
+from builder.core import engine, oci, state
+from builder.core.errors import CommandFailed
+from builder.stages import smoketest
+from builder.stages.matrix import Matrix
 
 SBOM_TYPE = "application/vnd.cyclonedx+json"
 SMOKE_TYPE = "application/vnd.torch-images.smoke-report+json"

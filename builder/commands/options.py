@@ -7,8 +7,8 @@ import argparse
 import os
 from pathlib import Path
 
-from builder import matrix
-from builder.errors import ConfigError
+from builder.core.errors import ConfigError
+from builder.stages import matrix
 
 
 def common_parser() -> argparse.ArgumentParser:

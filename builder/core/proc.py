@@ -15,7 +15,7 @@ from io import BufferedReader
 from pathlib import Path
 from typing import Any
 
-from builder.errors import BuilderError, CommandFailed
+from builder.core.errors import BuilderError, CommandFailed
 
 VERBOSE = os.environ.get("BUILDER_VERBOSE", "") not in ("", "0")
 

@@ -10,9 +10,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from builder import platforms, proc, state
-from builder.errors import BuilderError
-from builder.matrix import Variant
+from builder.core import proc, state
+from builder.core.errors import BuilderError
+from builder.stages import platforms
+from builder.stages.matrix import Variant
 
 PYPI_SIMPLE = "https://pypi.org/simple/torch/"
 
@@ -69,7 +70,7 @@ def is_cuda_build(variant: Variant, filename: str) -> bool | None:
         return platforms.requires_cuda(metadata, platforms.get(variant.platform), variant.python)
     cache = _cache_file(f"cuda-build-{filename}-{variant.platform}-{index_for(variant)}")
     if not cache.exists():
-        from builder import locks  # resolution machinery only on this path
+        from builder.stages import locks
 
         try:
             text = locks.resolve(variant, [f"torch=={variant.torch}"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from builder.errors import BuilderError
+from builder.core.errors import BuilderError
 
 
 def root() -> Path:

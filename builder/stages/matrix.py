@@ -19,11 +19,11 @@ from typing import Any
 
 import yaml
 
-from builder import tags
-from builder.errors import BuilderError, ConfigError
-from builder.platforms import DEFAULT as DEFAULT_PLATFORM
+from builder.core.errors import BuilderError, ConfigError
+from builder.stages import tags
+from builder.stages.platforms import DEFAULT as DEFAULT_PLATFORM
 
-SCHEMA_PATH = Path(__file__).parent / "schema" / "matrix.schema.json"
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schema" / "matrix.schema.json"
 AXES = ("torch", "python", "accelerator", "flavor")
 SELECT_KEYS = (*AXES, "id", "default", "platform")
 Path_ = tuple[str | int, ...]
@@ -474,7 +474,7 @@ def load(path: str | Path = "matrix.yaml") -> Matrix:
 def _schema_ok_marker(path: Path) -> Path:
     """A file named by the hash of (matrix text, schema text): present once that pair validated,
     so a no-op `plan` skips importing the schema validator."""
-    from builder import state
+    from builder.core import state
 
     digest = hashlib.sha256(path.read_bytes() + SCHEMA_PATH.read_bytes()).hexdigest()[:32]
     return state.root() / "cache" / f"matrix-valid-{digest}"

@@ -6,9 +6,9 @@ import argparse
 import time
 from pathlib import Path
 
-from builder import base, locks, matrix, plan, render, wheels
-from builder.options import add_locks_option, load_selected
-from builder.output import emit_json, step, table
+from builder.commands.options import add_locks_option, load_selected
+from builder.core.output import emit_json, step, table
+from builder.stages import base, locks, matrix, plan, render, wheels
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

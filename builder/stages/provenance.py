@@ -11,7 +11,8 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from builder import __version__, labels
+from builder import __version__
+from builder.core import labels
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"

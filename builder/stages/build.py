@@ -22,14 +22,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from builder import base, engine, labels, locks, plan, platforms, proc, render, state
-from builder.errors import BuilderError, EngineError
-from builder.locks import lock_paths
-from builder.matrix import Matrix, Variant
-from builder.options import add_locks_option, load_selected
-from builder.output import emit_json, human_bytes, step, table
-from builder.render import SMOKE_DIR, facts_json
-from builder.wheelhouse import Wheelhouse, local_wheels
+from builder.core import engine, labels, proc, state
+from builder.core.errors import BuilderError, EngineError
+from builder.core.output import human_bytes, step
+from builder.stages import base, locks, plan, platforms, render
+from builder.stages.locks import lock_paths
+from builder.stages.matrix import Matrix, Variant
+from builder.stages.render import SMOKE_DIR, facts_json
+from builder.stages.wheelhouse import Wheelhouse, local_wheels
 
 NEED_GB = {"cpu": 4, "cuda": 12}  # a new CUDA variant: ~7 GB of layers + ~5 GB of wheel cache
 
@@ -223,7 +223,7 @@ def post_build(options: BuildOptions) -> Callable[[Outcome], Outcome]:
 
     def run(outcome: Outcome) -> Outcome:
         if options.smoke:
-            from builder import smoketest
+            from builder.stages import smoketest
 
             step(f"  [{outcome.variant_id}] smoke")
             report = smoketest.run_smoke(outcome.image, require_gpu=options.require_gpu,
@@ -243,7 +243,7 @@ def post_build(options: BuildOptions) -> Callable[[Outcome], Outcome]:
 def stage_outcome(matrix: Matrix, p: plan.PlannedVariant, outcome: Outcome) -> Outcome:
     """Push the image to the staging repository by digest and attach its smoke report and
     SBOM there, so that any other machine can smoke, describe or publish it."""
-    from builder import evidence
+    from builder.stages import evidence
 
     step(f"  [{p.variant.key}] staging in {matrix.registry}/{evidence.staging_repository(matrix)}")
     staged = evidence.stage(matrix, outcome.image_id, p.hash_tag)
@@ -262,11 +262,6 @@ def write_image_sbom(image_id: str, image: str) -> Path:
     target = state.sbom_path(image_id)
     sbom.write(doc, target)
     return target
-
-
-def run_build(args: argparse.Namespace) -> list[Outcome]:
-    matrix, variants = load_selected(args)
-    return build_images(matrix, variants, BuildOptions.from_args(args))
 
 
 def build_images(matrix: Matrix, variants: list[Variant], options: BuildOptions) -> list[Outcome]:
@@ -303,76 +298,3 @@ def build_images(matrix: Matrix, variants: list[Variant], options: BuildOptions)
             break
     return outcomes
 
-
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "base", parents=[common], help="make the selected variants' base images available",
-        description="Pull each base image ref, or bootstrap `mmdebstrap:<suite>` into a local "
-        "image (reused while suite, packages and day are unchanged). Prints each base's digest, "
-        "which is part of every variant's content hash.")
-    p.set_defaults(func=cmd_base)
-
-    p = sub.add_parser(
-        "build", parents=[common], help="build images for the selected variants",
-        description="Build the plan's `build` variants (default selection: the matrix's "
-        "`default`) with BuildKit, skip up-to-date ones, then smoke-test and write an SBOM for "
-        "each new image. Logs: .state/logs/<variant>.log.")
-    add_locks_option(p)
-    p.add_argument("--force", action="store_true", help="rebuild even up-to-date variants")
-    p.add_argument("--relock", action="store_true",
-                   help="re-lock variants whose lock is out of date (instead of refusing them)")
-    p.add_argument("--fail-fast", action="store_true", help="stop at the first failed variant")
-    p.add_argument("--no-smoke", action="store_true", help="skip the smoke suite")
-    p.add_argument("--no-sbom", action="store_true", help="skip the SBOM")
-    p.add_argument("--stage", action="store_true",
-                   help="push each new image by digest to `<repository>-staging` with its smoke "
-                   "report and SBOM attached, for other machines (GPU smoke, publish)")
-    p.add_argument("--require-gpu", action="store_true",
-                   help="GPU checks that cannot run on this host fail instead of being skipped")
-    # The install steps fetch missing wheels themselves, so they get the host's trust store (a
-    # TLS-intercepting proxy's CA included) — only ever as a secret mount.
-    p.add_argument("--ca-bundle", type=readable_file,
-                   default=os.environ.get("BUILDER_CA_BUNDLE") or proc.host_ca_bundle(),
-                   help="CA bundle for downloads inside the build, passed as a BuildKit secret "
-                   "(never stored in a layer); default: $BUILDER_CA_BUNDLE, else the host's")
-    p.add_argument("--apt-refresh", default="", metavar="TOKEN",
-                   help="re-run the apt upgrade step (security rebuilds pass a new token)")
-    p.set_defaults(func=cmd_build)
-
-
-def cmd_base(args: argparse.Namespace) -> int:
-    matrix, variants = load_selected(args)
-    # One per base and platform (keys: platforms.base_key); off linux/amd64 a bootstrapped base
-    # is served from the registry, a pulled one is left to BuildKit (digest unknown: None).
-    first = {platforms.base_key(v.base.image, v.platform): v for v in variants}
-    digests = {key: base.ensure_variant(matrix, v, progress=step) for key, v in first.items()}
-    if args.json:
-        emit_json(digests)
-    else:
-        table(["base", "image", "digest"],
-              [(key, render.base_ref(first[key], matrix), d or "-") for key, d in digests.items()])
-    return 0
-
-
-def readable_file(text: str) -> Path:
-    """argparse type: a file this user can read (checked now, not halfway through a build)."""
-    path = Path(text)
-    if not path.is_file() or not os.access(path, os.R_OK):
-        raise argparse.ArgumentTypeError(f"{text} is not a readable file")
-    return path
-
-
-def cmd_build(args: argparse.Namespace) -> int:
-    if not args.select:
-        args.select = ["default=true"]
-    proc.use_ca_bundle(args.ca_bundle)
-    with build_lock():
-        outcomes = run_build(args)
-    if args.json:
-        emit_json([o.as_json() for o in outcomes])
-    else:
-        table(["variant", "state", "size", "time", "image"],
-              [(o.variant_id, o.state + (f" ({o.message})" if o.message else ""),
-                human_bytes(o.size) if o.size else "-",
-                f"{o.seconds:.0f} s" if o.seconds else "-", o.image) for o in outcomes])
-    return 0 if all(o.state in ("built", "up-to-date") for o in outcomes) else 1

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-from builder import oci, plan, platforms, publish
-from builder.errors import ConfigError
-from builder.evidence import Staged
-from builder.matrix import Matrix, Variant
-from builder.output import step
+from builder.core import engine, oci
+from builder.core.errors import ConfigError
+from builder.core.output import step
+from builder.stages import plan, platforms, publish
+from builder.stages.evidence import Staged
+from builder.stages.matrix import Matrix, Variant
 
 # What each platform's entry in published.json keeps (the rest is the variant's).
 PLATFORM_FIELDS = ("digest", "reference", "image_id", "content_hash", "hash_tag", "cuda", "cudnn",
@@ -151,3 +153,40 @@ def publish_group(matrix: Matrix, group: list[plan.PlannedVariant], *, allow_cpu
     pub["hash_tag"] = first.hash_tag
     pub["platforms"] = [entry for _, entry in promoted]
     return [{"id": first.variant.id, "status": "published", **pub}]
+
+
+# ---- all selected variants --------------------------------------------------------------------
+
+
+def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
+                     allow_cpu_smoke: bool, dry_run: bool = False,
+                     manifest: Path = publish.MANIFEST,
+                     locks_dir: Path = Path("locks")) -> list[dict[str, Any]]:
+    """Gate and publish each variant. Returns one result per variant (`status`: published,
+    refused, would-publish). Records what was published even when a later variant fails.
+    Every tag of the whole matrix is checked for collisions before anything is pushed. A variant
+    with several platforms is published as one image index (publish_group)."""
+    plan.check_tags(matrix, locks_dir)
+    engine.ensure_engine()
+    results: list[dict[str, Any]] = []
+    done: dict[str, dict[str, Any]] = {}
+    try:
+        for group in groups(planned):
+            if is_multi(matrix, group[0].variant):
+                out = publish_group(matrix, group, allow_cpu_smoke=allow_cpu_smoke,
+                                              dry_run=dry_run)
+            else:
+                out = [publish.publish_variant(matrix, p, allow_cpu_smoke=allow_cpu_smoke,
+                                       dry_run=dry_run) for p in group]
+            for result in out:
+                if result["status"] == "published":
+                    done[result["id"]] = {k: v for k, v in result.items()
+                                          if k not in ("id", "status")}
+            results += out
+    except oci.RegistryError as exc:
+        exc.hint = ((exc.hint or "") + "\n\nno tag points at an image without its SBOM and "
+                    "smoke report; run `builder publish` again to finish")
+        raise
+    finally:
+        publish.record(manifest, done)
+    return results

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from builder import state
-from builder.errors import COULD_NOT_RUN, BuilderError
+from builder.core import state
+from builder.core.errors import COULD_NOT_RUN, BuilderError
 
 
 def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
@@ -56,7 +56,7 @@ def run_sbom(args: argparse.Namespace) -> int:
     if len(args.target) != 1:
         raise BuilderError("`builder sbom` takes one image", hint="or: builder sbom diff OLD NEW")
     import sbom
-    from builder import evidence
+    from builder.stages import evidence
 
     start = time.monotonic()
     to_file = args.output not in (None, "-")

@@ -6,7 +6,6 @@ Everything lives in one folder (default `<state>/registry/`): `config.yml`, `sto
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import signal
@@ -16,10 +15,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from builder import matrix, proc, state
-from builder.errors import BuilderError
-from builder.oci import RegistryError, registry_url
-from builder.output import emit_json, step
+from builder.core import proc, state
+from builder.core.oci import RegistryError, registry_url
 
 BINARY = "docker-registry"
 INSTALL_HINT = "install it: apt-get install docker-registry"
@@ -54,7 +51,7 @@ def is_up(addr: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def _pid(folder: Path) -> int | None:
+def recorded_pid(folder: Path) -> int | None:
     """The pid in the pid file, when that process is still a docker-registry."""
     try:
         pid = int((folder / "registry.pid").read_text().strip())
@@ -69,11 +66,11 @@ def start(addr: str, storage: Path | None = None) -> int | None:
     """Start a registry on `addr` unless one answers there; wait until it does. Returns its pid."""
     folder = home(storage)
     if is_up(addr):
-        return _pid(folder)
+        return recorded_pid(folder)
     binary = proc.which(BINARY, hint=INSTALL_HINT)
     config = folder / "config.yml"
     state.atomic_write(config, config_text(addr, folder))
-    pid = _pid(folder)
+    pid = recorded_pid(folder)
     if pid is None:
         log = (folder / "registry.log").open("a")
         # A daemon outlives this process, so it is started with Popen in its own session rather
@@ -113,7 +110,7 @@ def _log_tail(folder: Path, lines: int = 15) -> str:
 def stop(storage: Path | None = None, timeout: float = 10.0) -> bool:
     """Stop the registry started from this folder (by its pid). False when none was running."""
     folder = home(storage)
-    pid = _pid(folder)
+    pid = recorded_pid(folder)
     (folder / "registry.pid").unlink(missing_ok=True)
     if pid is None:
         return False
@@ -138,38 +135,3 @@ def _alive(pid: int) -> bool:
     stat = Path(f"/proc/{pid}/stat")
     return not (stat.exists() and ") Z " in stat.read_text())  # a zombie is gone
 
-
-# ---- CLI --------------------------------------------------------------------------------------
-
-
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "registry", parents=[common], help="run a local registry (start|stop|status)",
-        description="Run Debian's `docker-registry` on the matrix's `registry` address (plain "
-        "http on loopback) with its storage, config, pid file and log in .state/registry/.")
-    p.add_argument("action", choices=("start", "stop", "status"))
-    p.add_argument("--addr", default=None, help="listen address (default: the matrix's registry)")
-    p.set_defaults(func=cmd_registry)
-
-
-def cmd_registry(args: argparse.Namespace) -> int:
-    addr = args.addr or matrix.load(args.matrix).registry
-    if args.action == "start":
-        if not is_up(addr) and addr.split(":")[0] not in ("127.0.0.1", "localhost"):
-            raise BuilderError(f"`{addr}` is not a loopback address; a local registry serves only "
-                               "127.0.0.1/localhost", hint="pass --addr 127.0.0.1:5000")
-        already_up = is_up(addr)
-        pid = start(addr)
-        if already_up and pid is None:
-            step(f"a registry already answers on {addr}, not one started from {home()}: "
-                 "its storage is its own (stop it, or point `registry:` elsewhere)")
-        else:
-            step(f"registry up on {addr} (storage: {home() / 'storage'})")
-    elif args.action == "stop":
-        step("registry stopped" if stop() else "no registry was running from " + str(home()))
-    up = is_up(addr)
-    if args.json:
-        emit_json({"address": addr, "up": up, "pid": _pid(home()), "folder": str(home())})
-    elif args.action == "status":
-        print(f"{addr}: {'up' if up else 'down'}")
-    return 0 if up or args.action != "status" else 1

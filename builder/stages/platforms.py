@@ -9,17 +9,13 @@ changes nothing for amd64. Every other platform adds a `.linux-<arch>` suffix.
 
 from __future__ import annotations
 
-import gzip
-import json
 import platform as host_platform
-import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from builder import oci
-from builder.errors import ConfigError
+from builder.core import oci
+from builder.core.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -159,79 +155,10 @@ def base_tag(suite: str, platform: Platform) -> str:
     return f"{suite}-slim-{platform.arch}"  # the slim bootstrap (builder.base.SLIM_OPTIONS)
 
 
-def rootfs_config(platform: Platform, diff_id: str, labels: Mapping[str, str],
-                  created_by: str) -> dict[str, Any]:
-    """An OCI image config for a one-layer rootfs, with the platform written in (what
-    `docker import --platform` on Docker 20.10 fails to do)."""
-    return {
-        **platform.as_oci(),
-        "created": "2024-01-01T00:00:00Z",
-        "config": {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-                   "Cmd": ["bash"], "Labels": dict(labels)},
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        "history": [{"created": "2024-01-01T00:00:00Z", "created_by": created_by}],
-    }
-
-
-def push_rootfs(reg: oci.Registry, repository: str, tar: Path, platform: Platform,
-                tags: Iterable[str], labels: Mapping[str, str], created_by: str) -> str:
-    """Push a rootfs tarball as a one-layer image of `platform`; returns the manifest digest."""
-    raw = tar.read_bytes()
-    layer = gzip.compress(raw, compresslevel=1, mtime=0)  # mtime 0: same tar, same digest
-    config = json.dumps(rootfs_config(platform, oci.sha256(raw), labels, created_by),
-                        sort_keys=True, separators=(",", ":")).encode()
-    manifest = {
-        "schemaVersion": 2, "mediaType": oci.OCI_MANIFEST,
-        "config": {"mediaType": oci.OCI_CONFIG, "digest": reg.push_blob(repository, config),
-                   "size": len(config)},
-        "layers": [{"mediaType": oci.OCI_LAYER_GZIP, "digest": reg.push_blob(repository, layer),
-                    "size": len(layer)}],
-    }
-    body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-    digest = ""
-    for tag in tags:
-        digest = reg.put_manifest(repository, tag, body, oci.OCI_MANIFEST)
-    return digest
-
-
 def layers_digest(diff_ids: Sequence[str]) -> str:
     """The same base digest `builder.base.digest_of` computes for a local image: over its
     filesystem layers, so a re-bootstrap with the same packages changes nothing."""
     return oci.sha256("\n".join(diff_ids).encode())
-
-
-def registry_base_digest(reg: oci.Registry, repository: str, tag: str) -> str | None:
-    found = reg.manifest(repository, tag)
-    if found is None:
-        return None
-    config = json.loads(reg.blob(repository, json.loads(found[0])["config"]["digest"]))
-    return layers_digest(config["rootfs"]["diff_ids"])
-
-
-def ensure_registry_base(registry: str, repository: str, suite: str, platform: Platform,
-                         key: str, bootstrap: Callable[[Path], None],
-                         progress: Callable[[str], None] = print) -> str:
-    """Bootstrap `suite` for `platform` (once per key) and serve it from the registry, where
-    BuildKit looks for a foreign-platform FROM. Returns the base digest (see layers_digest)."""
-    from builder.base import KEY_LABEL
-
-    reg = oci.Registry(registry)
-    repo, tag = base_repository(repository), base_tag(suite, platform)
-    keyed = f"{tag}-{key}"
-    digest = registry_base_digest(reg, repo, keyed)
-    if digest is not None:
-        reg.tag(repo, reg.head(repo, keyed).digest, tag)  # type: ignore[union-attr]
-        return digest
-    progress(f"bootstrapping {suite} for {platform.name} (emulated: about 2 min), serving it "
-             f"as {registry}/{repo}:{tag}")
-    with tempfile.TemporaryDirectory() as tmp:
-        tar = Path(tmp) / "base.tar"
-        bootstrap(tar)
-        push_rootfs(reg, repo, tar, platform, [keyed, tag], {KEY_LABEL: key},
-                    f"mmdebstrap --variant=minbase --arch={platform.arch} {suite}")
-    found = registry_base_digest(reg, repo, keyed)
-    assert found is not None
-    return found
 
 
 # ---------------------------------------------------------------- the multi-arch index

@@ -8,13 +8,19 @@ at least daily). The base's image id goes into each variant's content hash.
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import hashlib
+import json
 import tempfile
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
-from builder import engine, oci, platforms, proc
-from builder.errors import BuilderError, EngineError
-from builder.matrix import Base, Matrix, Variant
+from builder.core import engine, oci, proc
+from builder.core.errors import BuilderError, EngineError
+from builder.stages import platforms
+from builder.stages.matrix import Base, Matrix, Variant
+from builder.stages.platforms import Platform
 
 BOOTSTRAP_PACKAGES = ("ca-certificates",)
 KEY_LABEL = "io.torch-images.base-key"
@@ -84,7 +90,7 @@ def ensure_variant(matrix: Matrix, variant: Variant, *, progress=print) -> str |
         return ensure(variant.base, progress=progress)
     if suite is None:
         return None
-    return platforms.ensure_registry_base(
+    return ensure_registry_base(
         matrix.registry, matrix.repository, suite, platform,
         bootstrap_key(suite, options=SLIM_OPTIONS),
         lambda tar: mmdebstrap(suite, tar, platform.arch, SLIM_OPTIONS), progress)
@@ -101,7 +107,7 @@ def known_digest(matrix: Matrix | None, variant: Variant) -> str | None:
     if suite is None or matrix is None:
         return None
     try:
-        return platforms.registry_base_digest(
+        return registry_base_digest(
             oci.Registry(matrix.registry), platforms.base_repository(matrix.repository),
             platforms.base_tag(suite, platform))
     except BuilderError:
@@ -160,3 +166,73 @@ def known_digests(variants: list[Variant], m: Matrix | None = None) -> dict[str,
         if key not in digests:
             digests[key] = known_digest(m, v)
     return digests
+
+
+# ---- foreign-platform bases, served from the registry -----------------------------------------
+
+
+def rootfs_config(platform: Platform, diff_id: str, labels: Mapping[str, str],
+                  created_by: str) -> dict[str, Any]:
+    """An OCI image config for a one-layer rootfs, with the platform written in (what
+    `docker import --platform` on Docker 20.10 fails to do)."""
+    return {
+        **platform.as_oci(),
+        "created": "2024-01-01T00:00:00Z",
+        "config": {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                   "Cmd": ["bash"], "Labels": dict(labels)},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "history": [{"created": "2024-01-01T00:00:00Z", "created_by": created_by}],
+    }
+
+
+def push_rootfs(reg: oci.Registry, repository: str, tar: Path, platform: Platform,
+                tags: Iterable[str], labels: Mapping[str, str], created_by: str) -> str:
+    """Push a rootfs tarball as a one-layer image of `platform`; returns the manifest digest."""
+    raw = tar.read_bytes()
+    layer = gzip.compress(raw, compresslevel=1, mtime=0)  # mtime 0: same tar, same digest
+    config = json.dumps(rootfs_config(platform, oci.sha256(raw), labels, created_by),
+                        sort_keys=True, separators=(",", ":")).encode()
+    manifest = {
+        "schemaVersion": 2, "mediaType": oci.OCI_MANIFEST,
+        "config": {"mediaType": oci.OCI_CONFIG, "digest": reg.push_blob(repository, config),
+                   "size": len(config)},
+        "layers": [{"mediaType": oci.OCI_LAYER_GZIP, "digest": reg.push_blob(repository, layer),
+                    "size": len(layer)}],
+    }
+    body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+    digest = ""
+    for tag in tags:
+        digest = reg.put_manifest(repository, tag, body, oci.OCI_MANIFEST)
+    return digest
+
+
+def registry_base_digest(reg: oci.Registry, repository: str, tag: str) -> str | None:
+    found = reg.manifest(repository, tag)
+    if found is None:
+        return None
+    config = json.loads(reg.blob(repository, json.loads(found[0])["config"]["digest"]))
+    return platforms.layers_digest(config["rootfs"]["diff_ids"])
+
+
+def ensure_registry_base(registry: str, repository: str, suite: str, platform: Platform,
+                         key: str, bootstrap: Callable[[Path], None],
+                         progress: Callable[[str], None] = print) -> str:
+    """Bootstrap `suite` for `platform` (once per key) and serve it from the registry, where
+    BuildKit looks for a foreign-platform FROM. Returns the base digest (see layers_digest)."""
+    reg = oci.Registry(registry)
+    repo, tag = platforms.base_repository(repository), platforms.base_tag(suite, platform)
+    keyed = f"{tag}-{key}"
+    digest = registry_base_digest(reg, repo, keyed)
+    if digest is not None:
+        reg.tag(repo, reg.head(repo, keyed).digest, tag)  # type: ignore[union-attr]
+        return digest
+    progress(f"bootstrapping {suite} for {platform.name} (emulated: about 2 min), serving it "
+             f"as {registry}/{repo}:{tag}")
+    with tempfile.TemporaryDirectory() as tmp:
+        tar = Path(tmp) / "base.tar"
+        bootstrap(tar)
+        push_rootfs(reg, repo, tar, platform, [keyed, tag], {KEY_LABEL: key},
+                    f"mmdebstrap --variant=minbase --arch={platform.arch} {suite}")
+    found = registry_base_digest(reg, repo, keyed)
+    assert found is not None
+    return found

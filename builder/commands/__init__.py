@@ -1,0 +1,1 @@
+"""Argument parsing and printing, one module per command group; `builder.cli` dispatches."""

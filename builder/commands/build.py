@@ -1,0 +1,92 @@
+"""`builder build`: its options and output; the work is `builder.stages.build`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from builder.commands.options import add_locks_option, load_selected
+from builder.core import proc
+from builder.core.output import emit_json, human_bytes, step, table
+from builder.stages import base, platforms, render
+from builder.stages.build import BuildOptions, Outcome, build_images, build_lock
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "base", parents=[common], help="make the selected variants' base images available",
+        description="Pull each base image ref, or bootstrap `mmdebstrap:<suite>` into a local "
+        "image (reused while suite, packages and day are unchanged). Prints each base's digest, "
+        "which is part of every variant's content hash.")
+    p.set_defaults(func=cmd_base)
+
+    p = sub.add_parser(
+        "build", parents=[common], help="build images for the selected variants",
+        description="Build the plan's `build` variants (default selection: the matrix's "
+        "`default`) with BuildKit, skip up-to-date ones, then smoke-test and write an SBOM for "
+        "each new image. Logs: .state/logs/<variant>.log.")
+    add_locks_option(p)
+    p.add_argument("--force", action="store_true", help="rebuild even up-to-date variants")
+    p.add_argument("--relock", action="store_true",
+                   help="re-lock variants whose lock is out of date (instead of refusing them)")
+    p.add_argument("--fail-fast", action="store_true", help="stop at the first failed variant")
+    p.add_argument("--no-smoke", action="store_true", help="skip the smoke suite")
+    p.add_argument("--no-sbom", action="store_true", help="skip the SBOM")
+    p.add_argument("--stage", action="store_true",
+                   help="push each new image by digest to `<repository>-staging` with its smoke "
+                   "report and SBOM attached, for other machines (GPU smoke, publish)")
+    p.add_argument("--require-gpu", action="store_true",
+                   help="GPU checks that cannot run on this host fail instead of being skipped")
+    # The install steps fetch missing wheels themselves, so they get the host's trust store (a
+    # TLS-intercepting proxy's CA included) — only ever as a secret mount.
+    p.add_argument("--ca-bundle", type=readable_file,
+                   default=os.environ.get("BUILDER_CA_BUNDLE") or proc.host_ca_bundle(),
+                   help="CA bundle for downloads inside the build, passed as a BuildKit secret "
+                   "(never stored in a layer); default: $BUILDER_CA_BUNDLE, else the host's")
+    p.add_argument("--apt-refresh", default="", metavar="TOKEN",
+                   help="re-run the apt upgrade step (security rebuilds pass a new token)")
+    p.set_defaults(func=cmd_build)
+
+
+def cmd_base(args: argparse.Namespace) -> int:
+    matrix, variants = load_selected(args)
+    # One per base and platform (keys: platforms.base_key); off linux/amd64 a bootstrapped base
+    # is served from the registry, a pulled one is left to BuildKit (digest unknown: None).
+    first = {platforms.base_key(v.base.image, v.platform): v for v in variants}
+    digests = {key: base.ensure_variant(matrix, v, progress=step) for key, v in first.items()}
+    if args.json:
+        emit_json(digests)
+    else:
+        table(["base", "image", "digest"],
+              [(key, render.base_ref(first[key], matrix), d or "-") for key, d in digests.items()])
+    return 0
+
+
+def readable_file(text: str) -> Path:
+    """argparse type: a file this user can read (checked now, not halfway through a build)."""
+    path = Path(text)
+    if not path.is_file() or not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{text} is not a readable file")
+    return path
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    if not args.select:
+        args.select = ["default=true"]
+    proc.use_ca_bundle(args.ca_bundle)
+    with build_lock():
+        outcomes = run_build(args)
+    if args.json:
+        emit_json([o.as_json() for o in outcomes])
+    else:
+        table(["variant", "state", "size", "time", "image"],
+              [(o.variant_id, o.state + (f" ({o.message})" if o.message else ""),
+                human_bytes(o.size) if o.size else "-",
+                f"{o.seconds:.0f} s" if o.seconds else "-", o.image) for o in outcomes])
+    return 0 if all(o.state in ("built", "up-to-date") for o in outcomes) else 1
+
+
+def run_build(args: argparse.Namespace) -> list[Outcome]:
+    matrix, variants = load_selected(args)
+    return build_images(matrix, variants, BuildOptions.from_args(args))

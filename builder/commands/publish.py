@@ -1,0 +1,55 @@
+"""`builder publish`: its options and output; the work is `builder.stages.publish`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from builder.commands.options import add_locks_option, load_selected
+from builder.core.errors import GateRefused
+from builder.core.output import emit_json, table
+from builder.stages import base, plan
+from builder.stages.multiarch import publish_variants
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "publish", parents=[common],
+        help="promote gated images from staging under dated tags; write published.json",
+        description="Promote each selected variant (default: the matrix's default selection): "
+        "find its staged image by content hash (staging a local image first), check that its "
+        "smoke report passed (CUDA: on a GPU) and its SBOM is valid — from the registry or this "
+        "machine's cache — copy it into the vetted repository by digest, attach SBOM, smoke "
+        "report and provenance, then tag `<tag>-YYYYMMDD` (never overwritten), `build-<hash>`, "
+        "the floating tag and aliases. Never builds; a stopped run is completed by the next. "
+        "Exit 1 when any image was refused.")
+    add_locks_option(p)
+    p.add_argument("--allow-cpu-smoke", action="store_true",
+                   help="publish CUDA images whose smoke ran without a GPU (recorded)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print what would be pushed; push nothing")
+    p.add_argument("--manifest", default=Path("published.json"), type=Path, metavar="FILE",
+                   help="publication record (default: %(default)s)")
+    p.set_defaults(func=cmd_publish)
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    if not args.select:
+        args.select = ["default=true"]
+    matrix, variants = load_selected(args)
+    planned = plan.make_plan(matrix, variants, args.locks, base.known_digests(variants, matrix),
+                             check_registry=False)
+    results = publish_variants(matrix, planned, allow_cpu_smoke=args.allow_cpu_smoke,
+                               dry_run=args.dry_run, manifest=args.manifest,
+                               locks_dir=args.locks)
+    if args.json:
+        emit_json(results)
+    else:
+        table(["variant", "status", "tags / reason"],
+              [(r["id"], r["status"], r.get("reason") or ", ".join(r.get("tags", [])))
+               for r in results])
+    refused = [r["id"] for r in results if r["status"] == "refused"]
+    if refused:
+        raise GateRefused(f"{len(refused)} of {len(results)} images refused: {', '.join(refused)}",
+                          hint="nothing of them was pushed; see the reasons above")
+    return 0

@@ -1,0 +1,1 @@
+"""Compositions of stages: `rebuild` (the scheduled security rebuild) and `verify`."""
