@@ -1,0 +1,443 @@
+"""Signatures and signed attestations in cosign's formats, so stock `cosign verify`, Kyverno,
+policy-controller and containers-policy.json (`sigstoreSigned`) check what the pipeline vouches
+for, and `builder verify --key` checks the same bytes.
+
+Keys: a cosign key pair — `cosign.key` is a PKCS#8 ECDSA P-256 key encrypted with nacl/secretbox
+under a scrypt key, base64 JSON in an `ENCRYPTED SIGSTORE PRIVATE KEY` PEM; `cosign.pub` is a
+PKIX `PUBLIC KEY` PEM. `cryptography` does the key and ECDSA work, `pynacl` the secretbox.
+The envelope around them is cosign's own and no library writes it, so it is written here.
+
+In the registry (sigstore's cosign/specifications.md), next to the image `REPO@sha256:H`:
+  `REPO:sha256-H.sig`  an OCI manifest, one layer per signature: the simple-signing payload
+                       (`application/vnd.dev.cosign.simplesigning.v1+json`), its base64 ECDSA
+                       signature in the `dev.cosignproject.cosign/signature` annotation
+  `REPO:sha256-H.att`  one layer per attestation: a DSSE envelope
+                       (`application/vnd.dsse.envelope.v1+json`) of an in-toto Statement whose
+                       subject is H, its predicate type in the `predicateType` annotation
+DSSE: securesystemslib's Envelope does the envelope and its pre-authentication encoding; the
+signature is cosign's (ECDSA P-256 over SHA-256, DER, base64, empty keyid).
+"""
+
+from __future__ import annotations
+
+import base64
+import getpass
+import hashlib
+import json
+import os
+import secrets
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nacl.exceptions
+import nacl.secret
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from securesystemslib.dsse import Envelope
+from securesystemslib.signer import Signature
+
+from builder.core import oci
+from builder.core.errors import BuilderError, ConfigError
+
+PRIVATE_PEM = "ENCRYPTED SIGSTORE PRIVATE KEY"
+PRIVATE_PEMS = (PRIVATE_PEM, "ENCRYPTED COSIGN PRIVATE KEY")  # cosign 1.x wrote the second
+SCRYPT = {"N": 32768, "r": 8, "p": 1}
+SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
+SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
+SIGNATURE_TYPE = "cosign container image signature"
+DSSE_TYPE = "application/vnd.dsse.envelope.v1+json"
+INTOTO_PAYLOAD = "application/vnd.in-toto+json"
+STATEMENT_V1 = "https://in-toto.io/Statement/v1"
+STATEMENTS = (STATEMENT_V1, "https://in-toto.io/Statement/v0.1")
+PREDICATE_ANNOTATION = "predicateType"
+# What each kind of evidence is attested as.
+PREDICATES = {
+    "provenance": "https://slsa.dev/provenance/v1",
+    "sbom": "https://cyclonedx.org/bom",
+    "smoke": "https://github.com/torch-images/torch-images/smoke-report/v1",
+}
+
+
+class SignatureError(BuilderError):
+    """A signature or attestation that does not verify: a finding (exit 1)."""
+
+    exit_code = 1
+
+
+# ---- keys -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    private: ec.EllipticCurvePrivateKey
+
+    @property
+    def public(self) -> ec.EllipticCurvePublicKey:
+        return self.private.public_key()
+
+    def sign(self, data: bytes) -> bytes:
+        """cosign's signature: ECDSA P-256 over SHA-256, ASN.1 DER."""
+        return self.private.sign(data, ec.ECDSA(hashes.SHA256()))
+
+
+def _scrypt(password: bytes, salt: bytes, params: dict[str, int]) -> bytes:
+    return hashlib.scrypt(password, salt=salt, n=params["N"], r=params["r"], p=params["p"],
+                          maxmem=128 * params["N"] * params["r"] * 2, dklen=32)
+
+
+def _pem(label: str, body: bytes) -> bytes:
+    lines = [base64.b64encode(body)[i:i + 64] for i in range(0, len(base64.b64encode(body)), 64)]
+    return b"\n".join([f"-----BEGIN {label}-----".encode(), *lines,
+                       f"-----END {label}-----".encode()]) + b"\n"
+
+
+def encrypt_private(key: ec.EllipticCurvePrivateKey, password: bytes) -> bytes:
+    """The `cosign.key` bytes of `key`."""
+    der = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    salt, nonce = secrets.token_bytes(32), secrets.token_bytes(24)
+    box = nacl.secret.SecretBox(_scrypt(password, salt, SCRYPT))
+    doc = {"kdf": {"name": "scrypt", "params": SCRYPT, "salt": base64.b64encode(salt).decode()},
+           "cipher": {"name": "nacl/secretbox", "nonce": base64.b64encode(nonce).decode()},
+           "ciphertext": base64.b64encode(box.encrypt(der, nonce).ciphertext).decode()}
+    return _pem(PRIVATE_PEM, json.dumps(doc).encode())
+
+
+def decrypt_private(pem: bytes, where: str, secret: bytes | None = None) -> SigningKey:
+    """A `cosign.key` (`where` names it in errors); the password is asked for (password())
+    only once the file is known to be a cosign key."""
+    text = pem.decode(errors="replace").strip()
+    label = next((x for x in PRIVATE_PEMS if text.startswith(f"-----BEGIN {x}-----")), None)
+    if label is None:
+        raise ConfigError(f"{where}: not a cosign private key (no `BEGIN {PRIVATE_PEM}`)",
+                          hint="make one with `builder keygen` or `cosign generate-key-pair`")
+    body = "".join(line for line in text.splitlines() if not line.startswith("-----"))
+    try:
+        doc = json.loads(base64.b64decode(body))
+        kdf, cipher = doc["kdf"], doc["cipher"]
+        if kdf["name"] != "scrypt" or cipher["name"] != "nacl/secretbox":
+            raise ValueError(f"unsupported {kdf['name']} / {cipher['name']}")
+        salt = base64.b64decode(kdf["salt"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{where}: not a cosign private key: {exc}") from None
+    try:
+        box_key = _scrypt(password() if secret is None else secret, salt, kdf["params"])
+        der = nacl.secret.SecretBox(box_key).decrypt(base64.b64decode(doc["ciphertext"]),
+                                                     base64.b64decode(cipher["nonce"]))
+    except nacl.exceptions.CryptoError:
+        raise ConfigError(f"{where}: wrong password (COSIGN_PASSWORD)") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{where}: not a cosign private key: {exc}") from None
+    key = serialization.load_der_private_key(der, password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ConfigError(f"{where}: not an ECDSA key")
+    return SigningKey(key)
+
+
+def public_pem(key: ec.EllipticCurvePublicKey) -> bytes:
+    return key.public_bytes(serialization.Encoding.PEM,
+                            serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def load_public(path: Path) -> ec.EllipticCurvePublicKey:
+    """A `cosign.pub` (PKIX PEM, ECDSA)."""
+    try:
+        key = serialization.load_pem_public_key(path.read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the public key: {exc.strerror}") from None
+    except ValueError:
+        raise ConfigError(f"{path}: not a PEM public key (cosign.pub)") from None
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise ConfigError(f"{path}: not an ECDSA public key")
+    return key
+
+
+def password(confirm: bool = False) -> bytes:
+    """COSIGN_PASSWORD (cosign's variable; may be empty), else a prompt on the terminal."""
+    if "COSIGN_PASSWORD" in os.environ:
+        return os.environ["COSIGN_PASSWORD"].encode()
+    if not sys.stdin.isatty():
+        raise ConfigError("no password: set COSIGN_PASSWORD (may be empty)")
+    try:
+        first = getpass.getpass("Enter password for private key: ")
+        if confirm and getpass.getpass("Enter password for private key again: ") != first:
+            raise ConfigError("the passwords differ")
+    except EOFError:
+        raise ConfigError("no password: set COSIGN_PASSWORD (may be empty)") from None
+    return first.encode()
+
+
+def keygen(folder: Path) -> tuple[Path, Path]:
+    """Write `cosign.key` (mode 600) and `cosign.pub` into `folder`; never overwrites."""
+    key_path, pub_path = folder / "cosign.key", folder / "cosign.pub"
+    for path in (key_path, pub_path):
+        if path.exists():
+            raise ConfigError(f"{path} exists: not overwritten",
+                              hint="move it away first, or use it (--key)")
+    key = ec.generate_private_key(ec.SECP256R1())
+    pem = encrypt_private(key, password(confirm=True))
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(pem)
+    pub_path.write_bytes(public_pem(key.public_key()))
+    return key_path, pub_path
+
+
+def signing_key(path: Path | str | None) -> SigningKey | None:
+    """The key of `--key FILE`, else of COSIGN_PRIVATE_KEY (the PEM text, as cosign's
+    `env://COSIGN_PRIVATE_KEY`), else None (nothing to sign with)."""
+    if path:
+        try:
+            pem = Path(path).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read the signing key: {exc.strerror}") from None
+        return decrypt_private(pem, str(path))
+    if os.environ.get("COSIGN_PRIVATE_KEY"):
+        return decrypt_private(os.environ["COSIGN_PRIVATE_KEY"].encode(),
+                               "COSIGN_PRIVATE_KEY")
+    return None
+
+
+def key_id(key: ec.EllipticCurvePublicKey) -> str:
+    """A short name for a public key in messages: sha256 of its DER, 12 hex digits."""
+    der = key.public_bytes(serialization.Encoding.DER,
+                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(der).hexdigest()[:12]
+
+
+def verifies(keys: Iterable[ec.EllipticCurvePublicKey], data: bytes, signature: bytes) -> bool:
+    for key in keys:
+        try:
+            key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
+            return True
+        except InvalidSignature:
+            continue
+    return False
+
+
+# ---- simple signing ---------------------------------------------------------------------------
+
+
+def simple_signing_payload(docker_reference: str, digest: str) -> bytes:
+    """cosign's payload, its field order and spacing (Go's json.Marshal of cosign's struct)."""
+    doc = {"critical": {"identity": {"docker-reference": docker_reference},
+                        "image": {"docker-manifest-digest": digest},
+                        "type": SIGNATURE_TYPE},
+           "optional": None}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def check_payload(payload: bytes, docker_reference: str, digest: str) -> str:
+    """What makes a verified simple-signing payload not about `docker_reference@digest`."""
+    try:
+        critical = json.loads(payload)["critical"]
+        kind = critical["type"]
+        signed = critical["image"]["docker-manifest-digest"]
+        identity = critical["identity"]["docker-reference"]
+    except (ValueError, KeyError, TypeError):
+        return "its payload is not a cosign simple-signing payload"
+    if kind != SIGNATURE_TYPE:
+        return f"its payload type is {kind!r}"
+    if signed != digest:
+        return f"it signs {signed}, not {digest}"
+    if identity.rsplit("@", 1)[0] not in (docker_reference, *_tagged(docker_reference, identity)):
+        return f"it names {identity}, not {docker_reference}"
+    return ""
+
+
+def _tagged(repository: str, identity: str) -> list[str]:
+    """cosign writes the repository; a tag after it (`repo:tag`) still names the repository."""
+    name, _, tag = identity.rpartition(":")
+    return [identity] if name == repository and "/" not in tag else []
+
+
+# ---- DSSE + in-toto ---------------------------------------------------------------------------
+
+
+def statement(name: str, digest: str, predicate_type: str, predicate: Any) -> dict[str, Any]:
+    """An in-toto Statement v1 about the image `name@digest`."""
+    return {"_type": STATEMENT_V1,
+            "subject": [{"name": name, "digest": {"sha256": digest.removeprefix("sha256:")}}],
+            "predicateType": predicate_type, "predicate": predicate}
+
+
+def envelope(key: SigningKey, doc: dict[str, Any]) -> bytes:
+    """The DSSE envelope of a statement, signed as cosign signs it (keyid empty)."""
+    env = Envelope(json.dumps(doc, separators=(",", ":")).encode(), INTOTO_PAYLOAD, {})
+    env.signatures[""] = Signature("", key.sign(env.pae()).hex())
+    return json.dumps(env.to_dict(), separators=(",", ":")).encode()
+
+
+def open_envelope(data: bytes, keys: list[ec.EllipticCurvePublicKey], digest: str
+                  ) -> dict[str, Any]:
+    """The statement in a DSSE envelope signed by one of `keys` whose subject is `digest`;
+    SignatureError saying what is wrong otherwise."""
+    try:
+        env = Envelope.from_dict(json.loads(data))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise SignatureError("not a DSSE envelope") from None
+    if env.payload_type != INTOTO_PAYLOAD:
+        raise SignatureError(f"its payload type is {env.payload_type!r}, not {INTOTO_PAYLOAD}")
+    pae = env.pae()
+    if not any(verifies(keys, pae, bytes.fromhex(s.signature)) for s in env.signatures.values()):
+        raise SignatureError("its signature does not verify against the trusted key(s)")
+    try:
+        doc = json.loads(env.payload)
+        subjects = [s["digest"]["sha256"] for s in doc["subject"]]
+    except (ValueError, KeyError, TypeError):
+        raise SignatureError("its payload is not an in-toto Statement") from None
+    if doc.get("_type") not in STATEMENTS:
+        raise SignatureError(f"its payload type {doc.get('_type')!r} is not an in-toto Statement")
+    if digest.removeprefix("sha256:") not in subjects:
+        raise SignatureError(f"its subject is not {digest}")
+    return doc
+
+
+# ---- in the registry --------------------------------------------------------------------------
+
+
+def sig_tag(digest: str) -> str:
+    return oci.artifact_tag(digest, "sig")
+
+
+def att_tag(digest: str) -> str:
+    return oci.artifact_tag(digest, "att")
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One signature or attestation in a `.sig`/`.att` manifest, with its bytes."""
+
+    media_type: str
+    data: bytes
+    annotations: dict[str, str]
+
+    def descriptor(self) -> dict[str, Any]:
+        return {"mediaType": self.media_type, "size": len(self.data),
+                "digest": oci.sha256(self.data), "annotations": self.annotations}
+
+
+def read_layers(reg: oci.Registry, repository: str, tag: str) -> list[Layer]:
+    """The layers of a cosign `.sig`/`.att` manifest with their bytes ([] when there is none)."""
+    found = reg.manifest(repository, tag)
+    if found is None:
+        return []
+    try:
+        layers = json.loads(found[0]).get("layers") or []
+    except ValueError:
+        return []
+    return [Layer(x.get("mediaType", ""), reg.blob(repository, x["digest"]),
+                  x.get("annotations") or {}) for x in layers if isinstance(x, dict)]
+
+
+def write_layers(reg: oci.Registry, repository: str, tag: str, layers: list[Layer]) -> str:
+    """Store `layers` as cosign stores them: an OCI manifest whose config lists them."""
+    for layer in layers:
+        reg.push_blob(repository, layer.data)
+    config = json.dumps({
+        "architecture": "", "created": "0001-01-01T00:00:00Z",
+        "history": [{"created": "0001-01-01T00:00:00Z"}], "os": "",
+        "rootfs": {"type": "layers", "diff_ids": [oci.sha256(x.data) for x in layers]},
+        "config": {}}, separators=(",", ":")).encode()
+    manifest = {"schemaVersion": 2, "mediaType": oci.OCI_MANIFEST,
+                "config": {"mediaType": oci.OCI_CONFIG, "size": len(config),
+                           "digest": reg.push_blob(repository, config)},
+                "layers": [x.descriptor() for x in layers]}
+    body = json.dumps(manifest, separators=(",", ":")).encode()
+    return reg.put_manifest(repository, tag, body, oci.OCI_MANIFEST)
+
+
+def sign_image(reg: oci.Registry, repository: str, digest: str, key: SigningKey) -> None:
+    """Add our signature of `registry/repository@digest` to its `.sig` (kept when one of this
+    key over the same payload is there already, so a repeated run adds nothing)."""
+    reference = f"{reg.registry}/{repository}"
+    payload = simple_signing_payload(reference, digest)
+    layers = read_layers(reg, repository, sig_tag(digest))
+    if any(x.data == payload and _layer_verifies(x, [key.public]) for x in layers):
+        return
+    sig = base64.b64encode(key.sign(payload)).decode()
+    layers.append(Layer(SIMPLE_SIGNING, payload, {SIGNATURE_ANNOTATION: sig}))
+    write_layers(reg, repository, sig_tag(digest), layers)
+
+
+def _layer_verifies(layer: Layer, keys: list[ec.EllipticCurvePublicKey]) -> bool:
+    try:
+        sig = base64.b64decode(layer.annotations.get(SIGNATURE_ANNOTATION, ""), validate=True)
+    except ValueError:
+        return False
+    return verifies(keys, layer.data, sig)
+
+
+def verify_image(reg: oci.Registry, repository: str, digest: str,
+                 keys: list[ec.EllipticCurvePublicKey]) -> str:
+    """The first simple signing of `.sig` that verifies: a line for the table; SignatureError
+    naming what is wrong otherwise."""
+    layers = [x for x in read_layers(reg, repository, sig_tag(digest))
+              if x.media_type == SIMPLE_SIGNING]
+    if not layers:
+        raise SignatureError(f"no signature ({sig_tag(digest)} is missing)")
+    problems = []
+    for layer in layers:
+        if not _layer_verifies(layer, keys):
+            problems.append("a signature by another key")
+        elif problem := check_payload(layer.data, f"{reg.registry}/{repository}", digest):
+            problems.append(problem)
+        else:
+            return f"cosign signature over {digest[:19]} by key {key_id(keys[0])}"
+    raise SignatureError(f"no valid signature: {'; '.join(dict.fromkeys(problems))}")
+
+
+def attest(reg: oci.Registry, repository: str, digest: str, key: SigningKey,
+           kind: str, predicate: Any) -> None:
+    """Add the signed attestation of `predicate` (evidence `kind`) to `digest`'s `.att`,
+    replacing earlier ones of its predicate type (like `cosign attest --replace`)."""
+    ptype = PREDICATES[kind]
+    doc = statement(f"{reg.registry}/{repository}", digest, ptype, predicate)
+    layers = read_layers(reg, repository, att_tag(digest))
+    for layer in layers:
+        if layer.annotations.get(PREDICATE_ANNOTATION) == ptype and _same_statement(
+                layer, doc, key.public, digest):
+            return
+    layers = [x for x in layers if x.annotations.get(PREDICATE_ANNOTATION) != ptype]
+    layers.append(Layer(DSSE_TYPE, envelope(key, doc), {PREDICATE_ANNOTATION: ptype}))
+    write_layers(reg, repository, att_tag(digest), layers)
+
+
+def _same_statement(layer: Layer, doc: dict[str, Any], key: ec.EllipticCurvePublicKey,
+                    digest: str) -> bool:
+    try:
+        return open_envelope(layer.data, [key], digest)["predicate"] == doc["predicate"]
+    except SignatureError:
+        return False
+
+
+def verified_attestations(reg: oci.Registry, repository: str, digest: str,
+                          keys: list[ec.EllipticCurvePublicKey]
+                          ) -> tuple[dict[str, Any], dict[str, str]]:
+    """(evidence kind → the predicate of its verified attestation, kind → why none verified)
+    for every kind in PREDICATES."""
+    found: dict[str, Any] = {}
+    problems: dict[str, str] = {}
+    kinds = {ptype: kind for kind, ptype in PREDICATES.items()}
+    for layer in read_layers(reg, repository, att_tag(digest)):
+        kind = kinds.get(layer.annotations.get(PREDICATE_ANNOTATION, ""), "")
+        if not kind or kind in found:
+            continue
+        try:
+            doc = open_envelope(layer.data, keys, digest)
+        except SignatureError as exc:
+            problems[kind] = str(exc)
+            continue
+        if doc.get("predicateType") != PREDICATES[kind]:
+            problems[kind] = f"its statement's predicate type is {doc.get('predicateType')!r}"
+            continue
+        found[kind] = doc.get("predicate")
+        problems.pop(kind, None)
+    for kind in PREDICATES:
+        if kind not in found and kind not in problems:
+            problems[kind] = f"no signed attestation ({att_tag(digest)})"
+    return found, problems
