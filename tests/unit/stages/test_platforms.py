@@ -25,7 +25,7 @@ from builder.stages import (
 from builder.stages.evidence import Staged
 from builder.stages.matrix import MatrixError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ARM = platforms.get("linux/arm64")
 AMD = platforms.get("linux/amd64")
 

@@ -23,7 +23,7 @@ from builder.stages import platforms
 from builder.stages import smoketest as bsmoke
 
 IMAGE_ID = "sha256:" + "c0ffee" * 10 + "abcd"
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "smoke" /
+SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "smoke" /
                      "report.schema.json").read_text())
 
 

@@ -11,7 +11,7 @@ import pytest
 from builder.core.errors import ConfigError
 from builder.stages import locks, plan, render
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LOCKS = ROOT / "locks"
 
 

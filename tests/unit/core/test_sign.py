@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from builder.core import oci, sign
 from builder.core.errors import ConfigError
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "cosign"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "cosign"
 DIGEST = "sha256:" + "a" * 64
 OTHER = "sha256:" + "b" * 64
 

@@ -20,7 +20,7 @@ from builder.core.errors import BuilderError, ConfigError
 from builder.stages import build, locks, matrix, multiarch, plan, publish, render
 from builder.stages.matrix import MatrixError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LOCKS = ROOT / "locks"
 SHIPPED = (ROOT / "matrix.yaml").read_text()
 CPU = "2.13.0-py3.11-cpu-runtime"
