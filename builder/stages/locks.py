@@ -21,6 +21,7 @@ from builder.core import proc
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.state import atomic_write
 from builder.stages import platforms
+from builder.stages.flavors import FLAVORS
 from builder.stages.matrix import Matrix, Variant
 from smoke.versions import MIN_DRIVER, MINOR_COMPAT_FLOOR
 
@@ -208,7 +209,8 @@ def check_facts(variant: Variant, facts: Mapping[str, Any], matrix: Matrix) -> l
     if variant.cuda and facts["cuda"] != variant.cuda:
         problems.append(f"{variant.id}: declares cuda {variant.cuda} but the wheels bring "
                         f"{facts['cuda']}")
-    if variant.flavor == "devel" and facts["cuda"] and matrix.toolkit_for(facts["cuda"]) is None:
+    wants_toolkit = FLAVORS[variant.flavor].toolkit and facts["cuda"]
+    if wants_toolkit and matrix.toolkit_for(facts["cuda"]) is None:
         problems.append(f"{variant.id}: no toolkit source for CUDA {facts['cuda']} in `toolkits` "
                         "(devel images need an nvcc of the same major.minor as torch's CUDA)")
     return problems
@@ -278,7 +280,7 @@ def lock_variant(matrix: Matrix, variant: Variant, locks_dir: Path, *, upgrade: 
     text = base_text = resolve_reqs(reqs, base_path if base_path.exists() else txt_path)
     facts = derive_facts(variant, text)
     with_toolkit = False
-    if variant.flavor == "devel" and facts["cuda"]:
+    if FLAVORS[variant.flavor].toolkit and facts["cuda"]:
         toolkit = matrix.toolkit_for(facts["cuda"]) or {}
         if toolkit.get("wheels"):
             with_toolkit = True

@@ -24,6 +24,8 @@ class Platform:
     arch: str  # OCI/Debian architecture: arm64
     machine: str  # uname -m and wheel tags: aarch64
     variant: str | None = None  # OCI platform variant (arm64 → v8)
+    # wheel tags older than manylinux_2_17 that pip still accepts here (only x86 had them)
+    legacy_wheel_tags: tuple[str, ...] = ()
 
     @property
     def uv(self) -> str:
@@ -40,10 +42,7 @@ class Platform:
         """Every wheel platform tag a glibc-2.28+ Linux of this machine accepts (pip --platform)."""
         tags = [f"manylinux_2_{n}_{self.machine}" for n in range(28, 16, -1)]
         tags.append(f"manylinux2014_{self.machine}")
-        if self.machine == "x86_64":  # the older aliases only exist for x86
-            tags += [f"manylinux_2_{n}_x86_64" for n in range(16, 4, -1)]
-            tags += ["manylinux2010_x86_64", "manylinux1_x86_64"]
-        return [*tags, f"linux_{self.machine}"]
+        return [*tags, *self.legacy_wheel_tags, f"linux_{self.machine}"]
 
     def as_oci(self) -> dict[str, str]:
         out = {"architecture": self.arch, "os": "linux"}
@@ -52,7 +51,9 @@ class Platform:
 
 DEFAULT = "linux/amd64"
 KNOWN: Mapping[str, Platform] = {
-    "linux/amd64": Platform("linux/amd64", "amd64", "x86_64"),
+    "linux/amd64": Platform("linux/amd64", "amd64", "x86_64", legacy_wheel_tags=(
+        *(f"manylinux_2_{n}_x86_64" for n in range(16, 4, -1)),
+        "manylinux2010_x86_64", "manylinux1_x86_64")),
     "linux/arm64": Platform("linux/arm64", "arm64", "aarch64", "v8"),
 }
 _MACHINES = {p.machine: p for p in KNOWN.values()}
@@ -72,7 +73,7 @@ def host() -> Platform | None:
 
 def of_image(info: Mapping[str, Any]) -> Platform | None:
     """The platform of a `docker image inspect` result (None for an unknown architecture)."""
-    found = [p for p in KNOWN.values() if p.arch == info.get("Architecture", "amd64")]
+    found = [p for p in KNOWN.values() if p.arch == info.get("Architecture", KNOWN[DEFAULT].arch)]
     return found[0] if found else None
 
 

@@ -16,7 +16,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -26,7 +26,7 @@ import jinja2
 
 from builder.core import labels, state
 from builder.core.errors import BuilderError, ConfigError
-from builder.stages import base, platforms
+from builder.stages import base, flavors, platforms
 from builder.stages.locks import Lock, lock_stem, normalize, parse_pins
 from builder.stages.matrix import Matrix, Variant
 
@@ -88,36 +88,6 @@ class Step:
         return f"sets/{self.set_id}"
 
 
-@dataclass(frozen=True)
-class Flavor:
-    """A row of the flavor table: each flavor is its parent's layers plus its own."""
-
-    name: str
-    parent: str | None
-    # (PRUNED category, lock parts) it copies back over its parent, from the cached wheels
-    restores: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    adds: tuple[str, ...] = ()  # lock packages only this flavor (and its children) install
-    os_restores: tuple[str, ...] = ()  # base.SLIM_DROPPED items its own apt step brings back
-    compiles: bool = False  # carries torch.compile's toolchain (and so do its children)
-    root: bool = False  # runs as root (people install system packages there)
-
-
-FLAVORS = {f.name: f for f in (
-    Flavor("slim", None),
-    # torch.compile reads torch's headers (C++ codegen); the rest only serve extension builds
-    Flavor("runtime", "slim", restores=(("headers", ("torch",)),), adds=("triton",),
-           compiles=True),
-    Flavor("devel", "runtime", restores=(("headers", ("nvidia", "rest")),
-                                         ("static-libraries", ("nvidia", "torch", "rest"))),
-           os_restores=("perl",), root=True),
-)}
-# What the shared install layers delete, as `find` expressions: no flavor's programs read them;
-# the flavors that want them copy them back in a later layer, so nothing is whited out.
-PRUNED = {
-    "headers": "-type d -name include",
-    "static-libraries": "-name '*.a'",
-    "tests": "-type d -path '*/numpy/*/tests'",
-}
 # NVIDIA's wheels go to a python-independent folder (a site dir the venv reads through a .pth):
 # two pythons or two flavors that pin the same nvidia-* wheels share one layer blob.
 NVIDIA_SITE = "/opt/nvidia/lib/python3/site-packages"
@@ -125,36 +95,6 @@ FIXED_EPOCH = base.SOURCE_DATE_EPOCH  # the locks carry no time; one fixed time 
 # Where install steps mount things: made in the os layer, so a mount leaves no stub behind.
 MOUNTS = {"cache": "/mnt/build/cache", "set": "/mnt/build/set", "uv": "/mnt/build/uv"}
 UV_REQUIREMENTS = TEMPLATES / "uv.txt"
-
-
-def lineage(flavor: str) -> list[Flavor]:
-    """The flavor and its ancestors, oldest first: slim, runtime, devel."""
-    row = FLAVORS[flavor]
-    return [*lineage(row.parent), row] if row.parent else [row]
-
-
-def dropped(flavor: str) -> list[str]:
-    """What this flavor leaves out: the label `io.torch-images.dropped` and image.json list it.
-    A category restored for some parts only reads `headers-except-torch`."""
-    rows = lineage(flavor)
-    kept = {item for row in rows for item in (*row.adds, *row.os_restores)}
-    restored: dict[str, set[str]] = {}
-    for row in rows:
-        for category, parts in row.restores:
-            restored.setdefault(category, set()).update(parts)
-    out = ["triton"] if "triton" not in kept else []
-    if not any(row.compiles for row in rows):
-        out.append("compilers")
-    for category in PRUNED:
-        parts = restored.get(category, set())
-        if not parts.issuperset(SHARED_PARTS):
-            out.append(f"{category}-except-{'-'.join(sorted(parts))}" if parts else category)
-    return out + [item for item in base.SLIM_DROPPED if item not in kept]
-
-
-def prune_expression(categories: Iterable[str]) -> str:
-    """One `find` test matching any of the categories (the caller adds -prune and an action)."""
-    return "\\( " + " -o ".join(f"\\( {PRUNED[c]} \\)" for c in categories) + " \\)"
 
 
 @dataclass(frozen=True)
@@ -217,7 +157,6 @@ def part_of(name: str) -> str:
 
 
 # The shared layers, in this order: the CUDA libraries change least.
-SHARED_PARTS = ("nvidia", "torch", "rest")
 
 
 def lock_parts(text: str) -> dict[str, str]:
@@ -246,11 +185,12 @@ def part_step(variant: Variant, part: str, requirements: str, **extra: Any) -> S
 
 def shared_steps(variant: Variant, parts: Mapping[str, str]) -> list[Step]:
     """The layers every flavor has, pruned of everything in PRUNED as they are installed."""
-    prune = prune_expression(PRUNED)
-    return [part_step(variant, p, parts[p], prune=prune) for p in SHARED_PARTS if parts.get(p)]
+    prune = flavors.prune_expression(flavors.PRUNED)
+    return [part_step(variant, p, parts[p], prune=prune)
+            for p in flavors.SHARED_PARTS if parts.get(p)]
 
 
-def flavor_steps(variant: Variant, flavor: Flavor, parts: Mapping[str, str],
+def flavor_steps(variant: Variant, flavor: flavors.Flavor, parts: Mapping[str, str],
                  shared: list[Step]) -> list[Step]:
     """What a flavor adds over its parent: its own packages, then what it copies back."""
     steps = [part_step(variant, p, parts[p]) for p in flavor.adds if parts.get(p)]
@@ -258,7 +198,7 @@ def flavor_steps(variant: Variant, flavor: Flavor, parts: Mapping[str, str],
         categories = [c for c, parts in flavor.restores if s.name in parts]
         if categories:
             steps.append(replace(s, name=f"{s.name} {' + '.join(categories)}", prune="",
-                                 restore=prune_expression(categories), fixed_times=False))
+                                 restore=flavors.prune_expression(categories), fixed_times=False))
     return steps
 
 
@@ -293,7 +233,7 @@ def install_args(step: Step, variant: Variant) -> str:
 def image_facts(variant: Variant, lock: Lock) -> dict[str, Any]:
     facts = {k: lock.facts.get(k) for k in (
         "torch", "python", "accelerator", "cuda", "cudnn", "nccl", "triton", "min_driver")}
-    left_out = dropped(variant.flavor)
+    left_out = flavors.dropped(variant.flavor)
     if "triton" in left_out:
         facts["triton"] = None
     # The smoke suite compares the installed nvidia-* wheels with these pins.
@@ -346,9 +286,9 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
     parts = lock_parts(runtime_text)
     steps = shared_steps(variant, parts)
     by_flavor = {row.name: flavor_steps(variant, row, parts, steps)
-                 for row in lineage(variant.flavor)}
-    if variant.flavor == "devel":
-        by_flavor["devel"] += delta_steps(variant, runtime_text, lock.text)
+                 for row in flavors.lineage(variant.flavor)}
+    if flavors.FLAVORS[variant.flavor].toolkit:
+        by_flavor[variant.flavor] += delta_steps(variant, runtime_text, lock.text)
     toolkit = matrix.toolkit_for(facts["cuda"]) if facts["cuda"] else None
     apt_python = variant.base.python_from == "apt"
     uv_dir = uv_source(variant.platform)
@@ -368,7 +308,7 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
         "dpkg_excludes": base.DPKG_EXCLUDES,
         "steps": steps,
         "flavor_steps": by_flavor,
-        "final_user": 0 if FLAVORS[variant.flavor].root else labels.USER_UID,
+        "final_user": 0 if flavors.FLAVORS[variant.flavor].root else labels.USER_UID,
         "nvidia_site": NVIDIA_SITE if parts.get("nvidia") else None,
         "mounts": MOUNTS,
         "epoch": FIXED_EPOCH,

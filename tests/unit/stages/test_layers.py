@@ -10,7 +10,7 @@ import re
 import pytest
 from rendering import LOCKS, rendered
 
-from builder.stages import locks, render
+from builder.stages import flavors, locks, render
 from builder.stages.wheelhouse import local_wheels
 
 
@@ -89,12 +89,12 @@ def test_every_install_is_hash_checked_and_the_ca_bundle_only_a_secret(shipped):
 
 
 def test_dropped_follows_the_flavor_table():
-    assert render.dropped("slim")[:4] == ["triton", "compilers", "headers", "static-libraries"]
-    assert "compilers" not in render.dropped("runtime") + render.dropped("devel")
-    assert "headers-except-torch" in render.dropped("runtime")
-    assert "triton" not in render.dropped("runtime")
-    assert "perl" not in render.dropped("devel") and "perl" in render.dropped("runtime")
-    assert not any(d.startswith(("headers", "static")) for d in render.dropped("devel"))
+    assert flavors.dropped("slim")[:4] == ["triton", "compilers", "headers", "static-libraries"]
+    assert "compilers" not in flavors.dropped("runtime") + flavors.dropped("devel")
+    assert "headers-except-torch" in flavors.dropped("runtime")
+    assert "triton" not in flavors.dropped("runtime")
+    assert "perl" not in flavors.dropped("devel") and "perl" in flavors.dropped("runtime")
+    assert not any(d.startswith(("headers", "static")) for d in flavors.dropped("devel"))
 
 
 def test_set_folders_never_collide_with_the_old_wheel_sets():
