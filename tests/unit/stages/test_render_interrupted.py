@@ -18,7 +18,7 @@ import pytest
 from builder.core import proc
 from builder.stages import locks, matrix, render
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BUILDER = str(ROOT / "builder")  # builder/core, stages...: all of the tool's own code
 CPU = "2.13.0-py3.11-cpu-runtime"
 
