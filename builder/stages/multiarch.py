@@ -159,10 +159,10 @@ def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
     refused, would-publish). Records what was published even when a later variant fails.
     Every tag of the whole matrix is checked for collisions before anything is pushed. A variant
     with several platforms is published as one image index (publish_group)."""
+    publication.check(manifest)  # a record that cannot be written stops us before a push
     plan.check_tags(matrix, locks_dir)
     engine.ensure_engine()
     results: list[dict[str, Any]] = []
-    done: dict[str, Publication] = {}
     try:
         for group in groups(planned):
             if is_multi(matrix, group[0].variant):
@@ -171,15 +171,15 @@ def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
             else:
                 out = [publish.publish_variant(matrix, p, allow_cpu_smoke=allow_cpu_smoke,
                                        dry_run=dry_run) for p in group]
-            for result in out:
-                if result["status"] == "published":
-                    done[result["id"]] = Publication.from_json(
-                        {k: v for k, v in result.items() if k not in ("id", "status")})
+            # Recorded as soon as its tags moved; a run stopped before this line is recorded by
+            # the next one, which finds the tags in place (each step is idempotent).
+            publication.record(manifest, {
+                r["id"]: Publication.from_json({k: v for k, v in r.items()
+                                                if k not in ("id", "status")})
+                for r in out if r["status"] == "published"})
             results += out
     except oci.RegistryError as exc:
         exc.hint = ((exc.hint or "") + "\n\nno tag points at an image without its SBOM and "
                     "smoke report; run `builder publish` again to finish")
         raise
-    finally:
-        publication.record(manifest, done)
     return results

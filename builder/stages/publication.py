@@ -7,6 +7,7 @@ has one shape, checked against `builder/schema/published.schema.json` on every r
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -175,10 +176,24 @@ def load_document(path: Path) -> dict[str, Any]:
         return {"schema_version": SCHEMA_VERSION, "variants": {}}
     try:
         doc = json.loads(path.read_text())
-    except ValueError as exc:
-        raise BuilderError(f"{path} is not JSON: {exc}", hint="restore it from git") from None
+    except (ValueError, RecursionError) as exc:
+        why = exc if isinstance(exc, ValueError) else "nested too deep"
+        raise BuilderError(f"{path} is not JSON: {why}", hint="restore it from git") from None
+    except OSError as exc:
+        raise BuilderError(f"cannot read {path}: {exc.strerror or exc}",
+                           hint="--manifest names the publication record, a JSON file") from None
     validate(doc, path)
     return doc
+
+
+def check(path: Path) -> None:
+    """Read and validate the record and check that it can be written, before the first push: a
+    record that cannot be written after the tags moved would be lost."""
+    load_document(path)
+    folder = next(p for p in path.absolute().parents if p.exists())
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise BuilderError(f"cannot write {path}: {folder} is not a writable folder",
+                           hint="--manifest names where the publication record is kept")
 
 
 def validate(doc: Any, path: Path) -> None:
