@@ -4,11 +4,17 @@ engine. Case 1 (render's swap): tests/unit/stages/test_render_interrupted.py; ca
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
-from builder.core.errors import BuilderError
+from builder import cli
+from builder.core import output, proc
+from builder.core.errors import BuilderError, GateRefused
 from builder.stages import matrix, multiarch, plan, publication, publish
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -88,3 +94,32 @@ def test_a_variant_is_recorded_as_soon_as_it_is_published(tmp_path, shipped_plan
                                    locks_dir=LOCKS)
     assert pushes == [CPU, SLIM]
     assert list(publication.load_document(manifest)["variants"]) == [CPU]
+
+
+# ---- 6. one JSON document; a closed stdout ends quietly ---------------------------------------
+
+
+def test_json_prints_one_document_when_the_command_fails_after_its_results(monkeypatch, capsys):
+    """`publish --dry-run --json` with nothing staged: the results (with the refusals), then the
+    GateRefused; stdout is still one document."""
+    monkeypatch.setattr(output, "printed_json", False)
+
+    def refuse(_args: argparse.Namespace) -> int:
+        output.emit_json([{"id": CPU, "status": "refused", "reason": "not staged"}])
+        raise GateRefused("1 of 1 images refused: " + CPU)
+
+    args = argparse.Namespace(func=refuse, json=True, debug=False)
+    assert cli.run(args) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out)[0]["status"] == "refused"
+    assert f"error: 1 of 1 images refused: {CPU}" in err
+
+
+def test_a_closed_stdout_ends_quietly_with_141(monkeypatch, capsys):
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader (`| head`) is gone before anything is written
+    monkeypatch.setattr(sys, "stdout", os.fdopen(write_end, "w"))
+    monkeypatch.setattr(proc, "install_signal_handlers", lambda: None)
+    code = cli.main(["validate", "--json", "--offline", "--matrix", str(ROOT / "matrix.yaml")])
+    assert code == 141
+    assert capsys.readouterr().err == ""
