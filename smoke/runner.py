@@ -31,7 +31,7 @@ from smoke import (
     SUBSTITUTED,
     __version__,
 )
-from smoke.checks import CHECKS, GPU_CHECKS, timeout_for
+from smoke.checks import CHECKS, ran_fully_on_gpu, timeout_for
 from smoke.facts import DEFAULT_FACTS, load_facts
 from smoke.host import host_facts
 
@@ -39,6 +39,7 @@ PACKAGE_PARENT = Path(__file__).resolve().parent.parent
 TAIL_LINES = 40
 TAIL_CHARS = 4000
 EXIT_OK, EXIT_FAILED, EXIT_CANNOT_RUN = 0, 1, 2
+KILL_GRACE_S = 30.0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -121,6 +122,8 @@ def child_env(name: str, ctx: dict[str, Any], result_path: Path) -> dict[str, st
     env["PYTHONFAULTHANDLER"] = "1"  # a segfault or abort prints the Python stack
     if name == "nccl_allreduce":
         env.setdefault("NCCL_DEBUG", "INFO")  # an init hang's tail then says where it stuck
+        # Into files the check reads back (the transports NCCL chose) and the tail shows.
+        env.setdefault("NCCL_DEBUG_FILE", str(result_path.parent / "nccl.%h.%p.log"))
     return env
 
 
@@ -129,12 +132,30 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def tail(path: Path) -> str:
+def tail(*paths: Path) -> str:
+    """The last lines of the check's output, then of NCCL's debug files, if any."""
+    texts = []
+    for path in paths:
+        try:
+            texts.append(path.read_bytes()[-64 * 1024:].decode(errors="replace").rstrip())
+        except OSError:
+            continue
+    text = "\n".join(t for t in texts if t)
+    return "\n".join(text.splitlines()[-TAIL_LINES:])[-TAIL_CHARS:]
+
+
+def wait_bounded(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int | None, bool]:
+    """(exit status, timed out). A check still running at `timeout` is killed with its process
+    group; one that does not die even then (stuck in the driver, state D) gives None after
+    KILL_GRACE_S instead of blocking the suite and its report."""
     try:
-        text = path.read_bytes()[-64 * 1024:].decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.rstrip().splitlines()[-TAIL_LINES:])[-TAIL_CHARS:]
+        return proc.wait(timeout=timeout), False
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid)
+    try:
+        return proc.wait(timeout=KILL_GRACE_S), True
+    except subprocess.TimeoutExpired:
+        return None, True
 
 
 def run_check(name: str, python: str, ctx: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -148,14 +169,11 @@ def run_check(name: str, python: str, ctx: dict[str, Any], timeout: float) -> di
                 env=child_env(name, ctx, result_path), stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )
-            try:
-                rc, timed_out = proc.wait(timeout=timeout), False
-            except subprocess.TimeoutExpired:
-                kill_group(proc.pid)
-                rc, timed_out = proc.wait(), True
+            rc, timed_out = wait_bounded(proc, timeout)
             kill_group(proc.pid)  # leftovers, e.g. spawn workers of a finished check
         duration = time.monotonic() - start
-        check = interpret(name, rc, timed_out, timeout, result_path, tail(log_path))
+        output = tail(log_path, *sorted(Path(tmp).glob("nccl.*.log")))
+        check = interpret(name, rc, timed_out, timeout, result_path, output)
     return {"name": name, **check, "duration_s": round(duration, 3)}
 
 
@@ -174,13 +192,17 @@ def _last_line(output: str) -> str:
 
 
 def interpret(
-    name: str, rc: int, timed_out: bool, timeout: float, result_path: Path, output: str
+    name: str, rc: int | None, timed_out: bool, timeout: float, result_path: Path, output: str
 ) -> dict[str, Any]:
     if timed_out:
         hint = " (NCCL init hang? see the NCCL_DEBUG output)" if name == "nccl_allreduce" else ""
+        killed = "was killed" if rc is not None else (
+            f"did not exit {KILL_GRACE_S:.0f} s after SIGKILL (stuck in the GPU driver: check "
+            "dmesg for Xid errors, the node needs a GPU reset or a reboot)")
         return {"status": ERROR, "metrics": {}, "output_tail": output,
-                "message": f"timed out after {timeout:.0f} s and was killed{hint}; "
+                "message": f"timed out after {timeout:.0f} s and {killed}{hint}; "
                 f"last output: {_last_line(output)}"}
+    assert rc is not None
     try:
         check = json.loads(result_path.read_text())
     except (OSError, ValueError):
@@ -197,10 +219,12 @@ def interpret(
 
 
 def apply_require_gpu(check: dict[str, Any]) -> dict[str, Any]:
-    """Under --require-gpu, a GPU check that did not fully run on a GPU fails."""
+    """Under --require-gpu, a GPU check that did not fully run on a GPU (the shared rule,
+    `ran_fully_on_gpu`) fails, and so does any other check that stood in for one."""
     status = check["status"]
-    gpu_related = check["name"] in GPU_CHECKS or status == SUBSTITUTED
-    if not gpu_related or status not in (SKIP, SUBSTITUTED, DEGRADED):
+    if status not in (SKIP, SUBSTITUTED, DEGRADED):
+        return check
+    if ran_fully_on_gpu(check) and status != SUBSTITUTED:
         return check
     return {**check, "status": FAIL, "original_status": status,
             "message": f"--require-gpu: {status}: {check['message']}"}
@@ -215,6 +239,14 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")  # noqa: UP017
 
 
+def cuda_devices(checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The devices CUDA used, as the `cuda` check saw them (empty when no GPU ran it)."""
+    cuda = next((c for c in checks if c["name"] == "cuda"), None)
+    devices = ((cuda or {}).get("metrics") or {}).get("devices") or []
+    keys = ("index", "name", "capability", "memory", "mig")
+    return [{k: d.get(k) for k in keys} for d in devices if isinstance(d, dict)]
+
+
 def build_report(
     args: argparse.Namespace, facts: dict[str, Any] | None, facts_source: str | None,
     host: dict[str, Any], checks: list[dict[str, Any]], started: str, python: str,
@@ -225,7 +257,7 @@ def build_report(
         "image": {"ref": args.image_ref, "id": args.image_id, "digest": args.image_digest},
         "facts": facts,
         "facts_source": facts_source,
-        "host": host,
+        "host": {**host, "cuda_devices": cuda_devices(checks)},
         "runner": {"python": python, "venv": str(args.venv) if args.venv else None,
                    "lock": str(args.lock) if args.lock else None,
                    "timeout_scale": args.timeout_scale, "parent_python": platform.python_version()},

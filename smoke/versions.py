@@ -62,6 +62,41 @@ def driver_problem(driver: str | None, min_driver: str | None, cuda: str | None)
     )
 
 
+def driver_cuda(driver: str | None) -> str | None:
+    """The newest CUDA major.minor a driver is known (MIN_DRIVER) to support: 580.95.05 → 13.0.
+    What the NVIDIA container runtime compares `NVIDIA_REQUIRE_CUDA` with is the driver's own
+    figure, which is this one or newer."""
+    if not driver or not numeric(driver):
+        return None
+    known = [cuda for cuda, floor in MIN_DRIVER.items() if numeric(driver) >= numeric(floor)]
+    return max(known, key=numeric, default=None)
+
+
+def nvidia_require_cuda(min_driver: str | None) -> str | None:
+    """`NVIDIA_REQUIRE_CUDA` for an image whose minimum driver is `min_driver` (its
+    io.torch-images.min-driver label): the CUDA that driver supports (13.0 for a CUDA 13.2 image
+    under minor-version compatibility, so R580 nodes start it), and the driver itself when it is
+    newer than that CUDA's first driver. Space separates alternatives, a comma joins (AND)."""
+    cuda = driver_cuda(min_driver)
+    if not cuda:
+        return None
+    if numeric(min_driver) > numeric(MIN_DRIVER[cuda]):
+        return f"cuda>={cuda},driver>={min_driver}"
+    return f"cuda>={cuda}"
+
+
+def requirement_met(require: str, cuda: str, driver: str) -> bool:
+    """Whether a driver (its version and the CUDA it reports) meets an `NVIDIA_REQUIRE_CUDA`
+    expression of `cuda>=` / `driver>=` terms, as libnvidia-container evaluates it."""
+    have = {"cuda": numeric(cuda), "driver": numeric(driver)}
+
+    def term_ok(term: str) -> bool:
+        key, _, want = term.partition(">=")
+        return key in have and have[key] >= numeric(want)
+
+    return any(all(term_ok(t) for t in alt.split(",")) for alt in require.split())
+
+
 def cudnn_version_str(value: int | None) -> str | None:
     """cuDNN's integer version: 9.x encodes M*10000+m*100+p (92600), 8.x M*1000+m*100+p (8902)."""
     if value is None:

@@ -14,6 +14,7 @@ from typing import Any
 from builder.core import labels, oci
 from builder.core.errors import BuilderError
 from builder.stages import provenance, smoketest
+from smoke.host import host_summary
 
 OK, MISSING, BAD = "ok", "missing", "fail"
 # Report facts that must equal the image's labels.
@@ -106,8 +107,7 @@ def smoke_rows(report: Any, config_digest: str, image_labels: dict[str, str]) ->
         return [Row("smoke", MISSING, "no smoke report attached (builder smoke, then publish)")]
     if not isinstance(report, dict) or (problem := smoketest.validation_error(report)):
         return [Row("smoke", BAD, f"the report does not match its schema: {problem}")]
-    gpus = (report.get("host") or {}).get("gpus") or []
-    host = f"{len(gpus)} GPU(s): {gpus[0].get('name', '?')}" if gpus else "CPU host (no GPU)"
+    host = host_summary(report.get("host") or {})
     rows = [Row(f"smoke {c['name']}", OK if c["status"] in smoketest.OK_STATUSES else BAD,
                 f"{c['status']}: {c.get('message', '')}"[:90]) for c in report["checks"]]
     problems = []
@@ -120,7 +120,7 @@ def smoke_rows(report: Any, config_digest: str, image_labels: dict[str, str]) ->
                  for name, key in AGREEING_FACTS.items()
                  if (facts.get(name) or "") != (image_labels.get(key) or "")]
     status = BAD if problems else OK
-    detail = "; ".join(problems) or f"{report['status']} on a {host}"
+    detail = "; ".join(problems) or f"{report['status']}: {host}"
     return [Row("smoke", status, detail), *rows]
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache
@@ -22,11 +24,12 @@ from typing import Any
 
 import jinja2
 
-from builder.core import labels, state, swap
+from builder.core import labels, state
 from builder.core.errors import BuilderError, ConfigError
 from builder.stages import base, flavors, platforms
 from builder.stages.locks import Lock, lock_stem, normalize, parse_pins
 from builder.stages.matrix import Matrix, Variant
+from smoke.versions import nvidia_require_cuda
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 SMOKE_DIR = Path(__file__).resolve().parents[2] / "smoke"
@@ -317,7 +320,10 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
                       if toolkit and toolkit.get("wheels") else None),
         "facts_source": facts_source(facts),
         "labels": static_labels(matrix, variant, facts),
-        "cuda_env": {"require": f"cuda>={facts['cuda']}"} if facts["cuda"] else None,
+        # Derived from the min-driver label's fact, so the container runtime admits exactly
+        # the drivers the label promises (a unit test checks every shipped variant).
+        "cuda_env": {"require": nvidia_require_cuda(facts["min_driver"])
+                     or f"cuda>={facts['cuda']}"} if facts["cuda"] else None,
     }
     template = environment().get_template(f"{variant.flavor}.j2")
     dockerfile = re.sub(r"\n{3,}", "\n\n", template.render(**context))
@@ -347,27 +353,39 @@ def uv_source(platform: str = platforms.DEFAULT) -> str:
 
 
 def write(rendered: Rendered, out_dir: Path) -> Path:
-    """Write DIR/<id>/ atomically: stage a private sibling folder, then exchange it with the old
-    output in one step (builder.swap), so DIR/<id> is always the old output or the new one,
-    never half-written, half-deleted or missing, even under SIGKILL."""
+    """Write DIR/<id>/ atomically: stage a sibling folder, then rename it into place, so DIR/<id>
+    is always the old output or the new one, never half-written or half-deleted."""
     target = out_dir / rendered.variant.key
-    staging: Path | None = None
+    staging = out_dir / f".{rendered.variant.key}.{os.getpid()}.tmp"
     try:
-        if target.is_symlink() or (target.exists() and not target.is_dir()):
-            kind = "a symbolic link" if target.is_symlink() else "a file"
-            raise BuilderError(f"cannot write {target}: it is {kind}, not a folder")
-        out_dir.mkdir(parents=True, exist_ok=True)
-        staging = swap.staging_folder(target)
+        if target.exists() and not target.is_dir():
+            raise BuilderError(f"cannot write {target}: it is a file, not a folder")
+        shutil.rmtree(staging, ignore_errors=True)
         for rel, text in {"Dockerfile": rendered.dockerfile,
                           "Dockerfile.dockerignore": rendered.dockerignore,
                           **rendered.files}.items():
             path = staging / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-        swap.replace_dir(staging, target)
+        _swap_into_place(staging, target)
     except OSError as exc:
         raise state.path_error(target, exc) from None
     finally:
-        if staging is not None:
-            swap.remove_tree(staging)  # the old tree, or the new one when something failed
+        shutil.rmtree(staging, ignore_errors=True)  # only still there when something failed
     return target
+
+
+def _swap_into_place(staging: Path, target: Path) -> None:
+    """Rename `staging` to `target`; an existing `target` is moved aside first and restored
+    when the rename fails or is interrupted."""
+    old = staging.with_name(staging.name + ".old")
+    if not target.exists():
+        staging.rename(target)
+        return
+    target.rename(old)
+    try:
+        staging.rename(target)
+    except BaseException:
+        old.rename(target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -18,11 +18,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, labels, proc, state
+from builder.core import engine, labels, state
 from builder.core.errors import BuilderError, CommandFailed, EngineError
-from builder.stages import platforms
+from builder.stages import gpuhost, platforms
 from smoke import OK_STATUSES, SCHEMA_VERSION
-from smoke.checks import CHECKS, GPU_CHECKS, timeout_for
+from smoke.checks import CHECKS, gpu_checks_not_run, timeout_for
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "smoke" / "report.schema.json"
 # Whole-run limit: the suite's own per-check timeouts plus start-up.
@@ -38,21 +38,11 @@ def report_file(image_id: str) -> Path:
 # ---- host side: which container options -------------------------------------------------------
 
 
-def host_has_gpu() -> bool:
-    """An NVIDIA GPU on this host: a device node, or `nvidia-smi -L` listing one."""
-    if Path("/dev/nvidia0").exists():
-        return True
-    try:
-        result = proc.run(["nvidia-smi", "-L"], check=False, timeout=30)
-    except BuilderError:  # not installed, or hung
-        return False
-    return result.returncode == 0 and "GPU" in result.stdout
-
-
-def gpu_args(gpus: str | None, host_gpu: bool) -> list[str]:
-    """`--gpus` for docker run: all on a GPU host, or what the user named ("0,1", "device=1")."""
+def gpu_args(gpus: str | None, default: list[str]) -> list[str]:
+    """GPU flags for docker run: `default` (what the engine offers, `gpuhost.engine_gpu_flags`)
+    unless the user named them: "all", a count, "0,1", "device=1" or "none"."""
     if gpus is None:
-        return ["--gpus", "all"] if host_gpu else []
+        return default
     if gpus in ("", "none"):
         return []
     if gpus == "all" or gpus.isdigit():  # a bare count: "--gpus 2"
@@ -227,8 +217,7 @@ def report_passed(report: dict[str, Any] | None, *, require_gpu: bool) -> tuple[
                 "the smoke report of this CUDA image was made without --require-gpu: run "
                 "`builder smoke IMAGE --require-gpu` on a host with NVIDIA GPUs"
             )
-        not_on_gpu = [c["name"] for c in report["checks"]
-                      if c["name"] in GPU_CHECKS and c["status"] != "pass"]
+        not_on_gpu = gpu_checks_not_run(report["checks"])
         if not_on_gpu:
             return False, f"GPU checks did not pass on a GPU: {', '.join(not_on_gpu)}"
     checks = len(report["checks"])
@@ -269,17 +258,27 @@ def _hint(output: str) -> str:
     return ""
 
 
+def _refusal(output: str, image_labels: dict[str, str]) -> str | None:
+    """The NVIDIA runtime's `unsatisfied condition` error, with the node's driver when this
+    machine is the node (a local engine)."""
+    if not gpuhost.REQUIREMENT_ERROR.search(output):
+        return None
+    driver = gpuhost.local_driver() if gpuhost.engine_is_local() else None
+    return gpuhost.requirement_error(output, image_labels, driver)
+
+
 def run_smoke(
     image: str, *, require_gpu: bool, gpus: str | None, report_path: Path | None,
     timeout_scale: float = 1.0,
 ) -> dict[str, Any]:
     """Run the suite in `image`, store and return its (schema-valid) report."""
-    engine.ensure_engine()
+    info = engine.ensure_engine()
     image_id, digest, image_labels = _resolve(image)
     # --require-gpu means nothing for a cpu image: its GPU checks are `skip` by design.
     effective_require = require_gpu and image_labels.get(labels.ACCELERATOR) != "cpu"
     name = f"builder-smoke-{uuid.uuid4().hex[:12]}"
-    gpu_flags = gpu_args(gpus, host_has_gpu())
+    offered, gpu_source = gpuhost.engine_gpu_flags(info)
+    gpu_flags = gpu_args(gpus, offered)
     # An image of another architecture runs under qemu: the CPU-side checks run for real but
     # slowly, and the report says so (its GPU checks are skip/substituted as on any CPU host).
     platform = platforms.of_image(engine.inspect_image(image_id) or {})
@@ -291,7 +290,8 @@ def run_smoke(
                            timeout_scale=timeout_scale,
                            platform=platform.name if emulated and platform else None)
     runner = {"kind": "docker", "command": ["docker", *args], "require_gpu_requested": require_gpu,
-              "platform": platform.name if platform else None, "emulated": emulated}
+              "platform": platform.name if platform else None, "emulated": emulated,
+              "gpus": {"flags": gpu_flags, "source": "--gpus" if gpus is not None else gpu_source}}
     started, clock = _now(), dt.datetime.now(dt.UTC)
     rc, stdout, stderr = _run_container(args, name, CHECKS_TIMEOUT_S * timeout_scale + STARTUP_S)
     report = parse_report(stdout)
@@ -299,7 +299,8 @@ def run_smoke(
     output = stderr + ("\n" + stdout if stdout.strip() else "")
     if not isinstance(report, dict):
         what = "timed out" if rc is None else f"exited with {rc}"
-        message = f"the smoke container {what} without a JSON report{_hint(output)}"
+        message = _refusal(output, image_labels) or \
+            f"the smoke container {what} without a JSON report{_hint(output)}"
         report = error_report(image, image_id, message=message, output=output,
                               require_gpu=effective_require, started=started,
                               duration_s=elapsed, runner=runner)

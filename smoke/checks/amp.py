@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from smoke import FAIL, PASS
-from smoke.checks.common import gpu_available, result, stand_in_status
+from smoke.checks.common import gpu_available, native_bf16, result, stand_in_status
 
 STEPS = 15
 
@@ -71,10 +71,8 @@ def _describe(run: dict[str, Any]) -> str:
 
 def run(ctx: dict[str, Any]) -> dict[str, Any]:
     if gpu_available():
-        import torch
-
         runs = [train("cuda", "float16", use_scaler=True)]
-        if torch.cuda.is_bf16_supported():
+        if native_bf16():
             runs.append(train("cuda", "bfloat16", use_scaler=False))
     else:
         runs = [train("cpu", "bfloat16", use_scaler=False)]

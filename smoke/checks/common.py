@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from smoke import PASS, SUBSTITUTED
+from smoke import FAIL, PASS, SUBSTITUTED
 from smoke.facts import dropped
 
 SHM_MIN_BYTES = 1 << 30
@@ -49,13 +49,28 @@ def gpu_available() -> bool:
     return bool(torch.version.cuda) and torch.cuda.is_available() and torch.cuda.device_count() > 0
 
 
+def gpu_device_nodes() -> list[str]:
+    """`/dev/nvidia0`, `/dev/nvidia1` …: GPUs the container was given (not nvidiactl/uvm)."""
+    return sorted(n for n in _dev_nvidia() if n[len("/dev/nvidia"):].isdigit())
+
+
+def native_bf16() -> bool:
+    """bf16 in hardware (sm_80+): `is_bf16_supported()` alone also counts emulation (sm_75)."""
+    import torch
+
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # torch before 2.3 has no such argument and counts no emulation
+        return bool(torch.cuda.is_bf16_supported())
+
+
 def no_gpu_reason() -> str:
     """Why CUDA is unusable here, phrased as what the user should do."""
     import torch
 
     if not torch.version.cuda:
         return f"this torch ({torch.__version__}) was built without CUDA"
-    if not any(n[len("/dev/nvidia"):].isdigit() for n in _dev_nvidia()):
+    if not gpu_device_nodes():
         return (
             "no GPU visible: /dev/nvidia* is absent (container started without `--gpus all`, "
             "the NVIDIA Container Toolkit is missing, or this host has no NVIDIA GPU)"
@@ -64,17 +79,53 @@ def no_gpu_reason() -> str:
         torch.cuda.init()
     except Exception as exc:  # the driver's own words are the useful part
         return cuda_init_hint(str(exc))
-    return "torch.cuda.is_available() is False although /dev/nvidia* exists"
+    return cuda_init_hint("torch.cuda.is_available() is False although /dev/nvidia* exists")
 
 
-def cuda_init_hint(error: str) -> str:
-    if "803" in error or "804" in error or "forward compat" in error.lower():
+def cuda_init_hint(error: str, visible: str | None = None) -> str:
+    """CUDA's start-up error with what to do about it (the usual causes on a GPU node)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    text, low = error.strip(), error.lower()
+    if "803" in text or "804" in text or "forward compat" in low:
         return (
-            f"CUDA could not start ({error.strip()}): the driver and this image's CUDA do not "
+            f"CUDA could not start ({text}): the driver and this image's CUDA do not "
             "match (errors 803/804 = driver too old / forward-compatibility mismatch); upgrade "
             "the driver or use an image built for an older CUDA"
         )
-    return f"CUDA could not start: {error.strip()}"
+    if "802" in text or "not yet initialized" in low:
+        return (
+            f"CUDA could not start ({text}): error 802 on an NVSwitch system (HGX/DGX) means "
+            "the fabric manager is not running: start `nvidia-fabricmanager` (the same version "
+            "as the driver) on the host"
+        )
+    if visible is not None and visible.strip() in ("", "-1", "none", "void"):
+        return (
+            f"CUDA could not start ({text}): CUDA_VISIBLE_DEVICES={visible!r} hides every GPU; "
+            "unset it or name GPUs by index or UUID (`nvidia-smi -L`)"
+        )
+    if visible is not None:
+        return (
+            f"CUDA could not start ({text}): check CUDA_VISIBLE_DEVICES={visible!r} (indexes or "
+            "UUIDs from `nvidia-smi -L`), then the driver (`nvidia-smi`, Xid errors in dmesg)"
+        )
+    return (
+        f"CUDA could not start ({text}): check the driver on the host (`nvidia-smi`, Xid errors "
+        "in dmesg) and that it is at least the image's io.torch-images.min-driver"
+    )
+
+
+def cuda_cannot_start(ctx: dict[str, Any]) -> str | None:
+    """Why CUDA failed although this CUDA image was given GPUs (/dev/nvidiaN), or None.
+
+    That is a broken node, not a CPU host: the GPU checks fail instead of standing in.
+    """
+    if accelerator(ctx) != "cuda" or not gpu_device_nodes() or gpu_available():
+        return None
+    import torch
+
+    if not torch.version.cuda:
+        return None
+    return no_gpu_reason()
 
 
 def _dev_nvidia() -> list[str]:
@@ -85,9 +136,13 @@ def _dev_nvidia() -> list[str]:
 
 
 def stand_in_status(ctx: dict[str, Any], what: str) -> tuple[str, str]:
-    """CPU runs are the real thing on a cpu image and a stand-in on a CUDA image without GPU."""
+    """CPU runs are the real thing on a cpu image and a stand-in on a CUDA image without GPU;
+    on a CUDA image whose GPUs are there but CUDA cannot start, they fail."""
     if accelerator(ctx) == "cpu":
         return PASS, what
+    broken = cuda_cannot_start(ctx)
+    if broken:
+        return FAIL, f"GPUs present but unusable: {broken}"
     return SUBSTITUTED, f"{what} (CPU stand-in: {no_gpu_reason()})"
 
 

@@ -200,7 +200,7 @@ def test_arm64_renders_a_registry_base_and_its_own_wheel_sets():
     assert r_arm.facts["platform"] == "linux/arm64" and "platform" not in r_amd.facts
     # Same lock text (hashes cover every platform) but different wheels: different sets.
     assert not {s.set_id for s in r_amd.steps} & {s.set_id for s in r_arm.steps}
-    assert 'NVIDIA_REQUIRE_CUDA="cuda>=13.2"' in r_arm.dockerfile
+    assert 'NVIDIA_REQUIRE_CUDA="cuda>=13.0"' in r_arm.dockerfile
     # One build context serves both platforms: each has its own folder for its uv wheel.
     assert f"source={render.uv_source()}," in r_amd.dockerfile
     assert f"source={render.uv_source(ARM.name)}," in r_arm.dockerfile
@@ -359,6 +359,17 @@ def test_a_linux_amd64_only_variant_keeps_a_plain_manifest():
     m = matrix.load(ROOT / "matrix.yaml")
     assert not multiarch.is_multi(m, m.variant("2.13.0-py3.11-cpu-runtime"))
     assert multiarch.is_multi(m, m.variant("2.15.0-py3.11-cuda-slim"))
+
+
+def test_rebuild_sees_each_platform_of_an_index_publication():
+    pub = {"digest": "sha256:i", "reference": "r@sha256:i", "content_hash": "x",
+           "platforms": [{"platform": "linux/amd64", "digest": "sha256:a", "reference": "r@a"},
+                         {"platform": "linux/arm64", "digest": "sha256:b", "reference": "r@b"}]}
+    assert multiarch.publication_for(pub, "linux/arm64")["reference"] == "r@b"
+    assert multiarch.publication_for(pub, "linux/amd64")["digest"] == "sha256:a"
+    plain = {"digest": "sha256:p", "reference": "r@p"}
+    assert multiarch.publication_for(plain, "linux/amd64") == plain
+    assert multiarch.publication_for(plain, "linux/arm64") is None
 
 
 def test_lock_refuses_a_cpu_only_resolution_for_a_cuda_platform():

@@ -19,7 +19,7 @@ from builder.commands import smoke as smoke_cmd
 from builder.commands.options import common_parser
 from builder.core import engine, labels
 from builder.core.errors import CommandFailed, EngineError
-from builder.stages import platforms
+from builder.stages import gpuhost, platforms
 from builder.stages import smoketest as bsmoke
 
 IMAGE_ID = "sha256:" + "c0ffee" * 10 + "abcd"
@@ -128,7 +128,7 @@ class FakeDocker:
 def fake_engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
     monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "state"))
     monkeypatch.setattr(engine, "ensure_engine", lambda: {})
-    monkeypatch.setattr(bsmoke, "host_has_gpu", lambda: False)
+    monkeypatch.setattr(gpuhost, "local_gpu", lambda: False)
     image_info = {"Id": IMAGE_ID, "RepoDigests": ["reg/torch@sha256:" + "d1" * 32],
                   "Config": {"Labels": {labels.ACCELERATOR: "cuda"}}}
     monkeypatch.setattr(engine, "inspect_image", lambda ref: image_info)
@@ -169,7 +169,7 @@ def test_valid_report_is_stored_with_runner(
 ) -> None:
     good = report("cuda", require_gpu=True, statuses=GPU_PASS)
     stdout = "entrypoint: hello\n" + json.dumps(good, indent=2)
-    monkeypatch.setattr(bsmoke, "host_has_gpu", lambda: True)
+    monkeypatch.setattr(engine, "ensure_engine", lambda: {"Runtimes": {"nvidia": {}}})
     fake = use_docker(monkeypatch, FakeDocker(stdout=stdout))
     result = bsmoke.run_smoke("local/torch:x", require_gpu=True, gpus=None, report_path=None)
     assert result["checks"] == good["checks"] and result["runner"]["kind"] == "docker"
@@ -218,6 +218,7 @@ def test_missing_image_is_an_engine_error(
 @pytest.mark.parametrize(("gpus", "host_gpu", "expected"), [
     (None, False, []),
     (None, True, ["--gpus", "all"]),
+    ("all", False, ["--gpus", "all"]),
     ("none", True, []),
     ("2", False, ["--gpus", "2"]),
     ("1", True, ["--gpus", "1"]),
@@ -225,7 +226,7 @@ def test_missing_image_is_an_engine_error(
     ("0,1", True, ["--gpus", '"device=0,1"']),
 ])
 def test_gpu_args(gpus: str | None, host_gpu: bool, expected: list[str]) -> None:
-    assert bsmoke.gpu_args(gpus, host_gpu) == expected
+    assert bsmoke.gpu_args(gpus, ["--gpus", "all"] if host_gpu else []) == expected
 
 
 def test_load_report_absent_and_corrupt(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
