@@ -7,15 +7,16 @@ Each stage module exposes `register(subparsers, common)`; it adds its parser and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 import traceback
 
 from builder import __version__
 from builder.commands.options import common_parser
-from builder.core import proc
+from builder.core import output, proc
 from builder.core.errors import COULD_NOT_RUN, BuilderError
-from builder.core.output import emit_json
 
 EXIT_CODES = """exit status (every command):
   0        ok, or nothing to do
@@ -57,6 +58,20 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(command).parse_args(argv)
     proc.install_signal_handlers()
     try:
+        code = run(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:  # `builder … --json | head`: the reader has what it wanted
+        _drop_stdout()
+        return SIGPIPE_EXIT
+
+
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a Unix tool whose reader went away exits with
+
+
+def run(args: argparse.Namespace) -> int:
+    """The command, with every error as one message (and an exit code) instead of a traceback."""
+    try:
         return int(args.func(args) or 0)
     except BuilderError as exc:
         if args.debug:
@@ -65,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:  # proc.Interrupted for SIGTERM too: 130 or 143
         print(f"interrupted ({exc or 'SIGINT'}); child processes were stopped", file=sys.stderr)
         return getattr(exc, "exit_code", 130)
+    except BrokenPipeError:
+        raise
     except Exception as exc:  # a bug, or a case without its own message: still no traceback
         if args.debug:
             traceback.print_exc()
@@ -73,12 +90,20 @@ def main(argv: list[str] | None = None) -> int:
                             COULD_NOT_RUN)
 
 
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush does not fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
 def report_error(args: argparse.Namespace, message: str, hint: str | None, code: int) -> int:
     """The error on stderr; with --json also as an object on stdout, so a script that parses
-    stdout never mistakes an error for a result."""
+    stdout never mistakes an error for a result, unless the command already printed its
+    document (its results carry what was refused): stdout holds exactly one JSON document."""
     print(f"error: {message}", file=sys.stderr)
     if hint:
         print(f"\n{hint}", file=sys.stderr)
-    if getattr(args, "json", False):
-        emit_json({"error": message, "hint": hint, "exit_code": code})
+    if getattr(args, "json", False) and not output.printed_json:  # one document in every case
+        output.emit_json({"error": message, "hint": hint, "exit_code": code})
     return code

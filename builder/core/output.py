@@ -8,10 +8,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+printed_json = False  # whether this run printed its one JSON document (cli.report_error)
+
 
 def emit_json(data: Any) -> None:
+    global printed_json
     json.dump(data, sys.stdout, indent=2, sort_keys=True, default=str)
     sys.stdout.write("\n")
+    printed_json = True
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:

@@ -7,6 +7,7 @@ Everything lives in one folder (default `<state>/registry/`): `config.yml`, `sto
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -17,10 +18,12 @@ from pathlib import Path
 
 from builder.core import proc, state
 from builder.core.oci import RegistryError, registry_url
+from builder.core.output import step
 
 BINARY = "docker-registry"
 INSTALL_HINT = "install it: apt-get install docker-registry"
 START_TIMEOUT_S = 15.0
+PID_FILE = "registry.pid"  # {"pid", "start_time"}: a recycled pid has another start time
 
 
 def home(storage: Path | None = None) -> Path:
@@ -52,25 +55,66 @@ def is_up(addr: str, timeout: float = 2.0) -> bool:
 
 
 def recorded_pid(folder: Path) -> int | None:
-    """The pid in the pid file, when that process is still a docker-registry."""
+    """The pid in the pid file, when that process provably is the registry started from this
+    folder (see `pid_file_check`)."""
+    return pid_file_check(folder)[0]
+
+
+def pid_file_check(folder: Path) -> tuple[int | None, str]:
+    """(pid, "") when the pid file names the registry this folder started: the same process
+    start time (a recycled pid has another) and `<binary> serve <folder>/config.yml` as its
+    command line. (None, why) for a stale or unreadable pid file; (None, "") for none."""
+    pid_file = folder / PID_FILE
     try:
-        pid = int((folder / "registry.pid").read_text().strip())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError):
+        recorded = json.loads(pid_file.read_text())
+        pid, started = int(recorded["pid"]), str(recorded["start_time"])
+    except FileNotFoundError:
+        return None, ""
+    except (OSError, ValueError, TypeError, KeyError):
+        return None, f"{pid_file} is not a pid file written by this version (no start time)"
+    argv = _argv(pid)
+    if argv is None:
+        return None, f"{pid_file} names pid {pid}, which is not running"
+    if _start_time(pid) != started or argv[-2:] != ["serve", str(folder / "config.yml")]:
+        return None, (f"{pid_file} names pid {pid}, now another process "
+                      f"(`{' '.join(argv)[:80]}`), not the registry started from {folder}")
+    return pid, ""
+
+
+def _argv(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
         return None
-    # A recycled pid belongs to someone else: never signal it.
-    return pid if b"registry" in cmdline else None
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _start_time(pid: int) -> str | None:
+    """Field 22 of /proc/<pid>/stat: when the process started, in clock ticks since boot."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[19]  # the fields after `(comm)` start at field 3
+
+
+def _write_pid_file(folder: Path, pid: int) -> None:
+    state.atomic_write(folder / PID_FILE, json.dumps({"pid": pid,
+                                                      "start_time": _start_time(pid)}) + "\n")
 
 
 def start(addr: str, storage: Path | None = None) -> int | None:
-    """Start a registry on `addr` unless one answers there; wait until it does. Returns its pid."""
+    """Start a registry on `addr` unless one answers there; wait until it does. Returns its pid.
+    A stale pid file is said so and replaced."""
     folder = home(storage)
     if is_up(addr):
         return recorded_pid(folder)
     binary = proc.which(BINARY, hint=INSTALL_HINT)
     config = folder / "config.yml"
     state.atomic_write(config, config_text(addr, folder))
-    pid = recorded_pid(folder)
+    pid, stale = pid_file_check(folder)
+    if stale:
+        step(f"{stale}: replacing it")
     if pid is None:
         log = (folder / "registry.log").open("a")
         # A daemon outlives this process, so it is started with Popen in its own session rather
@@ -81,7 +125,7 @@ def start(addr: str, storage: Path | None = None) -> int | None:
         )
         log.close()
         pid = child.pid
-        state.atomic_write(folder / "registry.pid", f"{pid}\n")
+        _write_pid_file(folder, pid)
     _wait_up(addr, pid, folder)
     return pid
 
@@ -108,10 +152,13 @@ def _log_tail(folder: Path, lines: int = 15) -> str:
 
 
 def stop(storage: Path | None = None, timeout: float = 10.0) -> bool:
-    """Stop the registry started from this folder (by its pid). False when none was running."""
+    """Stop the registry started from this folder: only a process the pid file proves is it
+    (pid and start time, command line) is signalled. False when none was running."""
     folder = home(storage)
-    pid = recorded_pid(folder)
-    (folder / "registry.pid").unlink(missing_ok=True)
+    pid, stale = pid_file_check(folder)
+    (folder / PID_FILE).unlink(missing_ok=True)
+    if stale:
+        step(f"{stale}: not signalled; the pid file is removed")
     if pid is None:
         return False
     os.kill(pid, signal.SIGTERM)

@@ -31,9 +31,10 @@ from typing import Any
 from builder.core import engine, labels, oci, proc, state
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.output import step
-from builder.stages import base, locks, multiarch, plan, platforms, publish
+from builder.stages import base, locks, multiarch, plan, platforms, publication, publish
 from builder.stages import build as build_mod
 from builder.stages.matrix import Matrix, Variant
+from builder.stages.publication import Publication
 
 REASONS = ("debian-security", "python-vuln", "base-moved", "inputs-changed")
 BASE_DIGEST_LABEL = labels.OCI + "base.digest"
@@ -67,26 +68,24 @@ class SourceError(BuilderError):
 # ---- the published record and image ------------------------------------------------------------
 
 
-def latest_publications(manifest: Path) -> dict[str, dict[str, Any]]:
+def latest_publications(manifest: Path) -> dict[str, Publication]:
     """variant id → its latest publication in published.json."""
-    doc = publish.load_manifest(manifest)
-    return {vid: entry["publications"][-1] for vid, entry in doc["variants"].items()
-            if entry.get("publications")}
+    return publication.latest(manifest)
 
 
-def published_image(pub: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def published_image(pub: Publication) -> tuple[str, dict[str, Any]]:
     """A local reference to the published image (pulled by digest when absent) and its inspect."""
-    for ref in (pub["reference"], pub.get("image_id", "")):
+    for ref in (pub.reference, pub.image_id):
         info = engine.inspect_image(ref) if ref else None
         if info:
             return ref, info
-    result = engine.docker("pull", pub["reference"], check=False, timeout=3600)
+    result = engine.docker("pull", pub.reference, check=False, timeout=3600)
     if result.returncode != 0:
-        raise SourceError(f"cannot pull {pub['reference']}: {result.stderr.strip()[-300:]}")
-    info = engine.inspect_image(pub["reference"])
+        raise SourceError(f"cannot pull {pub.reference}: {result.stderr.strip()[-300:]}")
+    info = engine.inspect_image(pub.reference)
     if not info:
-        raise SourceError(f"pulled {pub['reference']} but the engine does not show it")
-    return pub["reference"], info
+        raise SourceError(f"pulled {pub.reference} but the engine does not show it")
+    return pub.reference, info
 
 
 # ---- the sources ------------------------------------------------------------------------------
@@ -183,7 +182,7 @@ def _unknown(vid: str, reason: str, exc: Exception) -> Finding:
     return Finding(vid, reason, UNKNOWN, str(exc))
 
 
-def check_variant(matrix: Matrix, variant: Variant, pub: dict[str, Any], locks_dir: Path,
+def check_variant(matrix: Matrix, variant: Variant, pub: Publication, locks_dir: Path,
                   smoke_hash: str, base_digests: dict[str, str],
                   skip: frozenset[str] = frozenset()) -> list[Finding]:
     """Ask each source not in `skip` about one published variant."""
@@ -267,7 +266,7 @@ def check_variant(matrix: Matrix, variant: Variant, pub: dict[str, Any], locks_d
     if image_error is not None:
         findings.append(_unknown(vid, "inputs-changed", image_error))
         return findings
-    have = image_labels.get(labels.CONTENT_HASH) or pub.get("content_hash", "")
+    have = image_labels.get(labels.CONTENT_HASH) or pub.content_hash
     try:
         want = planned_hash(matrix, variant, locks_dir, published_base, smoke_hash)
     except BuilderError as exc:
@@ -294,10 +293,11 @@ def check(matrix: Matrix, variants: list[Variant], manifest: Path, *,
     base_digests: dict[str, str] = {}
     findings: list[Finding] = []
     for v in variants:
-        pub = multiarch.publication_for(pubs.get(v.id), v.platform)
+        latest = pubs.get(v.id)
+        pub = latest.for_platform(v.platform) if latest else None
         if pub is None:
             continue
-        step(f"  [{v.id}] checking {pub['reference']}")
+        step(f"  [{v.id}] checking {pub.reference}")
         findings += check_variant(matrix, v, pub, locks_dir, smoke_hash, base_digests, skipped)
     return findings
 
@@ -377,20 +377,17 @@ def plan_actions(findings: list[Finding]) -> list[Action]:
     return list(actions.values())
 
 
-def old_sbom(pub: dict[str, Any]) -> dict[str, Any] | None:
+def old_sbom(pub: Publication) -> dict[str, Any] | None:
     """The published image's SBOM: local by image id, else its registry artifact."""
-    image_id = pub.get("image_id", "")
+    image_id = pub.image_id
     if image_id:
         for path in (state.sbom_path(image_id), publish.sbom_file(image_id)):
             if path.is_file():
                 return json.loads(path.read_text())
-    artifact = pub.get("sbom") or {}
-    if not artifact.get("digest"):
-        return None
     try:
-        return fetch_artifact(pub["registry"], pub["repository"], artifact["digest"])
+        return fetch_artifact(pub.registry, pub.repository, pub.sbom.digest)
     except (BuilderError, OSError, ValueError, KeyError, IndexError) as exc:
-        step(f"  old SBOM not available from {pub['registry']}: {exc}")
+        step(f"  old SBOM not available from {pub.registry}: {exc}")
         return None
 
 
@@ -456,7 +453,7 @@ def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_di
     return actions
 
 
-def changelog(pub: dict[str, Any] | None, outcome: Any) -> dict[str, Any] | None:
+def changelog(pub: Publication | None, outcome: Any) -> dict[str, Any] | None:
     import sbom
 
     old = old_sbom(pub) if pub else None

@@ -17,21 +17,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from builder.core import engine, oci
 from builder.core.errors import ConfigError
 from builder.core.output import step
-from builder.stages import plan, platforms, publish
+from builder.stages import plan, platforms, publication, publish
 from builder.stages.evidence import Staged
 from builder.stages.matrix import Matrix, Variant
+from builder.stages.publication import PlatformEntry, Publication
 
-# What each platform's entry in published.json keeps (the rest is the variant's).
-PLATFORM_FIELDS = ("digest", "reference", "image_id", "content_hash", "hash_tag", "cuda", "cudnn",
-                   "nccl", "min_driver", "sbom", "smoke_report", "provenance", "smoke_gpu",
-                   "allow_cpu_smoke")
-
+# What a platform's entry keeps of its own publication (the rest is the variant's).
+PLATFORM_ENTRY_FIELDS = {f.name for f in fields(PlatformEntry)}
 
 def declared(matrix: Matrix, variant_id: str) -> list[str]:
     """The platforms the matrix declares for a variant id, in matrix order."""
@@ -50,15 +49,6 @@ def groups(planned: Iterable[plan.PlannedVariant]) -> list[list[plan.PlannedVari
     for p in planned:
         by_id.setdefault(p.variant.id, []).append(p)
     return list(by_id.values())
-
-
-def publication_for(pub: dict[str, Any] | None, platform: str) -> dict[str, Any] | None:
-    """A variant's published.json record as seen by one platform: an index record's entry for
-    that platform over the variant's fields (a plain record is linux/amd64's)."""
-    if pub is None or "platforms" not in pub:
-        return pub if platform == platforms.DEFAULT else None
-    mine = [p for p in pub["platforms"] if p["platform"] == platform]
-    return {**pub, **mine[0]} if mine else None
 
 
 def smoke_emulated(cand: publish.Candidate) -> bool:
@@ -93,17 +83,18 @@ def gate_all(matrix: Matrix, group: list[plan.PlannedVariant], allow_cpu_smoke: 
 # ---- per platform, then the index -------------------------------------------------------------
 
 
-def promote_platform(matrix: Matrix, cand: publish.Candidate) -> tuple[Staged, dict[str, Any]]:
+def promote_platform(matrix: Matrix, cand: publish.Candidate) -> tuple[Staged, PlatformEntry]:
     """One platform's manifest in the vetted repository with its evidence and content tag;
-    returns it and its per-platform publication fields."""
+    returns it and its entry in the index's publication."""
     p = cand.planned
     step(f"  [{p.variant.key}] promoting "
          f"{cand.staged.reference if cand.staged else cand.image} by digest")
     vetted, refs = publish.promote_with_evidence(matrix, cand)
     publish.tag_image(vetted, p.hash_tag)
-    record = publish.publication(matrix, cand, vetted.digest, "", [p.hash_tag], refs)
-    return vetted, {"platform": p.variant.platform, "smoke_emulated": smoke_emulated(cand),
-                    **{k: record[k] for k in PLATFORM_FIELDS}}
+    own = publish.publication(matrix, cand, vetted.digest, "", [p.hash_tag], refs).to_json()
+    entry = {k: v for k, v in own.items() if k in PLATFORM_ENTRY_FIELDS}
+    return vetted, PlatformEntry.from_json(
+        {**entry, "platform": p.variant.platform, "smoke_emulated": smoke_emulated(cand)})
 
 
 def push_index(matrix: Matrix, vid: str, manifests: list[platforms.PlatformManifest]) -> Staged:
@@ -140,19 +131,21 @@ def publish_group(matrix: Matrix, group: list[plan.PlannedVariant], *, allow_cpu
     cands.sort(key=lambda c: order.index(c.planned.variant.platform))
     promoted = [promote_platform(matrix, c) for c in cands]
     index = push_index(matrix, group[0].variant.id, [
-        platforms.PlatformManifest(platforms.get(entry["platform"]), vetted.descriptor)
+        platforms.PlatformManifest(platforms.get(entry.platform), vetted.descriptor)
         for vetted, entry in promoted])
     first = cands[0].planned
     dated = publish.write_tags(index, first.floating_tag, list(first.tags))
     step(f"  [{first.variant.id}] index {index.digest[:19]} "
-         f"({', '.join(e['platform'] for _, e in promoted)}) → {dated}, {first.floating_tag}")
+         f"({', '.join(e.platform for _, e in promoted)}) → {dated}, {first.floating_tag}")
+    own = promoted[0][1]
+    evidence_refs = {"sbom": own.sbom.to_json(), "smoke_report": own.smoke_report.to_json()}
+    if own.provenance:
+        evidence_refs["provenance"] = own.provenance.to_json()
     pub = publish.publication(matrix, cands[0], index.digest, dated,
                               [dated, *(c.planned.hash_tag for c in cands), *first.tags],
-                              {k: promoted[0][1][k] for k in ("sbom", "smoke_report",
-                                                               "provenance")})
-    pub["hash_tag"] = first.hash_tag
-    pub["platforms"] = [entry for _, entry in promoted]
-    return [{"id": first.variant.id, "status": "published", **pub}]
+                              evidence_refs)
+    pub = replace(pub, platforms=tuple(entry for _, entry in promoted))
+    return [{"id": first.variant.id, "status": "published", **pub.to_json()}]
 
 
 # ---- all selected variants --------------------------------------------------------------------
@@ -160,16 +153,16 @@ def publish_group(matrix: Matrix, group: list[plan.PlannedVariant], *, allow_cpu
 
 def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
                      allow_cpu_smoke: bool, dry_run: bool = False,
-                     manifest: Path = publish.MANIFEST,
+                     manifest: Path = publication.MANIFEST,
                      locks_dir: Path = Path("locks")) -> list[dict[str, Any]]:
     """Gate and publish each variant. Returns one result per variant (`status`: published,
     refused, would-publish). Records what was published even when a later variant fails.
     Every tag of the whole matrix is checked for collisions before anything is pushed. A variant
     with several platforms is published as one image index (publish_group)."""
+    publication.check(manifest)  # a record that cannot be written stops us before a push
     plan.check_tags(matrix, locks_dir)
     engine.ensure_engine()
     results: list[dict[str, Any]] = []
-    done: dict[str, dict[str, Any]] = {}
     try:
         for group in groups(planned):
             if is_multi(matrix, group[0].variant):
@@ -178,15 +171,15 @@ def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
             else:
                 out = [publish.publish_variant(matrix, p, allow_cpu_smoke=allow_cpu_smoke,
                                        dry_run=dry_run) for p in group]
-            for result in out:
-                if result["status"] == "published":
-                    done[result["id"]] = {k: v for k, v in result.items()
-                                          if k not in ("id", "status")}
+            # Recorded as soon as its tags moved; a run stopped before this line is recorded by
+            # the next one, which finds the tags in place (each step is idempotent).
+            publication.record(manifest, {
+                r["id"]: Publication.from_json({k: v for k, v in r.items()
+                                                if k not in ("id", "status")})
+                for r in out if r["status"] == "published"})
             results += out
     except oci.RegistryError as exc:
         exc.hint = ((exc.hint or "") + "\n\nno tag points at an image without its SBOM and "
                     "smoke report; run `builder publish` again to finish")
         raise
-    finally:
-        publish.record(manifest, done)
     return results

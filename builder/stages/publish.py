@@ -27,17 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, labels, oci, state
-from builder.core.errors import BuilderError
+from builder.core import engine, labels, oci
 from builder.core.oci import RegistryError
 from builder.core.output import step
 from builder.stages import evidence, plan, provenance, smoketest
 from builder.stages.evidence import Staged
 from builder.stages.matrix import Matrix
+from builder.stages.publication import Artifact, Publication
 
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schema" / "published.schema.json"
-MANIFEST = Path("published.json")  # the publication record, in the working folder
-SCHEMA_VERSION = 1
 MAX_SUFFIX = 99
 
 
@@ -212,29 +209,30 @@ def promote_with_evidence(matrix: Matrix, cand: Candidate
 
 
 def publication(matrix: Matrix, cand: Candidate, digest: str, dated: str,
-                tags: list[str], refs: dict[str, dict[str, str]]) -> dict[str, Any]:
-    """The published.json record of one image (see its schema)."""
+                tags: list[str], refs: dict[str, dict[str, str]]) -> Publication:
+    """The published.json record of one image."""
     p = cand.planned
     date = today()
     facts = p.rendered.facts
-    return {
-        "date": f"{date[:4]}-{date[4:6]}-{date[6:]}",
-        "published_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "registry": matrix.registry, "repository": matrix.repository,
-        "digest": digest, "reference": f"{matrix.image_name}@{digest}",
-        "image_id": cand.image_id, "content_hash": p.content_hash,
-        "tags": tags, "dated_tag": dated, "hash_tag": p.hash_tag,
-        "floating_tag": p.floating_tag, "aliases": list(p.tags[1:]),
-        "torch": facts.get("torch"), "python": facts.get("python") or p.variant.python,
-        "accelerator": p.variant.accelerator, "cuda": facts.get("cuda"),
-        "cudnn": facts.get("cudnn"), "nccl": facts.get("nccl"),
-        "min_driver": facts.get("min_driver"), "flavor": p.variant.flavor,
-        **refs, "smoke_gpu": cand.smoke_gpu, "allow_cpu_smoke": cand.allow_cpu_smoke,
-    }
+    return Publication(
+        date=f"{date[:4]}-{date[4:6]}-{date[6:]}",
+        published_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        registry=matrix.registry, repository=matrix.repository,
+        digest=digest, reference=f"{matrix.image_name}@{digest}",
+        image_id=cand.image_id, content_hash=p.content_hash,
+        tags=tuple(tags), dated_tag=dated, hash_tag=p.hash_tag,
+        floating_tag=p.floating_tag, aliases=tuple(p.tags[1:]),
+        torch=facts.get("torch"), python=facts.get("python") or p.variant.python,
+        accelerator=p.variant.accelerator, cuda=facts.get("cuda"),
+        cudnn=facts.get("cudnn"), nccl=facts.get("nccl"),
+        min_driver=facts.get("min_driver"), flavor=p.variant.flavor,
+        **{kind: Artifact.from_json(ref) for kind, ref in refs.items()},
+        smoke_gpu=cand.smoke_gpu, allow_cpu_smoke=cand.allow_cpu_smoke,
+    )
 
 
-def publish_one(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
-    """Promote one gated image; returns its publication record (published.json schema).
+def publish_one(matrix: Matrix, cand: Candidate) -> Publication:
+    """Promote one gated image; returns its publication record.
 
     Every step is idempotent, and what users and `builder plan` read comes last: a run that
     stops anywhere leaves no tag on an image without its evidence, and the next run completes.
@@ -259,47 +257,6 @@ def tag_image(vetted: Staged, tag: str) -> None:
     oci.Registry(vetted.registry).tag(vetted.repository, vetted.digest, tag)
 
 
-# ---- published.json ---------------------------------------------------------------------------
-
-
-def load_manifest(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        return {"schema_version": SCHEMA_VERSION, "variants": {}}
-    try:
-        doc = json.loads(path.read_text())
-    except ValueError as exc:
-        raise BuilderError(f"{path} is not JSON: {exc}", hint="restore it from git") from None
-    _validate(doc, path)
-    return doc
-
-
-def _validate(doc: dict[str, Any], path: Path) -> None:
-    schema = json.loads(SCHEMA_PATH.read_text())
-    import jsonschema  # slow import; only when validating
-
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=str)
-    if errors:
-        where = "/".join(str(x) for x in errors[0].absolute_path)
-        raise BuilderError(f"{path}: {where}: {errors[0].message}",
-                           hint=f"schema: {SCHEMA_PATH}")
-
-
-def record(path: Path, publications: dict[str, dict[str, Any]]) -> None:
-    """Append publications to each variant's history (a repeat of the last one is not added)."""
-    if not publications:
-        return
-    doc = load_manifest(path)
-    for vid, pub in publications.items():
-        history = doc["variants"].setdefault(vid, {"publications": []})["publications"]
-        last = history[-1] if history else {}
-        if (last.get("digest"), last.get("dated_tag"), last.get("registry")) != (
-                pub["digest"], pub["dated_tag"], pub["registry"]):
-            history.append(pub)
-    doc["variants"] = dict(sorted(doc["variants"].items()))
-    _validate(doc, path)
-    state.atomic_write(path, json.dumps(doc, indent=2) + "\n")
-
-
 def publish_variant(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: bool,
                     dry_run: bool) -> dict[str, Any]:
     cand = gate(matrix, p, allow_cpu_smoke=allow_cpu_smoke)
@@ -310,5 +267,5 @@ def publish_variant(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: 
     if dry_run:
         return dry_run_entry(matrix, cand)
     step(f"  [{p.variant.id}] publishing {cand.staged.reference if cand.staged else cand.image}")
-    return {"id": p.variant.id, "status": "published", **publish_one(matrix, cand)}
+    return {"id": p.variant.id, "status": "published", **publish_one(matrix, cand).to_json()}
 

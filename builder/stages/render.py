@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache
@@ -24,7 +22,7 @@ from typing import Any
 
 import jinja2
 
-from builder.core import labels, state
+from builder.core import labels, state, swap
 from builder.core.errors import BuilderError, ConfigError
 from builder.stages import base, flavors, platforms
 from builder.stages.locks import Lock, lock_stem, normalize, parse_pins
@@ -353,39 +351,27 @@ def uv_source(platform: str = platforms.DEFAULT) -> str:
 
 
 def write(rendered: Rendered, out_dir: Path) -> Path:
-    """Write DIR/<id>/ atomically: stage a sibling folder, then rename it into place, so DIR/<id>
-    is always the old output or the new one, never half-written or half-deleted."""
+    """Write DIR/<id>/ atomically: stage a private sibling folder, then exchange it with the old
+    output in one step (builder.swap), so DIR/<id> is always the old output or the new one,
+    never half-written, half-deleted or missing, even under SIGKILL."""
     target = out_dir / rendered.variant.key
-    staging = out_dir / f".{rendered.variant.key}.{os.getpid()}.tmp"
+    staging: Path | None = None
     try:
-        if target.exists() and not target.is_dir():
-            raise BuilderError(f"cannot write {target}: it is a file, not a folder")
-        shutil.rmtree(staging, ignore_errors=True)
+        if target.is_symlink() or (target.exists() and not target.is_dir()):
+            kind = "a symbolic link" if target.is_symlink() else "a file"
+            raise BuilderError(f"cannot write {target}: it is {kind}, not a folder")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        staging = swap.staging_folder(target)
         for rel, text in {"Dockerfile": rendered.dockerfile,
                           "Dockerfile.dockerignore": rendered.dockerignore,
                           **rendered.files}.items():
             path = staging / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-        _swap_into_place(staging, target)
+        swap.replace_dir(staging, target)
     except OSError as exc:
         raise state.path_error(target, exc) from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)  # only still there when something failed
+        if staging is not None:
+            swap.remove_tree(staging)  # the old tree, or the new one when something failed
     return target
-
-
-def _swap_into_place(staging: Path, target: Path) -> None:
-    """Rename `staging` to `target`; an existing `target` is moved aside first and restored
-    when the rename fails or is interrupted."""
-    old = staging.with_name(staging.name + ".old")
-    if not target.exists():
-        staging.rename(target)
-        return
-    target.rename(old)
-    try:
-        staging.rename(target)
-    except BaseException:
-        old.rename(target)
-        raise
-    shutil.rmtree(old, ignore_errors=True)

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import pytest
+from fixtures_base import minbase_image  # noqa: F401  (a fixture: bootstraps the image it needs)
 
 from builder.flows import rebuild
 
 
 @pytest.mark.docker
-def test_debian_source_on_a_real_image() -> None:
+def test_debian_source_on_a_real_image(minbase_image: str) -> None:  # noqa: F811
     """apt inside a real image answers a dict of name → (old, new), or an error: never a silent
     clean when the mirror is unreachable (apt-get update --error-on=any)."""
-    from builder.core import engine
-
-    image = "torch-images-base:bookworm"
-    if engine.inspect_image(image) is None:
-        pytest.skip(f"no {image} (run builder build once)")
     try:
-        found = rebuild.debian_upgradable(image)
+        found = rebuild.debian_upgradable(minbase_image)
     except rebuild.SourceError as exc:
         assert "apt" in str(exc)
         return

@@ -22,13 +22,13 @@ from helpers import free_port
 
 from builder.core import engine, labels, oci, registry
 from builder.core.oci import RegistryError
-from builder.stages import evidence, matrix, multiarch, plan, publish, smoketest
+from builder.stages import evidence, matrix, multiarch, plan, publication, publish, smoketest
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_ID = "2.13.0-py3.11-cpu-runtime"
 CUDA_ID = "2.15.0-py3.11-cuda-runtime"
 DATE = "20260102"
-SCHEMA = json.loads(publish.SCHEMA_PATH.read_text())
+SCHEMA = json.loads(publication.SCHEMA_PATH.read_text())
 
 
 # ---- helpers -----------------------------------------------------------------------------------

@@ -169,3 +169,29 @@ def test_a_planted_upward_import_is_a_violation(planted: Path) -> None:
     graph = import_graph(planted, ("builder", "smoke"))
     assert layer_violations(graph) == {"builder.core.proc": {"builder.stages.build"},
                                        "smoke.runner": {"builder.core.errors"}}
+
+
+def tree_paths(text: str) -> set[str]:
+    """The paths drawn by a `tree`-style block (`├── name  comment`, 4 columns a level)."""
+    paths: set[str] = set()
+    stack: list[str] = []
+    for line in text.splitlines():
+        marker = max(line.find("├── "), line.find("└── "))
+        if marker < 0:
+            stack = [line.split()[0].rstrip("/")] if line.strip() else []
+            continue
+        depth = marker // 4 + 1
+        stack = [*stack[:depth], line[marker + 4:].split()[0].rstrip("/")]
+        paths.add("/".join(stack))
+    return paths
+
+
+def test_the_readme_tree_lists_every_module() -> None:
+    """The README's layout section is the tree itself: a module missing from it, or a line for
+    a module that is gone, fails here."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("```text\nbuilder/") + len("```text\n"):]
+    drawn = {p for p in tree_paths(block[:block.index("```")]) if p.endswith(".py")}
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "builder").rglob("*.py")
+               if p.name not in ("__init__.py", "__main__.py")}
+    assert drawn == modules

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from builder import cli
 from builder.commands import matrix as matrix_cmd
 from builder.commands import registry as registry_cmd
 from builder.commands import sbom as sbom_cmd
-from builder.core import proc, registry, state
+from builder.core import proc, registry, state, swap
 from builder.core.errors import BuilderError, ConfigError
 from builder.stages import build, locks, matrix, multiarch, plan, publish, render
 from builder.stages.matrix import MatrixError
@@ -223,22 +224,25 @@ def test_render_out_unwritable_is_a_message(tmp_path, monkeypatch):
         render.write(rendered_cpu(), tmp_path / "ro")
 
 
-def test_a_failed_replace_keeps_the_old_output_and_no_staging(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("errno_", "outcome"), [(28, "old"), (38, "new")])
+def test_a_failed_replace_keeps_the_old_output_and_no_staging(tmp_path, monkeypatch, errno_,
+                                                              outcome):
+    """ENOSPC at the swap keeps the old output; ENOSYS (no renameat2) takes the fallback."""
     rendered = rendered_cpu()
     out = tmp_path / "out"
     target = render.write(rendered, out)
     (target / "Dockerfile").write_text("old\n")
-    real_rename = Path.rename
 
-    def failing(self, dest):
-        if self.name.endswith(".tmp"):
-            raise OSError(28, "No space left on device")
-        return real_rename(self, dest)
+    def failing(a, b):
+        raise OSError(errno_, os.strerror(errno_))
 
-    monkeypatch.setattr(Path, "rename", failing)
-    with pytest.raises(BuilderError, match="No space left"):
+    monkeypatch.setattr(swap, "exchange", failing)
+    if outcome == "old":
+        with pytest.raises(BuilderError, match="No space left"):
+            render.write(rendered, out)
+    else:
         render.write(rendered, out)
-    assert (target / "Dockerfile").read_text() == "old\n"
+    assert ((target / "Dockerfile").read_text() == "old\n") == (outcome == "old")
     assert sorted(p.name for p in out.iterdir()) == [CPU]
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from records import publication
 
 from builder.commands import rebuild as rebuild_cmd
 from builder.core import labels
@@ -19,8 +20,7 @@ CPU = Variant(torch="2.13.0+cpu", python="3.11", accelerator="cpu", flavor="runt
 VID = CPU.id
 BASE_OLD = "sha256:" + "a" * 64
 HASH = "c" * 64
-PUB = {"reference": "127.0.0.1:5000/torch@sha256:" + "d" * 64, "image_id": "sha256:" + "e" * 64,
-       "content_hash": HASH, "registry": "127.0.0.1:5000", "repository": "torch"}
+PUB = publication(content_hash=HASH)
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     info = {"Config": {"Labels": {rebuild.BASE_DIGEST_LABEL: BASE_OLD,
                                   labels.CONTENT_HASH: HASH}}}
     monkeypatch.setattr(rebuild, "latest_publications", lambda manifest: {VID: PUB})
-    monkeypatch.setattr(rebuild, "published_image", lambda pub: (pub["reference"], info))
+    monkeypatch.setattr(rebuild, "published_image", lambda pub: (pub.reference, info))
     monkeypatch.setattr(rebuild, "debian_upgradable", lambda image: {})
     monkeypatch.setattr(rebuild, "audit_lock", lambda path: {"vulns": [], "unknown": []})
     monkeypatch.setattr(rebuild, "base_digest_now", lambda variant: BASE_OLD)
@@ -117,7 +117,7 @@ def test_unknown_wins_over_rebuild_and_local_versions_stay_unknown(clean) -> Non
 
 def test_missing_label_is_unknown(clean) -> None:
     clean.setattr(rebuild, "published_image",
-                  lambda pub: (pub["reference"], {"Config": {"Labels": {
+                  lambda pub: (pub.reference, {"Config": {"Labels": {
                       labels.CONTENT_HASH: HASH}}}))
     findings = run_check()
     assert any(f.reason == "base-moved" and f.status == "unknown" for f in findings)

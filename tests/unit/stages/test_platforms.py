@@ -361,17 +361,6 @@ def test_a_linux_amd64_only_variant_keeps_a_plain_manifest():
     assert multiarch.is_multi(m, m.variant("2.15.0-py3.11-cuda-slim"))
 
 
-def test_rebuild_sees_each_platform_of_an_index_publication():
-    pub = {"digest": "sha256:i", "reference": "r@sha256:i", "content_hash": "x",
-           "platforms": [{"platform": "linux/amd64", "digest": "sha256:a", "reference": "r@a"},
-                         {"platform": "linux/arm64", "digest": "sha256:b", "reference": "r@b"}]}
-    assert multiarch.publication_for(pub, "linux/arm64")["reference"] == "r@b"
-    assert multiarch.publication_for(pub, "linux/amd64")["digest"] == "sha256:a"
-    plain = {"digest": "sha256:p", "reference": "r@p"}
-    assert multiarch.publication_for(plain, "linux/amd64") == plain
-    assert multiarch.publication_for(plain, "linux/arm64") is None
-
-
 def test_lock_refuses_a_cpu_only_resolution_for_a_cuda_platform():
     m = matrix.load(ROOT / "matrix.yaml")
     arm = m.select(["id=2.15.0-py3.11-cuda-slim", "platform=linux/arm64"])[0]

@@ -10,7 +10,7 @@ import pytest
 from builder.core import oci
 from builder.core.errors import BuilderError
 from builder.core.oci import RegistryError
-from builder.stages import publish
+from builder.stages import publication, publish
 
 DATE = "20260102"
 
@@ -56,5 +56,5 @@ def test_manifest_rejects_invalid(tmp_path: Path) -> None:
     path = tmp_path / "published.json"
     path.write_text(json.dumps({"schema_version": 1, "variants": {"x": {"publications": []}}}))
     with pytest.raises(BuilderError, match=r"published\.json"):
-        publish.load_manifest(path)
-    assert publish.load_manifest(tmp_path / "none.json") == {"schema_version": 1, "variants": {}}
+        publication.load(path)
+    assert publication.load(tmp_path / "none.json") == {}

@@ -1,0 +1,125 @@
+"""Issue #25 "Hostile inputs, round two": one test (or a few) per numbered case that needs no
+engine. Case 1 (render's swap): tests/unit/stages/test_render_interrupted.py; cases 2, 9 and
+10 need processes: tests/e2e/test_hostile_round_two.py."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from builder import cli
+from builder.core import output, proc
+from builder.core.errors import BuilderError, GateRefused
+from builder.stages import matrix, multiarch, plan, publication, publish
+
+ROOT = Path(__file__).resolve().parents[3]
+LOCKS = ROOT / "locks"
+CPU = "2.13.0-py3.11-cpu-runtime"
+SLIM = "2.13.0-py3.11-cpu-slim"
+
+
+@pytest.fixture(scope="module")
+def shipped_plan() -> tuple[matrix.Matrix, list[plan.PlannedVariant]]:
+    m = matrix.load(ROOT / "matrix.yaml")
+    return m, plan.make_plan(m, [m.variant(CPU), m.variant(SLIM)], LOCKS, {},
+                             check_registry=False)
+
+
+@pytest.fixture
+def pushes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Stand-ins for the engine and the per-variant publication: what would have been pushed."""
+    pushed: list[str] = []
+
+    def publish_variant(_m, p, **_kw):
+        pushed.append(p.variant.id)
+        if p.variant.id == SLIM:
+            raise publish.RegistryError("the registry went away")
+        return {"id": p.variant.id, "status": "published", **RECORD}
+
+    monkeypatch.setattr(multiarch.engine, "ensure_engine", lambda: None)
+    monkeypatch.setattr(publish, "publish_variant", publish_variant)
+    return pushed
+
+
+RECORD = {"date": "2026-12-04", "published_at": "2026-12-04T00:00:00Z",
+          "registry": "127.0.0.1:5000", "repository": "torch", "digest": "sha256:" + "a" * 64,
+          "reference": "127.0.0.1:5000/torch@sha256:" + "a" * 64, "image_id": "sha256:" + "b" * 64,
+          "content_hash": "c" * 64, "tags": ["t-20261204", "build-" + "d" * 20, "t"],
+          "dated_tag": "t-20261204", "hash_tag": "build-" + "d" * 20, "floating_tag": "t", "aliases": [],
+          "torch": "2.13.0+cpu", "python": "3.11", "accelerator": "cpu", "cuda": None,
+          "cudnn": None, "nccl": None, "min_driver": None, "flavor": "runtime",
+          **{kind: {"tag": f"sha256-{'a' * 64}.{kind}", "digest": "sha256:" + "e" * 64,
+                    "media_type": "application/json",
+                    "reference": "127.0.0.1:5000/torch@sha256:" + "e" * 64}
+             for kind in ("sbom", "smoke_report", "provenance")},
+          "smoke_gpu": False,
+          "allow_cpu_smoke": False}
+
+
+# ---- 3. publish reads and checks its record before the first push -----------------------------
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("{not json", "is not JSON"),
+    ('{"schema_version": 1}', "'variants' is a required property"),
+    (None, "is a folder"),
+])
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_bad_record_stops_publish_before_any_push(tmp_path, shipped_plan, pushes, content,
+                                                    message, dry_run):
+    m, planned = shipped_plan
+    manifest = tmp_path / "published.json"
+    if content is None:
+        manifest.mkdir()
+    else:
+        manifest.write_text(content)
+    with pytest.raises(BuilderError, match=message):
+        multiarch.publish_variants(m, planned, allow_cpu_smoke=True, dry_run=dry_run,
+                                   manifest=manifest, locks_dir=LOCKS)
+    assert pushes == []
+
+
+def test_a_variant_is_recorded_as_soon_as_it_is_published(tmp_path, shipped_plan, pushes):
+    """The first variant's record is on disk although the second fails (and stays there when
+    the run is stopped later)."""
+    m, planned = shipped_plan
+    manifest = tmp_path / "published.json"
+    with pytest.raises(publish.RegistryError, match="went away"):
+        multiarch.publish_variants(m, planned, allow_cpu_smoke=True, manifest=manifest,
+                                   locks_dir=LOCKS)
+    assert pushes == [CPU, SLIM]
+    assert list(publication.load_document(manifest)["variants"]) == [CPU]
+
+
+# ---- 6. one JSON document; a closed stdout ends quietly ---------------------------------------
+
+
+def test_json_prints_one_document_when_the_command_fails_after_its_results(monkeypatch, capsys):
+    """`publish --dry-run --json` with nothing staged: the results (with the refusals), then the
+    GateRefused; stdout is still one document."""
+    monkeypatch.setattr(output, "printed_json", False)
+
+    def refuse(_args: argparse.Namespace) -> int:
+        output.emit_json([{"id": CPU, "status": "refused", "reason": "not staged"}])
+        raise GateRefused("1 of 1 images refused: " + CPU)
+
+    args = argparse.Namespace(func=refuse, json=True, debug=False)
+    assert cli.run(args) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out)[0]["status"] == "refused"
+    assert f"error: 1 of 1 images refused: {CPU}" in err
+
+
+def test_a_closed_stdout_ends_quietly_with_141(monkeypatch, capsys):
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader (`| head`) is gone before anything is written
+    monkeypatch.setattr(sys, "stdout", os.fdopen(write_end, "w"))
+    monkeypatch.setattr(proc, "install_signal_handlers", lambda: None)
+    code = cli.main(["validate", "--json", "--offline", "--matrix", str(ROOT / "matrix.yaml")])
+    assert code == 141
+    assert capsys.readouterr().err == ""
