@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from builder.core import state
+from builder.core import limits, state
 from builder.core.errors import COULD_NOT_RUN, BuilderError
 
 
@@ -112,14 +112,14 @@ def _run_diff(args: argparse.Namespace) -> int:
 def _load(path: Path) -> dict[str, Any]:
     """A CycloneDX JSON document from `path`, or an error naming the file and the problem."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = limits.parse_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise BuilderError(f"no SBOM file `{path}`") from None
     except IsADirectoryError:
         raise BuilderError(f"`{path}` is a folder, not an SBOM file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise BuilderError(f"cannot read `{path}`: {exc}") from None
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # invalid, or nested too deep
         raise BuilderError(f"`{path}` is not JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("bomFormat") != "CycloneDX":
         raise BuilderError(f"`{path}` is not a CycloneDX document (no \"bomFormat\": "

@@ -79,7 +79,12 @@ class Outcome:
 def build_lock() -> Iterator[None]:
     """One build at a time per state folder; a second run waits and says so."""
     path = state.path() / "build.lock"
-    with path.open("a+") as fh:
+    try:
+        fh = path.open("a+")
+    except OSError as exc:
+        raise state.path_error(path, exc, hint="BUILDER_STATE must name a folder this user can "
+                               "write (default: .state)") from None
+    with fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, labels, oci
+from builder.core import engine, labels, limits, oci
 from builder.core.oci import RegistryError
 from builder.core.output import step
 from builder.stages import evidence, plan, provenance, smoketest
@@ -96,7 +96,7 @@ def _local_evidence(cand: Candidate, kind: str) -> bytes | None:
 def _smoke_gate(cand: Candidate, allow_cpu_smoke: bool) -> str:
     is_cuda = cand.planned.variant.accelerator == "cuda"
     try:
-        report = json.loads(cand.evidence["smoke"]) if "smoke" in cand.evidence else None
+        report = limits.parse_json(cand.evidence["smoke"]) if "smoke" in cand.evidence else None
     except ValueError as exc:
         return f"the smoke report is not JSON: {exc}"
     passed, why = smoketest.report_passed(report, require_gpu=is_cuda and not allow_cpu_smoke)
@@ -122,7 +122,7 @@ def _sbom_gate(cand: Candidate) -> str:
         return (f"no SBOM for image {cand.image_id[:19]}: run `builder build` (or "
                 f"`builder sbom {cand.staged.reference if cand.staged else cand.image}`)")
     try:
-        sbom.validate(json.loads(cand.evidence["sbom"]))
+        sbom.validate(limits.parse_json(cand.evidence["sbom"]))
     except ValueError as exc:
         return f"the SBOM is not JSON: {exc}"
     except sbom.SbomInvalid as exc:

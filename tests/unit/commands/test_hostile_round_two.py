@@ -5,6 +5,7 @@ engine. Case 1 (render's swap): tests/unit/stages/test_render_interrupted.py; ca
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -13,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from builder import cli
-from builder.core import output, proc
+from builder.commands import sbom as sbom_cmd
+from builder.core import output, proc, state
 from builder.core.errors import BuilderError, GateRefused
-from builder.stages import matrix, multiarch, plan, publication, publish
+from builder.stages import build, matrix, multiarch, plan, publication, publish
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCKS = ROOT / "locks"
@@ -123,3 +125,26 @@ def test_a_closed_stdout_ends_quietly_with_141(monkeypatch, capsys):
     code = cli.main(["validate", "--json", "--offline", "--matrix", str(ROOT / "matrix.yaml")])
     assert code == 141
     assert capsys.readouterr().err == ""
+
+
+# ---- 7. messages instead of "unexpected X … please report it" -----------------------------------
+
+
+def test_an_sbom_nested_5000_deep_is_a_message(tmp_path):
+    deep = tmp_path / "deep.cdx.json"
+    deep.write_text('{"bomFormat": "CycloneDX", "components": ' + "[" * 5000 + "]" * 5000 + "}")
+    with pytest.raises(BuilderError, match=r"deep\.cdx\.json` is not JSON: nested deeper than"):
+        sbom_cmd._load(deep)
+    cand = publish.Candidate(planned=None, image="x", evidence={"sbom": deep.read_bytes()})  # type: ignore[arg-type]
+    assert "the SBOM is not JSON: nested deeper than" in publish._sbom_gate(cand)
+
+
+def test_a_read_only_state_folder_is_a_message_at_the_build_lock(tmp_path, monkeypatch):
+    def read_only(self: Path, *args: object, **kwargs: object) -> object:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    state.path()  # the folder exists; only writing into it fails, as on a read-only mount
+    monkeypatch.setattr(Path, "open", read_only)
+    with (pytest.raises(BuilderError, match=r"cannot write .*build\.lock: Read-only file system"),
+          build.build_lock()):
+        pass
