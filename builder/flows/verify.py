@@ -60,7 +60,7 @@ def verify(reference: Reference) -> tuple[str, list[Row]]:
     if desc.media_type in (oci.OCI_INDEX, oci.DOCKER_LIST):
         return desc.digest, index_rows(reference, manifest)
     config_digest = (manifest.get("config") or {}).get("digest", "")
-    config = json.loads(reg.blob(reference.repository, config_digest)) if config_digest else {}
+    config = reg.config(reference.repository, config_digest) if config_digest else {}
     image_labels = (config.get("config") or {}).get("Labels") or {}
 
     def fetch(kind: str) -> Any:

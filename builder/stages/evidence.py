@@ -84,7 +84,7 @@ def stage(matrix: Matrix, image_id: str, hash_tag: str) -> Staged:
 def fetch(staged: Staged, kind: str) -> bytes | None:
     """The evidence attached to the staged digest, else this machine's cached copy."""
     reg = oci.Registry(staged.registry)
-    data = reg.fetch_artifact(staged.repository, staged.digest, kind)
+    data = reg.fetch_artifact(staged.repository, staged.digest, kind, MEDIA_TYPES.get(kind))
     if data is None:
         path = local_file(kind, staged.image_id)
         data = path.read_bytes() if path.is_file() else None
@@ -105,9 +105,7 @@ def attach(staged: Staged, kind: str, data: bytes, media_type: str | None = None
 
 def image_labels(staged: Staged) -> dict[str, str]:
     """The image's labels, read from its config blob in the registry (no engine needed)."""
-    reg = oci.Registry(staged.registry)
-    config = json.loads(reg.blob(staged.repository, staged.image_id))
-    return (config.get("config") or {}).get("Labels") or {}
+    return oci.Registry(staged.registry).labels(staged.repository, staged.image_id)
 
 
 def from_reference(text: str) -> Staged | None:

@@ -194,7 +194,7 @@ def registry_has(registry: str, repository: str, tag: str, timeout: float = 3.0)
     """One manifest HEAD, no retries; an unreachable registry counts as `no` (the plan says
     build)."""
     try:
-        return oci.Registry(registry, timeout=timeout, backoff=()).head(repository, tag) \
-            is not None
+        return oci.Registry(registry, timeout=timeout, backoff=(),
+                            deadline=4 * timeout).head(repository, tag) is not None
     except (BuilderError, OSError, ValueError, KeyError):
         return False
