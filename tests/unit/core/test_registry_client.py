@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fakeregistry import Request, Server, Store, basic, digest, fake, serving  # noqa: F401
+from fakeregistry import Request, Server, Store, basic, digest, serving
 
 from builder.core import oci, registry_auth, registry_http
 from builder.core.oci import RegistryError
@@ -68,7 +68,7 @@ def test_no_credentials_before_a_challenge(fake: Server, monkeypatch: pytest.Mon
     ref = image(store)
     basic_gate(fake, store)
     assert reg(fake).manifest("repo", ref) is not None
-    first = [s for s in fake.seen if "/manifests/" in s.path][0]
+    first = next(s for s in fake.seen if "/manifests/" in s.path)
     assert "Authorization" not in first.headers
     assert all("Authorization" not in s.headers for s in fake.seen if s.path == "/v2/")
     assert fake.seen[-1].headers["Authorization"] == basic("alice", "s3cret")
@@ -146,7 +146,7 @@ def test_bearer_scopes_for_a_cross_repository_mount_and_token_refresh(
     fake.route("POST", r"/v2/.*")(challenged)
     blob = "sha256:" + "a" * 64
     reg(fake).mount_blob("dst", blob, "src")
-    mount_token = [p for p in issued if "src" in p][0]
+    mount_token = next(p for p in issued if "src" in p)
     assert "scope=repository%3Adst%3Apull%2Cpush" in mount_token
     assert "scope=repository%3Asrc%3Apull" in mount_token
     session = registry_http.session(fake.addr)
@@ -183,7 +183,7 @@ def test_docker_config_auths_and_helpers_in_dockers_order(
     assert registry_auth.lookup("ghcr.io").username == "env"  # type: ignore[union-attr]
     (tmp_path / "config.json").write_text("{not json")
     monkeypatch.delenv("REGISTRY_USERNAME")
-    with pytest.raises(registry_auth.CredentialsError, match="config.json"):
+    with pytest.raises(registry_auth.CredentialsError, match=r"config\.json"):
         registry_auth.lookup("ghcr.io")
 
 
