@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
-from builder.commands.options import add_locks_option, load_selected
+from builder.commands.options import add_ca_bundle_option, add_locks_option, load_selected
 from builder.core import proc
 from builder.core.output import emit_json, human_bytes, step, table
 from builder.stages import base, platforms, render
@@ -40,10 +38,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="GPU checks that cannot run on this host fail instead of being skipped")
     # The install steps fetch missing wheels themselves, so they get the host's trust store (a
     # TLS-intercepting proxy's CA included) — only ever as a secret mount.
-    p.add_argument("--ca-bundle", type=readable_file,
-                   default=os.environ.get("BUILDER_CA_BUNDLE") or proc.host_ca_bundle(),
-                   help="CA bundle for downloads inside the build, passed as a BuildKit secret "
-                   "(never stored in a layer); default: $BUILDER_CA_BUNDLE, else the host's")
+    add_ca_bundle_option(p, "CA bundle for downloads inside the build, passed as a BuildKit "
+                         "secret (never stored in a layer); default: $BUILDER_CA_BUNDLE, else "
+                         "the host's")
     p.add_argument("--apt-refresh", default="", metavar="TOKEN",
                    help="re-run the apt upgrade step (security rebuilds pass a new token)")
     p.set_defaults(func=cmd_build)
@@ -61,14 +58,6 @@ def cmd_base(args: argparse.Namespace) -> int:
         table(["base", "image", "digest"],
               [(key, render.base_ref(first[key], matrix), d or "-") for key, d in digests.items()])
     return 0
-
-
-def readable_file(text: str) -> Path:
-    """argparse type: a file this user can read (checked now, not halfway through a build)."""
-    path = Path(text)
-    if not path.is_file() or not os.access(path, os.R_OK):
-        raise argparse.ArgumentTypeError(f"{text} is not a readable file")
-    return path
 
 
 def cmd_build(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
+from builder.core import proc
 from builder.core.errors import ConfigError
 from builder.stages import matrix
 
@@ -27,6 +28,19 @@ def common_parser() -> argparse.ArgumentParser:
     )
     common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     return common
+
+
+def readable_file(text: str) -> Path:
+    """argparse type: a file this user can read (checked now, not halfway through a build)."""
+    path = Path(text)
+    if not path.is_file() or not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{text} is not a readable file")
+    return path
+
+
+def add_ca_bundle_option(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--ca-bundle", type=readable_file, metavar="FILE", help=help,
+                        default=os.environ.get(proc.CA_BUNDLE_ENV) or proc.host_ca_bundle())
 
 
 def add_locks_option(parser: argparse.ArgumentParser) -> None:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Collection
 from dataclasses import asdict
 from pathlib import Path
 
-from builder.commands.options import add_locks_option, load_selected
+from builder.commands.options import add_ca_bundle_option, add_locks_option, load_selected
 from builder.core import proc
 from builder.core.errors import BuilderError
 from builder.core.output import emit_json, table
@@ -43,9 +42,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="publish CUDA images whose smoke ran without a GPU (recorded)")
     p.add_argument("--dry-run", action="store_true",
                    help="say what would be rebuilt and why; change, build and push nothing")
-    p.add_argument("--ca-bundle", type=Path,
-                   default=os.environ.get("BUILDER_CA_BUNDLE") or proc.host_ca_bundle(),
-                   help="CA bundle for downloads inside the build (see builder build)")
+    add_ca_bundle_option(p, "CA bundle for every download: the Debian and PyPI checks and "
+                         "the builds (see builder build)")
     p.add_argument("--skip-source", action="append", default=[], choices=REASONS,
                    metavar="NAME", dest="skip_source",
                    help="do not ask this source (repeatable; one of: %(choices)s); it is "
@@ -77,6 +75,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     proc.use_ca_bundle(args.ca_bundle)
     matrix, variants = _selected(args)
     skip = sorted(set(getattr(args, "skip_source", None) or ()))
+    if not variants:
+        return nothing_checked(args, skip)
     findings = check(matrix, variants, args.manifest, locks_dir=args.locks, skip=skip)
     summary = {"sources": source_summary(findings, skip), "skipped": skip}
     if args.check:
@@ -103,6 +103,18 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     if any(a.state == "failed" for a in actions):
         return 1
     return 2 if any(f.status == UNKNOWN for f in findings) else 0
+
+
+def nothing_checked(args: argparse.Namespace, skip: list[str]) -> int:
+    """No selected variant has a publication: no source was asked, so none is called clean."""
+    why = (f"nothing checked: {args.manifest} records no publication of the selected variants"
+           f"{' (' + ' '.join(args.select) + ')' if args.select else ''}")
+    if args.json:
+        emit_json({"findings": [], "sources": dict.fromkeys(REASONS, "not-asked"),
+                   "skipped": skip, "checked": 0, "message": why, "exit_code": 0})
+    else:
+        print(why)
+    return 0
 
 
 def print_changelogs(actions: list[Action]) -> None:

@@ -27,6 +27,10 @@ class ConfigError(BuilderError):
     exit_code = FINDINGS
 
 
+class UsageError(BuilderError):
+    """A command line that asks for something that does not exist: bad usage (exit 2)."""
+
+
 class EngineError(BuilderError):
     """The Docker engine is missing, unreachable or lacks a feature."""
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from builder.core.errors import BuilderError, ConfigError
+from builder.core import limits
+from builder.core.errors import BuilderError, ConfigError, UsageError
 from builder.stages import tags
 from builder.stages.platforms import DEFAULT as DEFAULT_PLATFORM
 
@@ -159,10 +160,11 @@ def parse_selectors(selectors: Iterable[str]) -> dict[str, frozenset[str]]:
     wanted: dict[str, set[str]] = {}
     for item in selectors:
         key, sep, value = item.partition("=")
-        if not sep or key not in SELECT_KEYS:
-            raise ConfigError(
-                f"--select {item!r}: expected KEY=VALUE with KEY one of {', '.join(SELECT_KEYS)}"
-            )
+        if not sep or key not in SELECT_KEYS:  # bad usage (exit 2), not a matrix finding
+            close = suggest(key, SELECT_KEYS) if sep else None
+            raise UsageError(
+                f"--select {limits.shorten(item)!r}: expected KEY=VALUE with KEY one of "
+                f"{', '.join(SELECT_KEYS)}", hint=close)
         wanted.setdefault(key, set()).add(value)
     return {key: frozenset(values) for key, values in wanted.items()}
 

@@ -148,3 +148,35 @@ def test_a_read_only_state_folder_is_a_message_at_the_build_lock(tmp_path, monke
     with (pytest.raises(BuilderError, match=r"cannot write .*build\.lock: Read-only file system"),
           build.build_lock()):
         pass
+
+
+# ---- 4. one options contract --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["build", "rebuild"])
+def test_a_ca_bundle_that_is_not_a_readable_file_is_bad_usage(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.build_parser(command).parse_args([command, "--ca-bundle", "/nonexistent"])
+    assert exc.value.code == 2
+    assert "/nonexistent is not a readable file" in capsys.readouterr().err
+
+
+def test_an_unknown_select_key_is_bad_usage_with_a_suggestion():
+    m = matrix.load(ROOT / "matrix.yaml")
+    with pytest.raises(BuilderError) as exc:
+        m.select(["flavour=slim"])
+    assert exc.value.exit_code == 2
+    assert exc.value.hint == "did you mean `flavor`?"
+
+
+def test_rebuild_check_with_nothing_published_calls_no_source_clean(tmp_path, capsys):
+    manifest = tmp_path / "published.json"
+    manifest.write_text('{"schema_version": 1, "variants": {}}\n')
+    args = cli.build_parser("rebuild").parse_args([
+        "rebuild", "--check", "--json", "--manifest", str(manifest),
+        "--matrix", str(ROOT / "matrix.yaml"), "--locks", str(LOCKS)])
+    assert args.func(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert "clean" not in doc["sources"].values()
+    assert set(doc["sources"].values()) == {"not-asked"}
+    assert doc["message"].startswith(f"nothing checked: {manifest} records no publication")
