@@ -310,6 +310,25 @@ class Registry:
         assert isinstance(doc, dict)
         return doc
 
+    def blob_tail(self, repository: str, digest: str, length: int) -> bytes | None:
+        """The last `length` bytes of a blob by an HTTP range request, or None when the
+        registry does not serve ranges. A part cannot be checked against the digest: use it
+        only for figures shown to people, such as a gzip layer's uncompressed size."""
+        check_digest(digest, f"registry `{self.registry}`: blob")
+
+        def once(deadline: Deadline) -> bytes | None:
+            answer = self._request("GET", f"{repository}/blobs/{digest}", deadline,
+                                   scopes=(pull_scope(repository),), ok=(200, 206),
+                                   headers={"Range": f"bytes=-{length}"})
+            if answer.status != 206:  # 404, or the whole blob: not read
+                answer.close()
+                if answer.status == 404:
+                    raise RegistryError(f"registry `{self.registry}`: `{repository}` has no "
+                                        f"blob {digest}")
+                return None
+            return answer.read(length, "blob range")
+        return self._call(f"reading the end of blob {digest[:19]}", once)
+
     def labels(self, repository: str, digest: str) -> dict[str, str]:
         return (self.config(repository, digest).get("config") or {}).get("Labels") or {}
 

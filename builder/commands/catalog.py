@@ -1,0 +1,59 @@
+"""`builder catalog [REGISTRY/REPOSITORY] --out DIR`: the static site platform teams read."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from builder.core import state
+from builder.stages import catalog, catalog_site, matrix
+from builder.core.output import emit_json, step
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "catalog", parents=[common], help="write the static catalog site from the registry",
+        description="Read one vetted repository — its tags, manifests, image indexes, configs "
+        "and the SBOM, smoke report, provenance, audit, rebuild reason and signature attached to "
+        "each digest — and write a static site: index.html (a chooser by driver, GPU, platform, "
+        "python and flavor; a sortable table without JavaScript), one page per floating and "
+        "dated tag with its changelog (SBOM diff between consecutive dated builds), and "
+        "catalog.json (builder/schema/catalog.schema.json). Needs nothing but registry access; "
+        "a second run fetches only digests it has not seen (cache: DIR/.cache/catalog.json).")
+    p.add_argument("source", nargs="?", metavar="REGISTRY/REPOSITORY",
+                   help="the vetted repository (default: `registry`/`repository` of --matrix)")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="the site folder")
+    p.add_argument("--cache", type=Path, metavar="FILE",
+                   help="the digest cache (default: DIR/.cache/catalog.json)")
+    p.set_defaults(func=cmd_catalog)
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    source = catalog.Source.parse(args.source) if args.source else matrix_source(args.matrix)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise state.path_error(args.out, exc, folder=True) from None
+    cache = args.cache or args.out / ".cache" / "catalog.json"
+    doc, fetched = catalog.collect(source, args.out, cache, progress=step)
+    if not catalog.same_facts(doc, args.out / "catalog.json"):
+        catalog.validate(doc)  # jsonschema's import alone takes seconds: only for new facts
+    written = catalog_site.write_site(doc, args.out)
+    summary = {"out": str(args.out), "source": source.name, "tags": len(doc["tags"]),
+               "images": len(doc["images"]), "variants": len(doc["variants"]),
+               "fetched": fetched, "files_written": written,
+               "seconds": round(time.monotonic() - started, 2)}
+    if args.json:
+        emit_json(summary)
+    else:
+        step(f"catalog: {summary['tags']} tags, {summary['images']} images, {fetched} digests "
+             f"fetched, {written} files written in {summary['seconds']} s → "
+             f"{args.out / 'index.html'}")
+    return 0
+
+
+def matrix_source(path: str) -> catalog.Source:
+    m = matrix.load(path)
+    return catalog.Source(m.registry, m.repository)

@@ -1,0 +1,151 @@
+"""The catalog's pure parts: tag classes, layer groups, evidence summaries, history and
+changelog, the charts and the index rows (the registry side is tests/e2e/test_catalog.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from bench.catalog_images import CREATED_BY, Spec, sbom_document, smoke_report
+from builder.stages import catalog, catalog_site
+from builder.core.errors import BuilderError
+
+D1, D2, D3 = (f"sha256:{c * 64}" for c in "123")
+
+
+def test_tags_are_told_apart_by_their_shape() -> None:
+    tags = catalog.classify(["2.9.1-py3.11-cpu-runtime", "2.9.1-py3.11-cpu-runtime-20261204",
+                             "build-0123456789abcdef0123", f"sha256-{'a' * 64}.sbom",
+                             f"sha256-{'b' * 64}.sig", "latest"])
+    assert tags.images == ["2.9.1-py3.11-cpu-runtime", "2.9.1-py3.11-cpu-runtime-20261204",
+                           "latest"]
+    assert tags.builds == ["build-0123456789abcdef0123"]
+    assert set(tags.artifacts) == {(f"sha256:{'a' * 64}", "sbom"), (f"sha256:{'b' * 64}", "sig")}
+    assert catalog.dated_key("x-cpu-slim-20261204.2") == ("x-cpu-slim", "20261204", 2)
+    assert catalog.dated_key("x-cpu-slim") is None
+
+
+@pytest.mark.parametrize("text", ["torch", "127.0.0.1:5000", "r/x:tag", "r/x@sha256:ab"])
+def test_a_source_is_registry_slash_repository(text: str) -> None:
+    with pytest.raises(BuilderError, match="REGISTRY/REPOSITORY"):
+        catalog.Source.parse(text)
+
+
+def test_layers_are_grouped_by_the_template_step_that_made_them() -> None:
+    spec = Spec(torch="2.15.0", python="3.11", flavor="runtime", cuda="13.2")
+    history = [CREATED_BY[g] for g in spec.groups]
+    assert catalog.layer_groups(history, len(history)) == spec.groups
+    # The smoke suite's COPY and the facts file after the install steps count as packages.
+    assert catalog.layer_groups([*history[:5], "COPY smoke /opt/torch-images/smoke"], 6)[-1] \
+        == "packages"
+    assert catalog.layer_groups(["x"], 2) == ["base", "base"]  # history of another length
+
+
+def test_a_cpu_slim_image_has_no_nvidia_or_toolchain_group() -> None:
+    spec = Spec(torch="2.13.0+cpu", python="3.11", flavor="slim")
+    assert catalog.layer_groups([CREATED_BY[g] for g in spec.groups], 4) == [
+        "base", "python", "torch", "packages"]
+
+
+def test_evidence_summaries_keep_what_a_page_shows() -> None:
+    spec = Spec(torch="2.13.0+cpu", python="3.11", flavor="runtime")
+    sbom = catalog.summarise("sbom", json.dumps(sbom_document(spec, D1)).encode(), D1)
+    assert sbom["counts"] == {"deb": 2, "pypi": 3} and sbom["vulnerabilities"] is None
+    smoke = catalog.summarise("smoke", json.dumps(smoke_report(spec, "linux/amd64", D2))
+                              .encode(), D1)
+    assert smoke["status"] == "pass" and smoke["host"]["gpus"] == []
+    assert catalog_site.smoke_line({"present": True, **smoke}) \
+        == "pass on CPU host: GPU checks substituted"
+    gpu = {"present": True, "status": "pass", "host": {"gpus": [{"name": "NVIDIA H100"}] * 2,
+                                                     "driver": "580.95.05"}}
+    assert catalog_site.smoke_line(gpu) == "pass on 2× NVIDIA H100, driver 580.95.05"
+    assert catalog.summarise("audit", b"[]", D1) == {"error": "not a JSON object"}
+    assert "unexpected content" in catalog.summarise("smoke", b'{"checks": [1]}', D1)["error"]
+
+
+def image(digest: str, packages: dict[str, str], *, flavor: str = "runtime",
+          vulns: int | None = None, reasons: list[str] | None = None) -> dict[str, Any]:
+    comps = [{"type": "library", "name": n, "version": v, "purl": f"pkg:pypi/{n}@{v}"}
+             for n, v in packages.items()]
+    evidence = {"sbom": {"present": True, "components": comps, "counts": {"pypi": len(comps)},
+                         "spec_version": "1.6", "href": "evidence/x.sbom.json",
+                         "vulnerabilities": None},
+                "audit": {"present": True, "vulnerabilities": vulns, "sources": {}}
+                if vulns is not None else {"present": False},
+                "rebuild": {"present": True, "reasons": reasons} if reasons
+                else {"present": False}}
+    return {"digest": digest, "torch": "2.13.0", "python": "3.11", "accelerator": "cpu",
+            "cuda": None, "flavor": flavor, "min_driver": None, "cuda_archs": [],
+            "platforms": [{"platform": "linux/amd64", "size": 100, "evidence": evidence,
+                           "layers": [{"digest": D3, "size": 60, "group": "base"},
+                                      {"digest": digest, "size": 40, "group": "packages"}]}]}
+
+
+def test_history_is_oldest_first_with_the_sbom_diff_and_the_rebuild_reason() -> None:
+    images = {D1: image(D1, {"numpy": "2.3.5", "six": "1.16.0"}, vulns=2),
+              D2: image(D2, {"numpy": "2.3.6", "filelock": "3.20.1"}, vulns=0,
+                        reasons=["python-vuln"])}
+    by_tag = {"t": D2, "t-20261204": D2, "t-20261201": D1, "alias": D2}
+    [variant] = [v for v in catalog.variants(by_tag, images) if v["tag"] == "t"]
+    assert variant["aliases"] == ["alias"]
+    first, second = variant["history"]
+    assert (first["tag"], first["changes"], first["vulnerabilities"]) == ("t-20261201", None, 2)
+    assert second["reasons"] == ["python-vuln"] and second["vulnerabilities"] == 0
+    changes = second["changes"]
+    assert [c["name"] for c in changes["changed"]] == ["numpy"]
+    assert [c["name"] for c in changes["added"]] == ["filelock"]
+    assert [c["name"] for c in changes["removed"]] == ["six"]
+
+
+def test_a_floating_tag_without_dated_tags_is_listed_with_an_empty_history() -> None:
+    [variant] = catalog.variants({"alias": D1}, {D1: image(D1, {})})
+    assert variant == {"tag": "alias", "digest": D1, "floating": True, "aliases": [],
+                       "history": []}
+
+
+def document(images: dict[str, Any], by_tag: dict[str, str]) -> dict[str, Any]:
+    return {"schema_version": 1, "generated_at": "2026-12-04T00:00:00Z",
+            "registry": "r:5000", "repository": "torch", "tags": by_tag, "images": images,
+            "variants": catalog.variants(by_tag, images)}
+
+
+def test_siblings_share_their_common_layers() -> None:
+    runtime, slim = image(D1, {}), image(D2, {}, flavor="slim")
+    doc = document({D1: runtime, D2: slim}, {"a-runtime": D1, "a-slim": D2})
+    assert [tag for tag, _ in catalog_site.siblings(doc, runtime)] == ["a-slim", "a-runtime"]
+    assert catalog_site.shared_bytes(runtime, slim) == 60  # the base layer D3
+
+
+def test_charts_are_self_contained_svg_with_css_classes() -> None:
+    chart = str(catalog_site.layer_chart([("slim", {"base": 10, "torch": 30}),
+                                          ("runtime", {"base": 10, "toolchain": 5})]))
+    assert chart.startswith("<svg") and 'class="g-torch"' in chart and "http" not in \
+        chart.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    history = str(catalog_site.history_chart([
+        {"tag": "<t>", "date": "2026-12-01", "size": 10, "vulnerabilities": None},
+        {"tag": "t2", "date": "2026-12-04", "size": 20, "vulnerabilities": 3}]))
+    assert "not audited" in history and "3 vuln." in history and "&lt;t&gt;" in history
+
+
+def test_the_site_is_written_and_a_second_write_changes_nothing(tmp_path: Path) -> None:
+    images = {D1: image(D1, {"numpy": "2.3.5"}), D2: image(D2, {"numpy": "2.3.6"})}
+    for found in images.values():
+        found.update(index=False, signature={"present": False}, cudnn=None, nccl=None,
+                     triton=None, created=None)
+        found["platforms"][0].update(digest=found["digest"], labels={}, uncompressed_size=None)
+        found["platforms"][0]["evidence"].update(
+            smoke={"present": False}, provenance={"present": False})
+    doc = document(images, {"t": D2, "t-20261201": D1, "t-20261204": D2})
+    schema = json.loads(catalog.SCHEMA_PATH.read_text())
+    jsonschema.Draft202012Validator(schema).validate(doc)
+    assert catalog_site.write_site(doc, tmp_path) > 0
+    assert catalog_site.write_site(doc, tmp_path) == 0
+    page = (tmp_path / "tags" / "t-20261204.html").read_text()
+    assert "pypi/numpy 2.3.5 → 2.3.6" in page and "Dated tag (never moves)" in page
+    index = (tmp_path / "index.html").read_text()
+    assert 'data-tag="t"' in index and "index-by-torch.html" in index
+    assert (tmp_path / "index-by-torch.html").is_file()
