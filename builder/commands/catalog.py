@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 from builder.core import state
-from builder.stages import catalog, catalog_site, matrix
 from builder.core.output import emit_json, step
+from builder.stages import catalog, catalog_site, matrix
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

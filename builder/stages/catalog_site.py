@@ -18,8 +18,8 @@ import jinja2
 from markupsafe import Markup, escape
 
 from builder.core import state
-from builder.stages.catalog import GROUPS
 from builder.core.output import human_bytes
+from builder.stages.catalog import GROUPS
 
 ASSETS = Path(__file__).resolve().parents[1] / "site"
 COPIED = ("style.css", "chooser.js")

@@ -11,8 +11,8 @@ import jsonschema
 import pytest
 
 from bench.catalog_images import CREATED_BY, Spec, sbom_document, smoke_report
-from builder.stages import catalog, catalog_site
 from builder.core.errors import BuilderError
+from builder.stages import catalog, catalog_site
 
 D1, D2, D3 = (f"sha256:{c * 64}" for c in "123")
 
