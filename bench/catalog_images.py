@@ -6,8 +6,8 @@ Each image has one layer per layer group with the `created_by` of the Dockerfile
 (CycloneDX 1.6), a smoke report (the suite's schema) and SLSA provenance
 (`builder.provenance.statement`) attached to each platform manifest; a multi-platform image is
 an OCI index of them. Then the dated tag, the `build-<hash>` tag and the floating tag point at
-it, as `builder publish` does. Optional: an audit report, a rebuild reason, a cosign-shaped
-signature manifest.
+it, as `builder publish` does. Optional: an audit report, a rebuild reason, a cosign signature
+and a signed SBOM attestation (builder.core.sign).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.core import labels, oci
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from builder.core import labels, oci, sign
 from builder.stages import evidence, platforms, provenance
 
 # The step of each layer group, as the image config's history shows it (BuildKit's form).
@@ -123,13 +125,16 @@ def sbom_document(spec: Spec, subject: str) -> dict[str, Any]:
             "components": comps}
 
 
+def check(name: str, status: str, message: str) -> dict[str, Any]:
+    return {"name": name, "status": status, "duration_s": 1.0, "message": message, "metrics": {}}
+
+
 def smoke_report(spec: Spec, platform: str, image_id: str) -> dict[str, Any]:
-    checks = [{"name": "env", "status": "pass", "message": "versions match the facts"}]
+    checks = [check("env", "pass", "versions match the facts")]
     if spec.cuda:
-        checks += [{"name": name, "status": "substituted",
-                    "message": "no GPU on this host: ran on CPU"}
+        checks += [check(name, "substituted", "no GPU on this host: ran on CPU")
                    for name in ("cuda", "cudnn_conv", "nccl_allreduce")]
-    checks += [{"name": "amp_train", "status": "pass", "message": "one AMP step on cpu"}]
+    checks += [check("amp_train", "pass", "one AMP step on cpu")]
     return {"schema_version": 1, "tool": {"name": "smoke", "version": "0.1.0"},
             "image": {"ref": spec.floating, "id": image_id, "digest": None},
             "facts": {"torch": spec.torch, "python": spec.python,
@@ -188,23 +193,14 @@ def attach(reg: oci.Registry, repo: str, subject: oci.Descriptor, kind: str,
     reg.push_artifact(repo, subject, media, data, kind=kind, title=f"{kind}.json")
 
 
-def sign(reg: oci.Registry, repo: str, subject: oci.Descriptor) -> None:
-    """A manifest shaped as cosign's `sha256-<hex>.sig` (the signature is not a real one)."""
-    payload = json.dumps({"critical": {"image": {"docker-manifest-digest": subject.digest}}})
-    layer_digest = reg.push_blob(repo, payload.encode())
-    config = reg.push_blob(repo, b"{}")
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": oci.OCI_MANIFEST,
-        "config": {"mediaType": oci.OCI_CONFIG, "digest": config, "size": 2},
-        "layers": [{"mediaType": "application/vnd.dev.cosign.simplesigning.v1+json",
-                    "digest": layer_digest, "size": len(payload),
-                    "annotations": {"dev.cosignproject.cosign/signature": "MEUCIQ=="}}]}).encode()
-    reg.put_manifest(repo, oci.artifact_tag(subject.digest, "sig"), manifest, oci.OCI_MANIFEST)
+def signing_key(seed: int = 1) -> sign.SigningKey:
+    """A fixed P-256 key (a test key: its private value is `seed`)."""
+    return sign.SigningKey(ec.derive_private_key(seed, ec.SECP256R1()))
 
 
 def publish(reg: oci.Registry, repo: str, spec: Spec, date: str, *, revision: str = "0" * 40,
             reasons: tuple[str, ...] = (), vulnerabilities: int | None = None,
-            signed: bool = False) -> str:
+            key: sign.SigningKey | None = None) -> str:
     """Push `spec` for its platforms and tag it `<floating>-<date>`, `build-…` and `<floating>`
     (a dated tag already taken gets `.1`, `.2`…); returns the digest the tags point at."""
     descs = [push_platform(reg, repo, spec, p, revision) for p in spec.platforms]
@@ -223,8 +219,9 @@ def publish(reg: oci.Registry, repo: str, spec: Spec, date: str, *, revision: st
             "sources": {"pypi": {"status": "ok"}, "debian-security": {"status": "ok"}},
             "vulnerabilities": [{"id": f"CVE-2026-{i:04d}"} for i in range(vulnerabilities)],
             "ok": vulnerabilities == 0, "audited_at": dt.date.today().isoformat()})
-    if signed:
-        sign(reg, repo, top)
+    if key is not None:  # signed as `builder publish --key` signs: the image and its evidence
+        sign.sign_image(reg, repo, top.digest, key)
+        sign.attest(reg, repo, top.digest, key, "sbom", sbom_document(spec, first.digest))
     taken = set(reg.tags(repo))
     dated, n = f"{spec.floating}-{date}", 0
     while dated in taken and reg.head(repo, dated).digest != top.digest:

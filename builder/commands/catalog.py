@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from builder.core import state
+from builder.core import sign, state
 from builder.core.output import emit_json, step
 from builder.stages import catalog, catalog_site, matrix
 
@@ -24,6 +24,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("source", nargs="?", metavar="REGISTRY/REPOSITORY",
                    help="the vetted repository (default: `registry`/`repository` of --matrix)")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="the site folder")
+    p.add_argument("--key", action="append", default=[], type=Path, metavar="COSIGN.PUB",
+                   help="verify cosign signatures and attestations with this public key "
+                   "(repeatable; without it, pages say what is signed, unverified)")
     p.add_argument("--cache", type=Path, metavar="FILE",
                    help="the digest cache (default: DIR/.cache/catalog.json)")
     p.set_defaults(func=cmd_catalog)
@@ -37,7 +40,8 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise state.path_error(args.out, exc, folder=True) from None
     cache = args.cache or args.out / ".cache" / "catalog.json"
-    doc, fetched = catalog.collect(source, args.out, cache, progress=step)
+    keys = [sign.load_public(path) for path in args.key]
+    doc, fetched = catalog.collect(source, args.out, cache, keys=keys, progress=step)
     if not catalog.same_facts(doc, args.out / "catalog.json"):
         catalog.validate(doc)  # jsonschema's import alone takes seconds: only for new facts
     written = catalog_site.write_site(doc, args.out)

@@ -3,7 +3,8 @@
 Input is one vetted repository (`REGISTRY/REPOSITORY`); nothing from a checkout, `.state/` or
 the matrix. Its tag list says nearly everything: floating tags, their dated tags
 (`<floating>-YYYYMMDD[.n]`), `build-<hash>` tags and the fallback tags of the evidence attached
-to each digest (`sha256-<hex>.sbom|smoke|provenance|audit|rebuild`, cosign's `.sig`). Each tag
+to each digest (`sha256-<hex>.sbom|smoke|provenance|audit|rebuild`, cosign's `.sig` and
+`.att`). Each tag
 is resolved to a digest with one HEAD; what a digest names never changes, so every manifest,
 config and artifact read is cached by its digest, and a second run fetches only new digests.
 """
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.core import labels, oci, state
+from builder.core import labels, oci, sign, state
 from builder.core.errors import BuilderError
 from sbom.diff import diff_sboms, iter_components
 
@@ -32,7 +33,7 @@ WORKERS = 8  # parallel registry requests; loopback and remote registries both s
 ARTIFACT_TAG = re.compile(r"^sha256-([0-9a-f]{64})\.([a-z]+)$")
 DATED_TAG = re.compile(r"^(?P<floating>.+)-(?P<date>\d{8})(?:\.(?P<n>\d+))?$")
 BUILD_TAG = re.compile(r"^build-[0-9a-f]+$")
-EVIDENCE_KINDS = ("sbom", "smoke", "provenance", "audit", "rebuild", "sig")
+EVIDENCE_KINDS = ("sbom", "smoke", "provenance", "audit", "rebuild")
 # What a page offers for download, by kind (the others are summarised only).
 DOWNLOADS = ("sbom", "smoke", "provenance")
 
@@ -70,7 +71,8 @@ class Cache:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self.data: dict[str, dict[str, Any]] = {"manifests": {}, "artifacts": {}, "layers": {}}
+        self.data: dict[str, dict[str, Any]] = {"manifests": {}, "artifacts": {}, "layers": {},
+                                                "verified": {}}
         if path and path.is_file():
             try:
                 doc = json.loads(path.read_text())
@@ -88,7 +90,7 @@ class Cache:
         return found
 
     def save(self) -> None:
-        if self.path:
+        if self.path and self.fetched:
             state.atomic_write(self.path, json.dumps({"version": CACHE_VERSION, **self.data},
                                                      separators=(",", ":")))
 
@@ -129,8 +131,8 @@ def dated_key(tag: str) -> tuple[str, str, int] | None:
 class Reader:
     """Reads manifests, configs and artifacts of one repository through the cache."""
 
-    def __init__(self, source: Source, cache: Cache, site: Path) -> None:
-        self.source, self.cache, self.site = source, cache, site
+    def __init__(self, source: Source, cache: Cache, site: Path, keys: list[Any]) -> None:
+        self.source, self.cache, self.site, self.keys = source, cache, site, keys
         self.reg = oci.Registry(source.registry)
 
     def resolve(self, tags: list[str]) -> dict[str, str]:
@@ -204,7 +206,7 @@ class Reader:
         return summary
 
     def _payload(self, tag: str, subject: str, kind: str) -> bytes | None:
-        if kind == "sig":  # cosign: the signature sits in the manifest's annotations
+        if kind in ("sig", "att"):  # cosign: what counts is in the manifest's annotations
             found = self.reg.manifest(self.source.repository, tag)
             return found[0] if found else None
         return self.reg.fetch_artifact(self.source.repository, subject, kind)
@@ -218,8 +220,11 @@ def download_href(subject: str, kind: str) -> str:
 
 
 def platform_name(doc: dict[str, Any]) -> str:
-    name = f"{doc.get('os', 'linux')}/{doc.get('architecture', '?')}"
-    return name + (f"/{doc['variant']}" if doc.get("variant") else "")
+    """`linux/amd64`, `linux/arm64` (its `v8` variant is implied, as docker and the matrix
+    write it), `linux/arm/v7`."""
+    arch, variant = doc.get("architecture", "?"), doc.get("variant")
+    implied = arch == "arm64" and variant == "v8"
+    return f"{doc.get('os', 'linux')}/{arch}" + (f"/{variant}" if variant and not implied else "")
 
 
 def layer_groups(history: list[str], count: int) -> list[str]:
@@ -258,7 +263,8 @@ def summarise(kind: str, data: bytes, subject: str) -> dict[str, Any]:
         return {"error": "not a JSON object"}
     summarize = {"sbom": sbom_summary, "smoke": smoke_summary, "audit": audit_summary,
                  "provenance": lambda d: provenance_summary(d, subject),
-                 "rebuild": rebuild_summary, "sig": signature_summary}[kind]
+                 "rebuild": rebuild_summary, "sig": signature_summary,
+                 "att": signature_summary}[kind]
     try:
         return {**summarize(doc), "bytes": len(data)}
     except (AttributeError, TypeError, KeyError, ValueError) as exc:  # another shape
@@ -325,20 +331,52 @@ def rebuild_summary(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def signature_summary(doc: dict[str, Any]) -> dict[str, Any]:
-    layers = doc.get("layers") or []
-    signed = [layer for layer in layers
-              if (layer.get("annotations") or {}).get("dev.cosignproject.cosign/signature")]
-    return {"signatures": len(signed)}
+    """A cosign `.sig` or `.att` manifest: how many signatures or attestations (of which
+    predicate types) it holds; checking them takes a key (`signature_status`)."""
+    notes = [layer.get("annotations") or {} for layer in doc.get("layers") or []]
+    return {"count": len(notes),
+            "predicate_types": sorted({n[sign.PREDICATE_ANNOTATION] for n in notes
+                                       if n.get(sign.PREDICATE_ANNOTATION)})}
+
+
+def signature_status(reader: Reader, digest: str, tags: TagSet, digests: dict[str, str],
+                     keys: list[Any]) -> dict[str, Any]:
+    """What is signed about `digest`: cosign signatures and signed attestations as present and,
+    with `keys`, whether they verify (cached per signature manifest and key)."""
+    found = {kind: evidence(reader, digest, kind, tags, digests) for kind in ("sig", "att")}
+    out: dict[str, Any] = {"present": found["sig"].get("present", False),
+                           "signatures": found["sig"].get("count", 0),
+                           "attestations": found["att"].get("predicate_types", []),
+                           "verified": None, "detail": None}
+    if not keys or not out["present"]:
+        return out
+    key = "|".join([*(digests.get(tags.artifacts.get((digest, k), ""), "") for k in found),
+                    *(sign.key_id(k) for k in keys)])
+    return {**out, **reader.cache.get("verified", key, lambda: verify_signed(
+        reader, digest, keys))}
+
+
+def verify_signed(reader: Reader, digest: str, keys: list[Any]) -> dict[str, Any]:
+    repo = reader.source.repository
+    try:
+        detail = sign.verify_image(reader.reg, repo, digest, keys)
+    except sign.SignatureError as exc:
+        return {"verified": False, "detail": str(exc)}
+    attested, _ = sign.verified_attestations(reader.reg, repo, digest, keys)
+    if attested:
+        detail += f"; verified attestations: {', '.join(sorted(attested))}"
+    return {"verified": True, "detail": detail}
 
 
 # ---- the catalog ------------------------------------------------------------------------------
 
 
-def collect(source: Source, site: Path, cache_path: Path | None,
+def collect(source: Source, site: Path, cache_path: Path | None, *, keys: list[Any] | None = None,
             progress: Callable[[str], None] = lambda _: None) -> tuple[dict[str, Any], int]:
-    """(the catalog document, how many digests were fetched: 0 when nothing was new)."""
+    """(the catalog document, how many digests were fetched: 0 when nothing was new). `keys`:
+    cosign public keys to verify signatures with (without, their presence is reported)."""
     cache = Cache(cache_path)
-    reader = Reader(source, cache, site)
+    reader = Reader(source, cache, site, keys or [])
     tags = classify(reader.reg.tags(source.repository))
     if not tags.images:
         raise BuilderError(f"`{source.name}` has no image tags",
@@ -370,7 +408,7 @@ def image_facts(reader: Reader, digest: str, tags: TagSet,
     return {"digest": digest, "index": "children" in top,
             **facts_from_labels(first.get("labels") or {}, first),
             "platforms": platforms,
-            "signature": evidence(reader, digest, "sig", tags, digests)}
+            "signature": signature_status(reader, digest, tags, digests, reader.keys)}
 
 
 def platform_facts(reader: Reader, digest: str, tags: TagSet,
@@ -387,7 +425,7 @@ def platform_facts(reader: Reader, digest: str, tags: TagSet,
             "layers": [{"digest": la["digest"], "size": la["size"], "group": la["group"],
                         "uncompressed": la["uncompressed"]} for la in layers],
             "evidence": {kind: evidence(reader, digest, kind, tags, digests)
-                         for kind in EVIDENCE_KINDS if kind != "sig"}}
+                         for kind in EVIDENCE_KINDS}}
 
 
 def evidence(reader: Reader, subject: str, kind: str, tags: TagSet,

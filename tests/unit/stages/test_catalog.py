@@ -134,7 +134,7 @@ def test_charts_are_self_contained_svg_with_css_classes() -> None:
 def test_the_site_is_written_and_a_second_write_changes_nothing(tmp_path: Path) -> None:
     images = {D1: image(D1, {"numpy": "2.3.5"}), D2: image(D2, {"numpy": "2.3.6"})}
     for found in images.values():
-        found.update(index=False, signature={"present": False}, cudnn=None, nccl=None,
+        found.update(index=False, signature={"present": False, "signatures": 0, "attestations": [], "verified": None, "detail": None}, cudnn=None, nccl=None,
                      triton=None, created=None)
         found["platforms"][0].update(digest=found["digest"], labels={}, uncompressed_size=None)
         found["platforms"][0]["evidence"].update(

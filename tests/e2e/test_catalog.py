@@ -1,0 +1,235 @@
+"""`builder catalog` end to end: a real registry holding images published as the pipeline
+publishes them (bench/catalog_images.py: FROM-scratch images with the pipeline's labels, layer
+history and attached SBOM, smoke report and provenance), the site it writes, and that site in
+headless Chromium (Debian's `chromium`): screenshots, the chooser, the page without JavaScript,
+the changelog, links and the console.
+
+Set CATALOG_SCREENSHOTS=docs to refresh the README's screenshots from this run.
+"""
+
+from __future__ import annotations
+
+import html.parser
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import jsonschema
+import pytest
+from helpers import ROOT, missing, run_builder
+
+from bench import catalog_images as ci
+from builder.core import oci, sign
+from builder.stages import catalog
+
+REPO = "catalog-e2e"
+CPU_OLD = ci.Spec(torch="2.13.0+cpu", python="3.11", flavor="runtime",
+                  packages={"numpy": "2.3.5", "filelock": "3.20.0"})
+CPU_NEW = ci.Spec(torch="2.13.0+cpu", python="3.11", flavor="runtime",
+                  packages={"numpy": "2.3.5", "filelock": "3.20.1"})  # the one-package change
+CPU_SLIM = ci.Spec(torch="2.13.0+cpu", python="3.11", flavor="slim")
+CUDA13_ARM = ci.Spec(torch="2.15.0", python="3.11", flavor="slim", cuda="13.2",
+                     platforms=("linux/amd64", "linux/arm64"))
+CUDA12 = ci.Spec(torch="2.9.1", python="3.11", flavor="runtime", cuda="12.8")
+
+
+@dataclass(frozen=True)
+class Site:
+    out: Path
+    source: str
+    digests: dict[str, str]  # floating tag → digest
+    pub: Path  # the cosign public key of the signed image
+
+
+@pytest.fixture(scope="module")
+def site(registry_addr: str, tmp_path_factory: pytest.TempPathFactory) -> Site:
+    """Two dated builds of the CPU runtime (the second after a one-package change, rebuilt for a
+    python vulnerability, signed), its slim sibling, a CUDA 13.2 slim index with linux/arm64 and
+    a CUDA 12.8 runtime; then `builder catalog` of that repository."""
+    reg = oci.Registry(registry_addr)
+    key = ci.signing_key()
+    ci.publish(reg, REPO, CPU_OLD, "20261201", vulnerabilities=2)
+    digests = {CPU_NEW.floating: ci.publish(reg, REPO, CPU_NEW, "20261204", key=key,
+                                            reasons=("python-vuln",), vulnerabilities=0)}
+    for spec in (CPU_SLIM, CUDA13_ARM, CUDA12):
+        digests[spec.floating] = ci.publish(reg, REPO, spec, "20261204")
+    folder = tmp_path_factory.mktemp("catalog")
+    pub = folder / "cosign.pub"
+    pub.write_bytes(sign.public_pem(key.public))
+    out = folder / "site"
+    result = json.loads(run_builder("catalog", f"{registry_addr}/{REPO}", "--out", str(out),
+                                    "--json").stdout)
+    assert result["fetched"] > 0 and result["tags"] == 9 and result["variants"] == 4
+    return Site(out, f"{registry_addr}/{REPO}", digests, pub)
+
+
+# ---- the files ----------------------------------------------------------------------------
+
+
+def test_catalog_json_matches_the_shipped_schema_and_says_what_was_published(site: Site) -> None:
+    doc = json.loads((site.out / "catalog.json").read_text())
+    jsonschema.Draft202012Validator(json.loads(catalog.SCHEMA_PATH.read_text())).validate(doc)
+    cuda = doc["images"][site.digests[CUDA13_ARM.floating]]
+    assert cuda["index"] and [p["platform"] for p in cuda["platforms"]] == [
+        "linux/amd64", "linux/arm64"]
+    assert (cuda["cuda"], cuda["min_driver"]) == ("13.2", "580.65.06")
+    assert {p["evidence"]["smoke"]["status"] for p in cuda["platforms"]} == {"pass"}
+    first = cuda["platforms"][0]
+    assert [la["group"] for la in first["layers"]] == CUDA13_ARM.groups
+    assert first["uncompressed_size"] > first["size"] - 2000  # from the gzip trailers
+    assert (site.out / first["evidence"]["sbom"]["href"]).is_file()
+
+
+def test_a_second_run_fetches_nothing_and_rewrites_nothing(site: Site) -> None:
+    before = {p: p.stat().st_mtime_ns for p in site.out.rglob("*") if p.is_file()}
+    result = json.loads(run_builder("catalog", site.source, "--out", str(site.out),
+                                    "--json").stdout)
+    assert (result["fetched"], result["files_written"]) == (0, 0)
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+
+
+def test_the_fixture_images_pass_builder_verify_like_published_ones(site: Site) -> None:
+    digest = site.digests[CPU_NEW.floating]
+    run_builder("verify", f"{site.source}@{digest}")  # exit 0: labels, smoke, SBOM, provenance
+
+
+def test_with_the_key_the_signature_is_verified(site: Site, tmp_path: Path) -> None:
+    out = tmp_path / "site"
+    run_builder("catalog", site.source, "--out", str(out), "--key", str(site.pub))
+    doc = json.loads((out / "catalog.json").read_text())
+    signed = doc["images"][site.digests[CPU_NEW.floating]]["signature"]
+    assert signed["verified"] is True and signed["attestations"] == ["https://cyclonedx.org/bom"]
+    assert doc["images"][site.digests[CPU_SLIM.floating]]["signature"]["present"] is False
+    page = (out / "tags" / f"{CPU_NEW.floating}.html").read_text()
+    assert "verified</span>: cosign signature over" in page
+
+
+def test_an_unknown_repository_is_one_error_line(registry_addr: str, tmp_path: Path) -> None:
+    result = run_builder("catalog", f"{registry_addr}/nothing-here", "--out",
+                         str(tmp_path / "site"), check=False)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: `{registry_addr}/nothing-here` has no image tags")
+
+
+# ---- in the browser -----------------------------------------------------------------------
+
+
+def chromium() -> str:
+    found = shutil.which("chromium")
+    if not found:
+        missing("no chromium (tools/setup.sh installs Debian's chromium)")
+    return str(found)
+
+
+def browse(page: Path, profile: Path, *args: str,
+           query: str = "") -> subprocess.CompletedProcess[str]:
+    """Headless Chromium on `page` (its own profile: other runs may use Chromium too)."""
+    argv = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+            f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", *args]
+    result = subprocess.run([*argv, page.as_uri() + query], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
+def dom(site: Site, name: str, tmp_path: Path, query: str = "") -> str:
+    result = browse(site.out / name, tmp_path / "profile", "--dump-dom", query=query)
+    console = [line for line in result.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == [], f"console messages on {name}{query}: {console}"
+    return result.stdout
+
+
+def visible_rows(page: str) -> list[str]:
+    """The data-tag of each index row the chooser left visible."""
+    rows = re.findall(r"<tr ([^>]*data-tag=[^>]*)>", page)
+    return [re.search(r'data-tag="([^"]+)"', r)[1] for r in rows if " hidden" not in r]
+
+
+def test_driver_525_excludes_cuda_13_and_arm64_shows_only_arm64_images(
+        site: Site, tmp_path: Path) -> None:
+    everything = visible_rows(dom(site, "index.html", tmp_path))
+    assert sorted(everything) == sorted(site.digests)
+    old_driver = visible_rows(dom(site, "index.html", tmp_path, "?driver=525"))
+    assert CUDA13_ARM.floating not in old_driver and CUDA12.floating not in old_driver
+    assert {CPU_NEW.floating, CPU_SLIM.floating} <= set(old_driver)
+    assert set(visible_rows(dom(site, "index.html", tmp_path, "?driver=575.51"))) == {
+        CPU_NEW.floating, CPU_SLIM.floating, CUDA12.floating}  # 12.8 needs 570.26
+    assert visible_rows(dom(site, "index.html", tmp_path, "?platform=linux%2Farm64")) == [
+        CUDA13_ARM.floating]
+    # A V100 (7.0): the CUDA 13 wheel has no sm_70 kernel, the CUDA 12.8 one has.
+    assert visible_rows(dom(site, "index.html", tmp_path, "?driver=600&gpu=7.0")) == [
+        CUDA12.floating]
+
+
+def test_without_javascript_the_index_is_a_plain_table_sorted_by_links(
+        site: Site, tmp_path: Path) -> None:
+    # Headless Chromium cannot dump or shoot a page with scripts off, so the page as served is
+    # read: it is what a browser without JavaScript shows.
+    page = (site.out / "index.html").read_text()
+    assert re.search(r'<form id="chooser"[^>]* hidden>', page)  # no form that cannot work
+    assert "<noscript>" in page and sorted(visible_rows(page)) == sorted(site.digests)
+    by_torch = visible_rows((site.out / "index-by-torch.html").read_text())
+    assert by_torch[0] == CUDA12.floating and by_torch[-1] == CUDA13_ARM.floating  # 2.9 < 2.15
+    # With scripts on, a heading keeps the choice: it links to the sorted page with the query.
+    chosen = dom(site, "index.html", tmp_path, "?driver=525")
+    assert re.search(r'href="[^"]*index-by-torch.html\?driver=525&amp;', chosen)
+
+
+def test_the_changelog_of_the_second_build_names_the_changed_package(
+        site: Site, tmp_path: Path) -> None:
+    page = dom(site, f"tags/{CPU_NEW.floating}-20261204.html", tmp_path)
+    row = re.search(r'<tr class="current">(.*?)</tr>', page, re.S)[1]
+    assert "pypi/filelock 3.20.0 → 3.20.1" in row and "python-vuln" in row
+    assert "0 added, 0 removed, 1 upgraded" in row
+    floating = dom(site, f"tags/{CPU_NEW.floating}.html", tmp_path)
+    assert "2 vuln." in floating and "0 vuln." in floating  # the history chart
+    assert "<svg" in floating and "g-toolchain" in floating  # the layer chart (runtime)
+
+
+class Links(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.found += [v for k, v in attrs if k in ("href", "src") and v]
+
+
+def test_every_link_resolves_inside_the_site(site: Site) -> None:
+    pages = sorted(site.out.rglob("*.html"))
+    assert len(pages) >= 9 + 9  # 9 sorted indexes, a page per floating and dated tag
+    broken = []
+    for page in pages:
+        parser = Links()
+        parser.feed(page.read_text())
+        for link in parser.found:
+            if link.startswith(("data:", "#")):
+                continue
+            parts = urlsplit(link)
+            target = (page.parent / parts.path).resolve()
+            if parts.scheme or parts.netloc or not target.is_file() or \
+                    site.out.resolve() not in target.parents:
+                broken.append(f"{page.relative_to(site.out)}: {link}")
+    assert broken == []
+
+
+def test_screenshots_of_the_index_and_an_image_page(site: Site, tmp_path: Path) -> None:
+    dark = "--blink-settings=preferredColorScheme=0"  # prefers-color-scheme: dark
+    shots = {"catalog-index.png": ("index.html", "", "1280,760", ()),
+             "catalog-chooser.png": ("index.html", "?driver=575.51", "1280,640", ()),
+             "catalog-image.png": (f"tags/{CPU_NEW.floating}.html", "", "1280,2400", ()),
+             "catalog-image-dark.png": (f"tags/{CUDA13_ARM.floating}.html", "", "1280,1300",
+                                        (dark,))}
+    keep = os.environ.get("CATALOG_SCREENSHOTS")
+    for name, (page, query, size, extra) in shots.items():
+        target = tmp_path / name
+        browse(site.out / page, tmp_path / "profile", f"--screenshot={target}",
+               f"--window-size={size}", *extra, query=query)
+        assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and target.stat().st_size > 20_000
+        if keep:
+            shutil.copyfile(target, ROOT / keep / name)
