@@ -83,11 +83,10 @@ class Cache:
         self.fetched = 0
 
     def get(self, table: str, digest: str, fetch: Callable[[], Any]) -> Any:
-        found = self.data[table].get(digest)
-        if found is None:
-            found = self.data[table][digest] = fetch()
+        if digest not in self.data[table]:  # None is an answer too (e.g. a size unknown)
+            self.data[table][digest] = fetch()
             self.fetched += 1
-        return found
+        return self.data[table][digest]
 
     def save(self) -> None:
         if self.path and self.fetched:
@@ -162,7 +161,7 @@ class Reader:
                     "children": [{"digest": c["digest"], "platform": platform_name(c["platform"])}
                                  for c in children]}
         config_desc = doc.get("config") or {}
-        config = json.loads(self.reg.blob(self.source.repository, config_desc["digest"]))
+        config = self.reg.config(self.source.repository, config_desc["digest"])
         return {"media_type": desc.media_type, "platform": platform_name(config),
                 "labels": (config.get("config") or {}).get("Labels") or {},
                 "created": config.get("created"),
@@ -178,8 +177,10 @@ class Reader:
         smallest value ≥ the compressed size is taken); None for other compressions."""
         if not layer["media_type"].endswith("gzip"):
             return None
-        def read() -> int:
+        def read() -> int | None:
             tail = self.reg.blob_tail(self.source.repository, layer["digest"], 4)
+            if tail is None or len(tail) != 4:
+                return None  # no range requests here: unknown, not guessed
             isize = int.from_bytes(tail, "little")
             while isize < layer["size"] - 64:  # gzip's header and trailer are about 20 bytes
                 isize += 1 << 32
