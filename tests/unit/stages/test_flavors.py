@@ -7,8 +7,7 @@ import json
 import re
 
 import pytest
-import yaml
-from rendering import LOCKS, ROOT, rendered
+from rendering import LOCKS, rendered
 
 from builder.stages import locks, render
 from smoke.checks.compile import skip_reason
@@ -81,17 +80,6 @@ def test_python_313_comes_from_trixie_for_the_cuda13_torch(shipped):
         r = rendered(shipped, variant_id)
         assert len(re.findall(r"^FROM torch-images-base:trixie\S* AS os$", r.dockerfile, re.M)) == 1
         assert 'io.torch-images.python="3.13"' in r.dockerfile
-
-
-def test_node_check_job_example():
-    docs = list(yaml.safe_load_all((ROOT / "examples" / "node-check-job.yaml").read_text()))
-    assert [d["kind"] for d in docs] == ["Job"]
-    pod = docs[0]["spec"]["template"]["spec"]
-    container = pod["containers"][0]
-    assert container["command"] == ["torch-smoke", "--require-gpu"]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
-    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
-    assert pod["restartPolicy"] == "Never" and docs[0]["spec"]["backoffLimit"] == 0
 
 
 def test_python_axis_gets_its_own_wheels(shipped):
