@@ -11,6 +11,7 @@ import difflib
 import hashlib
 import itertools
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -20,7 +21,7 @@ from typing import Any
 import yaml
 
 from builder.core import limits
-from builder.core.errors import BuilderError, ConfigError, UsageError
+from builder.core.errors import ConfigError, UsageError
 from builder.stages import tags
 from builder.stages.platforms import DEFAULT as DEFAULT_PLATFORM
 
@@ -38,13 +39,15 @@ class Problem:
 
     def format(self, file: str) -> str:
         where = format_path(self.path)
-        return f"{file}:{self.line}: {where + ': ' if where else ''}{self.message}"
+        message = limits.shorten(self.message, MAX_MESSAGE)  # the last guard: values are shortened
+        return f"{file}:{self.line}: {where + ': ' if where else ''}{message}"
 
 
 def format_path(path: Path_) -> str:
     out = ""
     for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        name = limits.shorten(str(part))
+        out += f"[{part}]" if isinstance(part, int) else (f".{name}" if out else name)
     return out
 
 
@@ -53,10 +56,13 @@ class MatrixError(ConfigError):
         # An include entry merged into many combinations reports its problem once, not per merge.
         unique = dict.fromkeys(problems)
         self.problems = sorted(unique, key=lambda p: (p.line, format_path(p.path)))
-        lines = [p.format(file) for p in self.problems]
+        lines = [p.format(file) for p in self.problems[:limits.SHOWN_PROBLEMS]]
+        more = len(self.problems) - len(lines)
+        if more:
+            lines.append(f"… and {more} more problems (the first {len(lines)} are shown)")
+        count = len(self.problems)
         super().__init__(
-            f"{file} is invalid ({len(lines)} problem{'s' * (len(lines) != 1)}):\n  "
-            + "\n  ".join(lines)
+            f"{file} is invalid ({count} problem{'s' * (count != 1)}):\n  " + "\n  ".join(lines)
         )
 
 
@@ -187,16 +193,20 @@ class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[mi
 # budget: the written-out document is already bounded by its size.
 MAX_DEPTH = 32
 MAX_ALIAS_NODES = 10_000
+# Size and time caps on the rest (#25): a matrix is a few KB and a few hundred nodes; these are
+# far above any real one and far below what costs a user minutes or gigabytes.
+MAX_MATRIX_BYTES = 1024 ** 2
+MAX_NODES = 100_000
+MAX_COMBINATIONS = 10_000  # of the axes, before include and platforms
+MAX_MERGES = 1_000_000  # include entries merged into combinations
+MAX_MESSAGE = 400  # characters of one problem
 # Only tags the safe loader constructs; `!!python/...` and unknown tags are problems.
 _PLAIN_TAGS = frozenset(tag for tag in _Loader.yaml_constructors if tag is not None)
 
 
 def _read_text(path: Path) -> str:
     file = str(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise BuilderError(f"cannot read {file}: {exc.strerror or exc}") from None
+    data = limits.read_bounded(path, MAX_MATRIX_BYTES, "a matrix")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -213,13 +223,19 @@ def _yaml_problem(exc: yaml.YAMLError, file: str) -> MatrixError:
 
 def _check_bounds(text: str, file: str) -> None:
     """One streaming pass over the parser's events (no tree, no recursion): refuse nesting
-    deeper than MAX_DEPTH and aliases that add more than MAX_ALIAS_NODES nodes in all."""
+    deeper than MAX_DEPTH, more than MAX_NODES nodes, and aliases that add more than
+    MAX_ALIAS_NODES nodes in all."""
     sizes: dict[str, int] = {}  # anchor → how many nodes one use of it expands to
     anchor_lines: dict[str, int] = {}
     open_frames: list[list[Any]] = []  # [anchor, nodes so far] per open collection
     added = 0  # nodes that aliases add to the document
+    written = 0  # nodes written out
     for event in yaml.parse(text, Loader=_Loader):
         line = event.start_mark.line + 1
+        written += isinstance(event, yaml.NodeEvent) and not isinstance(event, yaml.AliasEvent)
+        if written > MAX_NODES:
+            raise MatrixError(file, [Problem(line, (), f"more than {MAX_NODES} values (the limit "
+                                             "for a matrix): is this the right file?")])
         if isinstance(event, yaml.CollectionEndEvent):
             anchor, count = open_frames.pop()
             if anchor:
@@ -304,7 +320,8 @@ def _walk(node: yaml.Node, path: Path_, seen: _Walk) -> Any:
         return _scalar(node)
     except (yaml.YAMLError, ValueError, TypeError):
         problems.append(Problem(node.start_mark.line + 1, path,
-                                f"`{node.value}` is not a valid {node.tag.rsplit(':', 1)[-1]}"))
+                                f"`{limits.shorten(node.value)}` is not a valid "
+                                f"{node.tag.rsplit(':', 1)[-1]}"))
         return None
 
 
@@ -324,16 +341,26 @@ def _key_trap(node: yaml.ScalarNode, path: Path_) -> Problem:
         shown = _scalar(node)
     except (yaml.YAMLError, ValueError, TypeError):
         shown = node.value
+    written = limits.shorten(node.value)
     if shown is None:
-        what = f"`{node.value}` is read as null"
+        what = f"`{written}` is read as null"
     elif isinstance(shown, bool):
-        what = f"`{node.value}` is read as the boolean {str(shown).lower()}"
+        what = f"`{written}` is read as the boolean {str(shown).lower()}"
     elif isinstance(shown, int | float):
-        what = f"{shown} is a number"
+        what = f"{_number_text(shown)} is a number"
     else:
-        what = f"`{node.value}` is read as a {type(shown).__name__}"
+        what = f"`{written}` is read as a {type(shown).__name__}"
     return Problem(node.start_mark.line + 1, path,
-                   f'{what}; write "{node.value}" (quoted) so YAML keeps it a string')
+                   f'{what}; write "{written}" (quoted) so YAML keeps it a string')
+
+
+def _number_text(value: float) -> str:
+    """A number as Python reads it, shortened (a huge int has no str() at all past 4300
+    digits)."""
+    try:
+        return limits.shorten(str(value))
+    except ValueError:
+        return "a number of more than 4300 digits"
 
 
 def load_yaml(path: Path) -> tuple[Any, _Walk]:
@@ -382,22 +409,28 @@ def _explain(err: Any, path: Path_, lines: Mapping[Path_, int],
         for key in err.instance:
             if key not in allowed:
                 hint = suggest(key, allowed)
-                msg = f"unknown key `{key}`" + (f"; {hint}" if hint else
+                msg = f"unknown key `{limits.shorten(key)}`" + (f"; {hint}" if hint else
                                                 f"; allowed: {', '.join(allowed)}")
                 out.append(Problem(_line_of(lines, path + (key,)), path + (key,), msg))
         return out
     if err.validator == "type" and isinstance(err.instance, int | float) and "string" in str(
             err.validator_value):
-        text = raw.get(path, str(err.instance))
-        return [Problem(line, path, f'{err.instance} is a number; write "{text}" (quoted)')]
+        text = limits.shorten(raw.get(path) or _number_text(err.instance))
+        return [Problem(line, path, f'{_number_text(err.instance)} is a number; write "{text}" '
+                        "(quoted)")]
     if err.validator == "pattern":
         shape = err.schema.get("description") or f"the pattern {err.validator_value}"
-        return [Problem(line, path, f"{json.dumps(err.instance)} is not allowed here; expected "
+        return [Problem(line, path, f"{_shown(err.instance)} is not allowed here; expected "
                         f"{shape}")]
     if err.validator == "enum":
         choices = ", ".join(map(str, err.validator_value))
-        return [Problem(line, path, f"{json.dumps(err.instance)} is not one of: {choices}")]
+        return [Problem(line, path, f"{_shown(err.instance)} is not one of: {choices}")]
     return [Problem(line, path, err.message)]
+
+
+def _shown(value: Any) -> str:
+    """A value as it appears in a message: JSON, shortened."""
+    return limits.shorten(json.dumps(value, default=str))
 
 
 # ---------------------------------------------------------------- expansion
@@ -406,25 +439,58 @@ def _explain(err: Any, path: Path_, lines: Mapping[Path_, int],
 def expand(axes: Mapping[str, Sequence[Any]], include: Sequence[Mapping[str, Any]],
            exclude: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
     """GitHub Actions matrix semantics. Returns the combinations and, for each, the index of
-    the include entry that created it (-1 for combinations from the axes)."""
+    the include entry that created it (-1 for combinations from the axes).
+
+    An include entry merges into every combination from the axes whose axis values it does not
+    contradict. Those are found by lookup in an index per set of axis keys, not by comparing
+    every entry with every combination, so a long include list costs linear time."""
     keys = list(axes)
     combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*axes.values())]
     excluded = _exclude_matcher(exclude)
     combos = [c for c in combos if not excluded(c)]
-    originals = [dict(c) for c in combos]
+    matching = _axis_index(combos, keys)
     added: list[dict[str, Any]] = []
     origin = [-1] * len(combos)
+    merges = 0
     for index, entry in enumerate(include):
-        merged = False
+        hits = matching(entry)
+        merges += len(hits)
+        if merges > MAX_MERGES:
+            raise ExpansionTooLarge(Problem(0, ("include", index), (
+                f"include merges into more than {MAX_MERGES} combinations in all (the limit): "
+                "name axis values in each entry")))
         # Only combinations from the axes take merges; those added by include never do.
-        for combo, original in zip(combos, originals, strict=True):
-            if all(original[k] == v for k, v in entry.items() if k in original):
-                combo.update(entry)
-                merged = True
-        if not merged:
+        for i in hits:
+            combos[i].update(entry)
+        if not hits:
             added.append(dict(entry))
             origin.append(index)
     return combos + added, origin
+
+
+class ExpansionTooLarge(Exception):
+    def __init__(self, problem: Problem) -> None:
+        super().__init__(problem.message)
+        self.problem = problem
+
+
+def _axis_index(combos: Sequence[Mapping[str, Any]], keys: Sequence[str]
+                ) -> Callable[[Mapping[str, Any]], list[int]]:
+    """entry → the positions of the combinations whose original axis values equal the entry's
+    (on the axis keys it names), from one dict per distinct set of named axis keys."""
+    originals = [tuple(_hashable(c[k]) for k in keys) for c in combos]
+    by_keys: dict[tuple[int, ...], dict[tuple[Any, ...], list[int]]] = {}
+
+    def matching(entry: Mapping[str, Any]) -> list[int]:
+        named = tuple(i for i, k in enumerate(keys) if k in entry)
+        if named not in by_keys:
+            table: dict[tuple[Any, ...], list[int]] = {}
+            for pos, values in enumerate(originals):
+                table.setdefault(tuple(values[i] for i in named), []).append(pos)
+            by_keys[named] = table
+        return by_keys[named].get(tuple(_hashable(entry[keys[i]]) for i in named), [])
+
+    return matching
 
 
 def _exclude_matcher(exclude: Sequence[Mapping[str, Any]]) -> Callable[[Mapping[str, Any]], bool]:
@@ -494,7 +560,15 @@ def _build(path: Path, data: dict[str, Any],
            lines: dict[Path_, int]) -> tuple[Matrix, list[Problem]]:
     problems: list[Problem] = []
     bases = {py: Base(**spec) for py, spec in data["bases"].items()}
-    combos, origin = expand(data["axes"], data.get("include", []), data.get("exclude", []))
+    try:
+        if too_large := _combinations_problem(data, lines):
+            raise ExpansionTooLarge(too_large)
+        combos, origin = expand(data["axes"], data.get("include", []), data.get("exclude", []))
+    except ExpansionTooLarge as exc:  # a problem without a line yet: expand has no lines
+        where = exc.problem.path
+        return Matrix(path=path, registry=data["registry"], repository=data["repository"],
+                      bases=bases, toolkits={}, variants=()), [
+            Problem(_line_of(lines, where), where, exc.problem.message)]
     combos, origin = expand_platforms(combos, origin, data)
     defaults = data.get("default", [])
     variants: list[Variant] = []
@@ -528,6 +602,15 @@ def _build(path: Path, data: dict[str, Any],
         toolkits=data.get("toolkits", {}), variants=tuple(variants), aliases=aliases, lines=lines,
     )
     return matrix, problems
+
+
+def _combinations_problem(data: Mapping[str, Any], lines: Mapping[Path_, int]) -> Problem | None:
+    """The axes' product past its cap, counted before anything is expanded."""
+    count = math.prod(len(values) for values in data["axes"].values())
+    if count <= MAX_COMBINATIONS:
+        return None
+    return Problem(_line_of(lines, ("axes",)), ("axes",), f"the axes make {count} combinations; "
+                   f"the limit is {MAX_COMBINATIONS}: use include for the rare ones")
 
 
 def _variant(combo: dict[str, Any], data: dict[str, Any], bases: Mapping[str, Base],
