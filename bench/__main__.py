@@ -5,6 +5,16 @@ if sys.argv[1:2] == ["arm64"]:  # the emulated linux/arm64 end-to-end check
 
     sys.exit(arm64_main(sys.argv[2:]))
 
+if sys.argv[1:2] == ["promote"]:  # cross-registry promotion in bounded memory
+    from bench.promote import main as promote_main
+
+    sys.exit(promote_main(sys.argv[2:]))
+
+if sys.argv[1:2] == ["promote-worker"]:  # the measured process of `bench promote`
+    from bench.promote import worker
+
+    sys.exit(worker(sys.argv[2:]))
+
 from bench.runner import main
 
 sys.exit(main())

@@ -368,11 +368,12 @@ class Registry:
             self.upload(repository, digest, len(data), iter([data]))
         return digest
 
-    def upload(self, repository: str, digest: str, size: int, chunks: Iterator[bytes],
-               location: str | None = None) -> None:
+    def upload(self, repository: str, digest: str | None, size: int, chunks: Iterator[bytes],
+               location: str | None = None) -> str:
         """Stream a blob in PATCH chunks of at most CHUNK bytes (one chunk in memory), hashing
         as it goes; a PATCH that breaks is resumed from the offset the registry reports. The
-        final PUT names the digest, so the registry checks it too."""
+        final PUT names the digest (the one computed when `digest` is None), so the registry
+        checks it too. Returns the digest."""
         deadline = Deadline(blob_deadline(size))
         scopes = (push_scope(repository),)
         if location is None:
@@ -386,14 +387,16 @@ class Registry:
             hasher.update(chunk)
             url = self._patch(url, chunk, offset, deadline, scopes)
             offset += len(chunk)
-        if (got := "sha256:" + hasher.hexdigest()) != digest:
+        got = "sha256:" + hasher.hexdigest()
+        if digest is not None and got != digest:
             raise RegistryError(f"registry `{self.registry}`: uploading {digest}: the bytes "
                                 f"sent hash to {got}: refused")
         answer = self._request("PUT", "", deadline, scopes=scopes, ok=(201,), body=b"",
-                               absolute=_with_query(url, digest=digest))
+                               absolute=_with_query(url, digest=got))
         answer.close()
         if answer.status == 404:
             raise answer.fail("the upload session is gone (HTTP 404)")
+        return got
 
     def _patch(self, url: str, chunk: bytes, offset: int, deadline: Deadline,
                scopes: tuple[str, ...]) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from builder.core import labels, oci
 from builder.core.errors import BuilderError
-from builder.stages import provenance, smoketest
+from builder.stages import platforms, provenance, smoketest
 from smoke.host import host_summary
 
 OK, MISSING, BAD = "ok", "missing", "fail"
@@ -81,9 +81,16 @@ def index_rows(reference: Reference, index: dict[str, Any]) -> list[Row]:
     """A multi-arch index: each platform's manifest is checked (its evidence is attached to
     it, not to the index), rows prefixed with the platform."""
     rows = []
-    for child in index.get("manifests", []):
-        where = "{os}/{architecture}".format(**child.get("platform", {"os": "?",
-                                                                      "architecture": "?"}))
+    for child in index.get("manifests", []):  # at most oci.MAX_INDEX_CHILDREN, digests checked
+        platform = child.get("platform") if isinstance(child.get("platform"), dict) else {}
+        where = f"{platform.get('os', '?')}/{platform.get('architecture', '?')}"
+        if child.get("mediaType") in oci.INDEX_TYPES:  # one level: no nesting, so no cycles
+            rows.append(Row(f"{where} manifest", BAD, "a nested index: refused"))
+            continue
+        if where not in platforms.KNOWN:
+            rows.append(Row(f"{where} manifest", BAD, "not a platform this pipeline builds "
+                            f"({', '.join(platforms.KNOWN)})"))
+            continue
         _, child_rows = verify(Reference(reference.registry, reference.repository,
                                          child["digest"]))
         rows += [Row(f"{where} {r.what}", r.status, r.detail) for r in child_rows]

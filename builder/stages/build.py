@@ -250,7 +250,8 @@ def stage_outcome(matrix: Matrix, p: plan.PlannedVariant, outcome: Outcome) -> O
     SBOM there, so that any other machine can smoke, describe or publish it."""
     from builder.stages import evidence
 
-    step(f"  [{p.variant.key}] staging in {matrix.registry}/{evidence.staging_repository(matrix)}")
+    step(f"  [{p.variant.key}] staging in {evidence.staging_registry(matrix)}/"
+         f"{evidence.staging_repository(matrix)}")
     staged = evidence.stage(matrix, outcome.image_id, p.hash_tag)
     for kind in ("smoke", "sbom"):
         path = evidence.local_file(kind, outcome.image_id)

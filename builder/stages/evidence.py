@@ -42,8 +42,13 @@ class Staged:
 
 
 def staging_repository(matrix: Matrix) -> str:
-    """Where images wait, by digest, until their evidence is complete and they are promoted."""
-    return f"{matrix.repository}-staging"
+    """Where images wait, by digest, until their evidence is complete and they are promoted
+    (on `staging_registry(matrix)`: the matrix's `staging`, else `<repository>-staging`)."""
+    return matrix.staging_repository
+
+
+def staging_registry(matrix: Matrix) -> str:
+    return matrix.staging_registry
 
 
 def local_file(kind: str, image_id: str) -> Path:
@@ -53,7 +58,7 @@ def local_file(kind: str, image_id: str) -> Path:
 
 def find_staged(matrix: Matrix, hash_tag: str) -> Staged | None:
     """The staged image of this content hash, if any machine staged it."""
-    reg = oci.Registry(matrix.registry)
+    reg = oci.Registry(staging_registry(matrix))
     return staged_at(reg, staging_repository(matrix), hash_tag)
 
 
@@ -68,10 +73,10 @@ def staged_at(reg: oci.Registry, repository: str, ref: str) -> Staged | None:
 
 def stage(matrix: Matrix, image_id: str, hash_tag: str) -> Staged:
     """`docker push` the local image to the staging repository under its content tag."""
-    ref = f"{matrix.registry}/{staging_repository(matrix)}:{hash_tag}"
+    ref = f"{staging_registry(matrix)}/{staging_repository(matrix)}:{hash_tag}"
     engine.docker("tag", image_id, ref)
     try:
-        oci.retry(f"pushing `{ref}`", matrix.registry,
+        oci.retry(f"pushing `{ref}`", staging_registry(matrix),
                   lambda: engine.docker("push", ref, timeout=3600), (CommandFailed,))
     finally:
         engine.docker("image", "rm", ref, check=False)

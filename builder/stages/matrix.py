@@ -138,10 +138,19 @@ class Matrix:
     variants: tuple[Variant, ...]
     aliases: tuple[Alias, ...] = ()
     lines: Mapping[Path_, int] = field(default_factory=dict, repr=False)
+    staging: str = ""  # registry/repository; "" is <registry>/<repository>-staging
 
     @property
     def image_name(self) -> str:
         return f"{self.registry}/{self.repository}"
+
+    @property
+    def staging_registry(self) -> str:
+        return self.staging.partition("/")[0] if self.staging else self.registry
+
+    @property
+    def staging_repository(self) -> str:
+        return self.staging.partition("/")[2] if self.staging else f"{self.repository}-staging"
 
     def select(self, selectors: Iterable[str] = ()) -> list[Variant]:
         """Variants matching every key of the KEY=VALUE selectors (any of a repeated key's)."""
@@ -600,6 +609,7 @@ def _build(path: Path, data: dict[str, Any],
     matrix = Matrix(
         path=path, registry=data["registry"], repository=data["repository"], bases=bases,
         toolkits=data.get("toolkits", {}), variants=tuple(variants), aliases=aliases, lines=lines,
+        staging=data.get("staging", ""),
     )
     return matrix, problems
 

@@ -161,9 +161,10 @@ def stage(matrix: Matrix, cand: Candidate) -> Staged:
 
 
 def promote(matrix: Matrix, staged: Staged) -> Staged:
-    """Copy the staged image into the vetted repository, by digest: no tag points at it yet."""
-    reg = oci.Registry(matrix.registry)
-    reg.copy(staged.repository, matrix.repository, staged.digest)
+    """Copy the staged image into the vetted repository, by digest: no tag points at it yet.
+    Staging may be another registry: each missing blob is then streamed across once."""
+    oci.promote(oci.Registry(staged.registry), staged.repository, oci.Registry(matrix.registry),
+                matrix.repository, staged.digest)
     return Staged(matrix.registry, matrix.repository, staged.descriptor, staged.image_id)
 
 

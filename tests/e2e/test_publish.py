@@ -400,3 +400,31 @@ def test_a_staged_image_is_published_from_an_empty_workspace(
     [result] = run(images, [p], tmp_path)
     assert result["status"] == "published", result
     assert result["image_id"] == image_id and result["digest"] == staged.digest
+
+
+@pytest.mark.docker
+def test_staging_on_another_registry_is_promoted_across(
+        images: Images, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI stages in its own registry (`staging: registry/repository`); `builder publish`
+    promotes into the matrix's registry by digest, blobs streamed across, and the evidence
+    attached in staging travels with the digest."""
+    folder, addr = tmp_path / "ci-registry", f"127.0.0.1:{free_port()}"
+    registry.start(addr, folder)
+    try:
+        images.matrix = dataclasses.replace(images.matrix, staging=f"{addr}/ci/torch-staging")
+        p, image_id = images.build(CPU_ID)
+        staged = evidence.stage(images.matrix, image_id, p.hash_tag)
+        assert (staged.registry, staged.repository) == (addr, "ci/torch-staging")
+        for kind in ("smoke", "sbom"):
+            evidence.attach(staged, kind, evidence.local_file(kind, image_id).read_bytes())
+        monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "another-machine"))
+        [result] = run(images, [p], tmp_path)
+        assert result["status"] == "published", result
+        assert result["digest"] == staged.digest
+        assert result["registry"] == images.matrix.registry != addr
+        vetted = oci.Registry(images.matrix.registry)
+        assert vetted.head(images.matrix.repository, staged.digest) is not None
+        smoke = vetted.fetch_artifact(images.matrix.repository, staged.digest, "smoke")
+        assert smoke is not None and json.loads(smoke)["image"]["id"] == image_id
+    finally:
+        registry.stop(folder)

@@ -15,6 +15,7 @@ from fakeregistry import Request, Server, Store, basic, digest, serving
 
 from builder.core import oci, registry_auth, registry_http
 from builder.core.oci import RegistryError
+from builder.flows import verify
 
 FAST = (0.0, 0.0, 0.0)
 IMAGE_CONFIG = json.dumps({"config": {"Labels": {"a": "b"}}}).encode()
@@ -508,3 +509,21 @@ def test_an_artifact_is_pushed_with_its_subject(fake: Server) -> None:
     doc = json.loads(manifests[oci.artifact_tag(subject.digest, "smoke")])
     assert doc["subject"]["digest"] == subject.digest
     assert doc["artifactType"] == "application/x-smoke"
+
+
+def test_verify_refuses_a_nested_index_and_a_made_up_platform(fake: Server) -> None:
+    store = Store()
+    child = image(store)
+    inner = store.add_manifest({"schemaVersion": 2, "mediaType": oci.OCI_INDEX, "manifests": [
+        {"mediaType": oci.OCI_MANIFEST, "digest": child, "size": 1}]})
+    outer = store.add_manifest({"schemaVersion": 2, "mediaType": oci.OCI_INDEX, "manifests": [
+        {"mediaType": oci.OCI_INDEX, "digest": inner, "size": 1,
+         "platform": {"os": "linux", "architecture": "amd64"}},
+        {"mediaType": oci.OCI_MANIFEST, "digest": child, "size": 1,
+         "platform": {"os": "plan9", "architecture": "mips"}}]})
+    fake.ping_ok()
+    store.serve(fake)
+    _, rows = verify.verify(verify.Reference(fake.addr, "repo", outer))
+    assert [(r.what, r.status) for r in rows] == [
+        ("linux/amd64 manifest", verify.BAD), ("plan9/mips manifest", verify.BAD)]
+    assert "nested index" in rows[0].detail and "linux/amd64" in rows[1].detail

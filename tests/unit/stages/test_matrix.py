@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from builder.stages import matrix
@@ -211,3 +213,15 @@ def test_python_without_a_torch_wheel_is_refused():
     cpu = matrix.Variant("2.13.0+cpu", "3.11", "cpu", "runtime", base)
     assert wheels.has_wheel(ok, names) and wheels.has_wheel(cpu, names)
     assert not wheels.has_wheel(missing, names)
+
+
+def test_staging_is_a_full_reference_on_any_registry(write_matrix):
+    shipped = (Path(__file__).resolve().parents[3] / "matrix.yaml").read_text()
+    m = matrix.load(write_matrix(shipped))
+    assert (m.staging_registry, m.staging_repository) == ("127.0.0.1:5000", "torch-staging")
+    other = shipped.replace("repository: torch\n", "repository: torch\n"
+                            "staging: ci.example:5000/team/torch-staging\n", 1)
+    m = matrix.load(write_matrix(other))
+    assert (m.staging_registry, m.staging_repository) == ("ci.example:5000", "team/torch-staging")
+    bad = shipped.replace("repository: torch\n", "repository: torch\nstaging: no-repository\n", 1)
+    assert "staging" in problems(write_matrix(bad))
