@@ -102,6 +102,16 @@ def images_with_label(key: str, value: str) -> list[str]:
     return sorted(set(result.stdout.split()))
 
 
+def run_container(name: str, run_args: Sequence[str], **kwargs: Any
+                  ) -> subprocess.CompletedProcess[str]:
+    """`docker RUN_ARGS` (a `run … --name NAME …` command line); on SIGINT/SIGTERM the container
+    is killed and removed (`rm -f`: no stop grace period) before the client is stopped, so the
+    tool exits within a second or two and no container outlives it (CI runners SIGKILL a few
+    seconds after SIGTERM)."""
+    return docker(*run_args, **kwargs,
+                  on_interrupt=lambda: docker("rm", "-f", name, check=False, timeout=30))
+
+
 def remove_image(ref: str) -> None:
     docker("image", "rm", "-f", ref, check=False)
 

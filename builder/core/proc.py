@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from io import BufferedReader
 from pathlib import Path
 from typing import Any
@@ -75,10 +75,13 @@ def run(
     timeout: float | None = None,
     input: str | bytes | None = None,
     log: Path | None = None,
+    on_interrupt: Callable[[], object] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run a command; on failure raise CommandFailed with the command and the tail of its output.
 
     With `log`, stdout and stderr go to that file (appended) instead of being captured.
+    `on_interrupt` runs first when SIGINT/SIGTERM arrives while the command runs (e.g. killing
+    the container a `docker run` started), before the command itself is stopped.
     """
     args = [str(a) for a in argv]
     args[0] = which(args[0])
@@ -92,11 +95,12 @@ def run(
                 fh.write(f"$ {shlex.join(args)}\n")
                 fh.flush()
                 result = _run_child(args, env=full_env, cwd=cwd, stdout=fh,
-                                    stderr=subprocess.STDOUT, timeout=timeout, input=input)
+                                    stderr=subprocess.STDOUT, timeout=timeout, input=input,
+                                    on_interrupt=on_interrupt)
         else:
             pipe = subprocess.PIPE if capture else None
             result = _run_child(args, env=full_env, cwd=cwd, stdout=pipe, stderr=pipe,
-                                timeout=timeout, input=input)
+                                timeout=timeout, input=input, on_interrupt=on_interrupt)
     except subprocess.TimeoutExpired as exc:
         raise CommandFailed(f"`{shlex.join(args)}` timed out after {timeout:.0f} s") from exc
     if check and result.returncode != 0:
@@ -139,14 +143,19 @@ def install_signal_handlers() -> None:
 
 
 def _run_child(args: list[str], *, timeout: float | None, input: str | bytes | None,
+               on_interrupt: Callable[[], object] | None = None,
                **popen: Any) -> subprocess.CompletedProcess[str]:
     """subprocess.run, except that a signal or timeout is passed on to the child (which then
-    gets STOP_GRACE_S to clean up) instead of SIGKILLing it at once."""
+    gets STOP_GRACE_S to clean up) instead of SIGKILLing it at once; on a signal,
+    `on_interrupt` runs first."""
     with subprocess.Popen(args, text=True, stdin=subprocess.PIPE if input is not None else None,
                           **popen) as child:
         try:
             stdout, stderr = child.communicate(input, timeout=timeout)
         except BaseException as exc:
+            if on_interrupt is not None and isinstance(exc, Interrupted):
+                with contextlib.suppress(Exception):
+                    on_interrupt()
             stop_child(child, exc.signum if isinstance(exc, Interrupted) else signal.SIGTERM)
             raise
     return subprocess.CompletedProcess(args, child.returncode, stdout, stderr)

@@ -23,6 +23,7 @@ import hashlib
 import json
 import re
 import tempfile
+import uuid
 from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -108,8 +109,10 @@ def parse_upgradable(text: str) -> dict[str, tuple[str, str]]:
 
 def debian_upgradable(image: str) -> dict[str, tuple[str, str]]:
     """Packages with a newer version in the image's apt sources (network: host, user: root)."""
-    result = engine.docker("run", "--rm", "--network", "host", "--user", "0", "--entrypoint",
-                           "sh", image, "-c", APT_CMD, check=False, timeout=900)
+    name = f"builder-apt-{uuid.uuid4().hex[:12]}"
+    result = engine.run_container(name, ["run", "--rm", "--name", name, "--network", "host",
+                                         "--user", "0", "--entrypoint", "sh", image, "-c",
+                                         APT_CMD], check=False, timeout=900)
     if result.returncode != 0:
         raise SourceError(f"apt in {image} exited with {result.returncode}: "
                           + "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:]))

@@ -238,15 +238,13 @@ def _resolve(image: str) -> tuple[str, str | None, dict[str, str]]:
 
 
 def _run_container(args: list[str], name: str, timeout: float) -> tuple[int | None, str, str]:
-    """(exit code or None on timeout, stdout, stderr); a timed-out container is removed."""
+    """(exit code or None on timeout, stdout, stderr); a timed-out container is removed, and on
+    SIGINT/SIGTERM it is killed at once (engine.run_container)."""
     try:
-        result = engine.docker(*args, check=False, timeout=timeout)
+        result = engine.run_container(name, args, check=False, timeout=timeout)
     except CommandFailed as exc:  # proc.run's timeout: the client died, the container may not
         engine.docker("rm", "-f", name, check=False)
         return None, "", f"{exc}\n{exc.hint or ''}"
-    except KeyboardInterrupt:  # SIGINT/SIGTERM: the container must not outlive the tool
-        engine.docker("rm", "-f", name, check=False)
-        raise
     return result.returncode, result.stdout or "", result.stderr or ""
 
 

@@ -4,7 +4,10 @@ registry's pid file (2), a foreign platform without emulation (9), signals (10).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -54,3 +57,48 @@ def test_registry_start_replaces_a_stale_pid_file_and_says_so(tmp_path, impostor
     finally:
         run_builder("registry", "stop", "--addr", addr, env=env, check=False)
     assert impostor.poll() is None
+
+
+# ---- 10. SIGTERM kills the child container at once and the tool exits within 3 s -------------
+
+# A stand-in `docker` (BUILDER_DOCKER): `run` is a client attached to a container that takes the
+# engine's 10 s stop grace period on SIGTERM (it ignores the signal) and ends only when
+# `rm -f` removes its container.
+SLOW_TO_STOP = """\
+#!/bin/bash
+dir={dir}
+case "$1" in
+  info) echo '{{"ServerVersion": "24.0"}}' ;;
+  image) echo '[{{"Id": "sha256:0123", "RepoDigests": [], "Config": {{"Labels": {{}}}}}}]' ;;
+  run)
+    trap 'echo "run got TERM" >> $dir/log' TERM
+    echo started >> $dir/log
+    for _ in $(seq 200); do [ -e $dir/removed ] && exit 137; sleep 0.05; done
+    echo "run ended by itself" >> $dir/log ;;
+  rm) echo "rm $*" >> $dir/log; touch $dir/removed ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_kills_the_smoke_container_and_exits_within_3_s(tmp_path, signum):
+    docker = tmp_path / "docker"
+    docker.write_text(SLOW_TO_STOP.format(dir=tmp_path))
+    docker.chmod(0o755)
+    log = tmp_path / "log"
+    env = {**os.environ, "BUILDER_DOCKER": str(docker), "BUILDER_STATE": str(tmp_path / "state"),
+           "PATH": "/usr/bin:/bin"}
+    tool = subprocess.Popen([sys.executable, "-m", "builder", "smoke", "img:tag"], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (log.exists() and "started" in log.read_text()):
+        assert time.monotonic() < deadline and tool.poll() is None, tool.communicate()
+        time.sleep(0.05)
+    signalled = time.monotonic()
+    tool.send_signal(signum)  # to the Python process alone, as `timeout` and CI runners do
+    _, stderr = tool.communicate(timeout=30)
+    took = time.monotonic() - signalled
+    assert tool.returncode == 128 + signum, stderr
+    assert took < 3, f"exited {took:.1f} s after {signal.Signals(signum).name}"
+    assert "rm -f builder-smoke-" in log.read_text()  # killed and removed, not stopped
+    assert "run ended by itself" not in log.read_text()

@@ -63,7 +63,7 @@ def test_signal_stops_the_smoke_container_and_exits_128_plus_signal(
 CHILD = """\
 import sys
 from pathlib import Path
-from builder import proc
+from builder.core import proc
 proc.install_signal_handlers()
 try:
     proc.run(["bash", "-c", sys.argv[1]], log=Path(sys.argv[2]))
