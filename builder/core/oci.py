@@ -514,7 +514,15 @@ class Registry:
             "annotations": {REF_NAME: tag, SUBJECT_ANNOTATION: subject.digest},
         }
         body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-        digest = self.put_manifest(repository, tag, body, OCI_MANIFEST)
+        try:
+            digest = self.put_manifest(repository, tag, body, OCI_MANIFEST)
+        except RegistryError as exc:
+            if not re.search(r"HTTP (400|415)", str(exc)):
+                raise
+            raise RegistryError(
+                f"registry `{self.registry}` refused the {kind} of {subject.digest[:19]} as an "
+                "OCI 1.1 artifact (a manifest with `subject` and `artifactType`): it supports "
+                "neither the referrers API nor its tag fallback", hint=str(exc)) from None
         return Descriptor(digest, OCI_MANIFEST, len(body))
 
     def referrers(self, repository: str, digest: str,

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import os
 import shutil
 import subprocess
+import tempfile
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,3 +142,29 @@ def lookup(registry: str) -> Credentials | None:
     if (store := doc.get("credsStore")) and (found := helper_get(str(store), registry)):
         return found
     return _from_auths(_section(doc, "auths"), registry, config_dir() / "config.json")
+
+
+@contextlib.contextmanager
+def docker_env(registry: str) -> Iterator[dict[str, str]]:
+    """The environment for a `docker push`/`pull` of `registry` that finds the same credentials
+    as this client. Docker reads its config itself, so nothing changes unless
+    REGISTRY_USERNAME/PASSWORD are set: then a private temporary DOCKER_CONFIG holds the user's
+    config with those credentials in `auths` for this registry (its helper and any credsStore,
+    which would shadow `auths`, taken out), removed afterwards."""
+    user, password = os.environ.get("REGISTRY_USERNAME"), os.environ.get("REGISTRY_PASSWORD")
+    if not (user and password):
+        yield {}
+        return
+    doc = _load_config()
+    doc.pop("credsStore", None)
+    helpers = {k: v for k, v in _section(doc, "credHelpers").items()
+               if _key(k) != _key(registry)}
+    auths = {k: v for k, v in _section(doc, "auths").items() if _key(k) != _key(registry)}
+    server = DOCKER_HUB_KEY if _key(registry) == "docker.io" else registry
+    auths[server] = {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}
+    doc.update(credHelpers=helpers, auths=auths)
+    with tempfile.TemporaryDirectory(prefix="builder-docker-config-") as folder:
+        path = Path(folder) / "config.json"
+        path.touch(mode=0o600)
+        path.write_text(json.dumps(doc))
+        yield {"DOCKER_CONFIG": folder}

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.core import engine, oci, state
+from builder.core import engine, oci, registry_auth, state
 from builder.core.errors import CommandFailed
 from builder.stages import smoketest
 from builder.stages.matrix import Matrix
@@ -76,8 +76,10 @@ def stage(matrix: Matrix, image_id: str, hash_tag: str) -> Staged:
     ref = f"{staging_registry(matrix)}/{staging_repository(matrix)}:{hash_tag}"
     engine.docker("tag", image_id, ref)
     try:
-        oci.retry(f"pushing `{ref}`", staging_registry(matrix),
-                  lambda: engine.docker("push", ref, timeout=3600), (CommandFailed,))
+        with registry_auth.docker_env(staging_registry(matrix)) as env:
+            oci.retry(f"pushing `{ref}`", staging_registry(matrix),
+                      lambda: engine.docker("push", ref, timeout=3600, env=env),
+                      (CommandFailed,))
     finally:
         engine.docker("image", "rm", ref, check=False)
     staged = find_staged(matrix, hash_tag)
@@ -128,9 +130,10 @@ def from_reference(text: str) -> Staged | None:
 def pull(staged: Staged) -> str:
     """Make the staged image present in the local engine; returns its local reference."""
     if engine.inspect_image(staged.image_id) is None:
-        oci.retry(f"pulling `{staged.reference}`", staged.registry,
-                  lambda: engine.docker("pull", "-q", staged.reference, timeout=3600),
-                  (CommandFailed,))
+        with registry_auth.docker_env(staged.registry) as env:
+            oci.retry(f"pulling `{staged.reference}`", staged.registry,
+                      lambda: engine.docker("pull", "-q", staged.reference, timeout=3600,
+                                            env=env), (CommandFailed,))
     return staged.image_id
 
 

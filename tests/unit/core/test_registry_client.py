@@ -527,3 +527,57 @@ def test_verify_refuses_a_nested_index_and_a_made_up_platform(fake: Server) -> N
     assert [(r.what, r.status) for r in rows] == [
         ("linux/amd64 manifest", verify.BAD), ("plan9/mips manifest", verify.BAD)]
     assert "nested index" in rows[0].detail and "linux/amd64" in rows[1].detail
+
+
+def test_a_registry_refusing_artifacts_is_reported_clearly(fake: Server) -> None:
+    fake.ping_ok()
+    fake.route("HEAD", r"/v2/repo/blobs/.*")(lambda r, m: r.reply(200))
+    fake.route("PUT", r"/v2/repo/manifests/.*")(lambda r, m: r.reply(
+        400, b'{"errors":[{"code":"MANIFEST_INVALID"}]}'))
+    subject = oci.Descriptor("sha256:" + "d" * 64, oci.OCI_MANIFEST, 10)
+    with pytest.raises(RegistryError) as exc:
+        reg(fake).push_artifact("repo", subject, "application/x-smoke", b"{}", kind="smoke",
+                                title="smoke.json")
+    one_line(exc, fake.addr, "supports neither the referrers API nor its tag fallback")
+
+
+def test_an_identity_token_is_exchanged_with_a_post(fake: Server, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"auths": {fake.addr: {"identitytoken": "refresh-me"}}}))
+    forms: list[str] = []
+
+    def token(r: Request, m: re.Match[str]) -> None:
+        forms.append(r.body().decode())
+        r.reply(200, json.dumps({"access_token": "A", "expires_in": 300}).encode())
+    fake.route("POST", "/oauth2/token")(token)
+    realm = f"http://{fake.addr}/oauth2/token"
+    fake.route("GET", "/v2/")(lambda r, m: r.reply(401, b"", {
+        "WWW-Authenticate": f'Bearer realm="{realm}",service="fake"'}))
+    fake.route("HEAD", r"/v2/repo/manifests/t")(lambda r, m: r.reply(
+        200 if r.headers.get("Authorization") == "Bearer A" else 401, b"", {
+            "Docker-Content-Digest": "sha256:" + "e" * 64, "Content-Type": oci.OCI_MANIFEST,
+            "WWW-Authenticate": f'Bearer realm="{realm}",service="fake"'}))
+    assert reg(fake).head("repo", "t").digest == "sha256:" + "e" * 64  # type: ignore[union-attr]
+    assert "grant_type=refresh_token" in forms[0] and "refresh_token=refresh-me" in forms[0]
+    assert "scope=repository%3Arepo%3Apull" in forms[0]
+
+
+def test_docker_push_sees_the_environment_credentials(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"credsStore": "pass", "credHelpers": {"r.example": "ecr-login", "o.example": "gcloud"}}))
+    monkeypatch.delenv("REGISTRY_USERNAME", raising=False)
+    with registry_auth.docker_env("r.example") as env:
+        assert env == {}
+    monkeypatch.setenv("REGISTRY_USERNAME", "ci")
+    monkeypatch.setenv("REGISTRY_PASSWORD", "pw")
+    with registry_auth.docker_env("r.example") as env:
+        folder = Path(env["DOCKER_CONFIG"])
+        doc = json.loads((folder / "config.json").read_text())
+        assert (folder / "config.json").stat().st_mode & 0o077 == 0
+    assert not folder.exists()
+    assert "credsStore" not in doc and doc["credHelpers"] == {"o.example": "gcloud"}
+    assert doc["auths"]["r.example"]["auth"] == basic("ci", "pw").split()[1]
