@@ -73,7 +73,15 @@ def cmd_build(args: argparse.Namespace) -> int:
               [(o.variant_id, o.state + (f" ({o.message})" if o.message else ""),
                 human_bytes(o.size) if o.size else "-",
                 f"{o.seconds:.0f} s" if o.seconds else "-", o.image) for o in outcomes])
-    return 0 if all(o.state in ("built", "up-to-date") for o in outcomes) else 1
+    return exit_status(outcomes)
+
+
+def exit_status(outcomes: list[Outcome]) -> int:
+    """1 for a failed build or smoke test, else 2 when a platform could not be built here."""
+    states = {o.state for o in outcomes}
+    if states - {"built", "up-to-date", "skipped"}:
+        return 1
+    return 2 if "skipped" in states else 0
 
 
 def run_build(args: argparse.Namespace) -> list[Outcome]:

@@ -61,7 +61,7 @@ class Outcome:
     """The built artifact of one planned variant: its image (by id), smoke report and SBOM."""
 
     variant_id: str
-    state: str  # built | up-to-date | failed | smoke-failed
+    state: str  # built | up-to-date | failed | smoke-failed | skipped (platform not runnable)
     image: str = ""
     image_id: str = ""
     size: int = 0
@@ -271,7 +271,11 @@ def write_image_sbom(image_id: str, image: str) -> Path:
 
 
 def build_images(matrix: Matrix, variants: list[Variant], options: BuildOptions) -> list[Outcome]:
-    """Plan the variants, then build (and smoke, describe, stage) those not up to date."""
+    """Plan the variants, then build (and smoke, describe, stage) those not up to date. Variants
+    of a platform this host cannot run are skipped, with the command that enables it."""
+    variants, skipped = runnable(variants)
+    if not variants:
+        return skipped
     if options.relock:
         stale = [v for v in variants if not locks.is_current(options.locks, v)]
         locks.lock_all(matrix, stale, options.locks, progress=step)
@@ -302,5 +306,18 @@ def build_images(matrix: Matrix, variants: list[Variant], options: BuildOptions)
         outcomes.append(outcome)
         if outcome.state != "built" and options.fail_fast:
             break
-    return outcomes
+    return outcomes + skipped
+
+
+def runnable(variants: list[Variant]) -> tuple[list[Variant], list[Outcome]]:
+    """The variants this host can bootstrap, build and smoke-test, and a `skipped` outcome for
+    each of the others (one line per platform says why and what enables it)."""
+    why = {name: platforms.cannot_run(name) for name in {v.platform for v in variants}}
+    for name, reason in sorted(why.items()):
+        if reason:
+            count = sum(v.platform == name for v in variants)
+            step(f"{name}: {count} variant{'s' * (count != 1)} skipped: {reason}")
+    return ([v for v in variants if not why[v.platform]],
+            [Outcome(v.key, "skipped", message=f"no emulation: {platforms.ENABLE_EMULATION}")
+             for v in variants if why[v.platform]])
 

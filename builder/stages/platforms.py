@@ -10,8 +10,10 @@ changes nothing for amd64. Every other platform adds a `.linux-<arch>` suffix.
 from __future__ import annotations
 
 import platform as host_platform
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from builder.core import oci
@@ -81,6 +83,29 @@ def emulated(name: str) -> bool:
     """True when images of this platform run here through binfmt/qemu, not natively."""
     native = host()
     return native is None or native.name != name
+
+
+BINFMT_MISC = Path("/proc/sys/fs/binfmt_misc")
+ENABLE_EMULATION = "tools/setup_emulation.sh"
+
+
+def cannot_run(name: str) -> str | None:
+    """Why this host cannot run programs of platform `name` (bootstrap, build, smoke), or None:
+    natively, or through an enabled qemu binfmt handler with the F flag (which also works
+    inside containers) plus mmdebstrap's arch-test."""
+    if not emulated(name):
+        return None
+    machine = get(name).machine
+    try:
+        handler = (BINFMT_MISC / f"qemu-{machine}").read_text()
+    except OSError:
+        handler = ""
+    flags = next((line for line in handler.splitlines() if line.startswith("flags:")), "")
+    if handler.startswith("enabled") and "F" in flags and shutil.which("arch-test"):
+        return None
+    here = host()
+    return (f"{name} needs emulation on this {here.name if here else 'unknown'} host: run "
+            f"{ENABLE_EMULATION} (or build on a {name} host)")
 
 
 def timeout_scale(name: str) -> float:

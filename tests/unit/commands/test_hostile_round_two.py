@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from builder import cli
+from builder.commands import build as build_cmd
 from builder.commands import sbom as sbom_cmd
 from builder.core import output, proc, state
 from builder.core.errors import BuilderError, GateRefused
-from builder.stages import build, matrix, multiarch, plan, publication, publish
+from builder.stages import build, matrix, multiarch, plan, platforms, publication, publish
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCKS = ROOT / "locks"
@@ -249,3 +250,32 @@ def test_long_values_and_many_problems_are_shortened(tmp_path):
     message = load_error(keys)
     assert "(30000 problems)" in message and "… and 29950 more problems" in message
     assert len(message) < 20_000  # was 5 MB
+
+
+# ---- 9. a foreign platform without emulation ----------------------------------------------------
+
+ARM_HINT = ("linux/arm64 needs emulation on this linux/amd64 host: run tools/setup_emulation.sh "
+            "(or build on a linux/arm64 host)")
+
+
+def test_a_platform_without_emulation_is_skipped_in_one_line_and_the_others_build(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(platforms, "BINFMT_MISC", tmp_path / "no-binfmt")  # no qemu handler
+    monkeypatch.setattr(platforms, "host", lambda: platforms.get("linux/amd64"))
+    m = matrix.load(ROOT / "matrix.yaml")
+    both = m.select(["id=2.15.0-py3.11-cuda-slim"])
+    assert {v.platform for v in both} == {"linux/amd64", "linux/arm64"}
+    made: list[str] = []
+    monkeypatch.setattr(build, "ensure_buildkit", lambda: None)
+    monkeypatch.setattr(build.base, "ensure_variant",
+                        lambda _m, v, progress: made.append(f"base {v.platform}"))
+    monkeypatch.setattr(build, "build_variant", lambda _m, p, *_a: (
+        made.append(f"build {p.variant.platform}"), build.Outcome(p.variant.key, "built"))[1])
+    options = build.BuildOptions(locks=LOCKS, smoke=False, sbom=False)
+    outcomes = build.build_images(m, both, options)
+    assert made == ["base linux/amd64", "build linux/amd64"]
+    assert [(o.variant_id, o.state) for o in outcomes] == [
+        ("2.15.0-py3.11-cuda-slim", "built"), ("2.15.0-py3.11-cuda-slim.linux-arm64", "skipped")]
+    assert outcomes[1].message == "no emulation: tools/setup_emulation.sh"
+    assert f"linux/arm64: 1 variant skipped: {ARM_HINT}\n" in capsys.readouterr().err
+    assert build_cmd.exit_status(outcomes) == 2
