@@ -1,4 +1,5 @@
-"""Sessions: `nox -s build` (the main job), `tests`, `lint`, `lock`, `render`, `rebuild`, `bench`.
+"""Sessions: `nox -s build` (the main job), `tests`, `lint`, `lock`, `render`, `rebuild`, `bench`,
+`catalog`.
 
 `tools/setup.sh` installs the project and these tools into `.venv` (no system site-packages);
 run nox from there (`.venv/bin/nox`). Sessions reuse that environment rather than making their
@@ -74,6 +75,15 @@ def rebuild(session: nox.Session) -> None:
 
 
 @nox.session(default=False)
+def catalog(session: nox.Session) -> None:
+    """The catalog site of the matrix's repository in the local registry, into site/
+    (`-- REGISTRY/REPOSITORY` for another one, `-- --key cosign.pub` to verify signatures)."""
+    session.run(*BUILDER, "registry", "start")
+    session.run(*BUILDER, "catalog", "--out", "site", *session.posargs)
+
+
+@nox.session(default=False)
 def bench(session: nox.Session) -> None:
-    """Benchmarks against the naive Dockerfile and syft (`-- --quick` for the CPU variant)."""
+    """Benchmarks against the naive Dockerfile and syft (`-- --quick` for the CPU variant,
+    `-- catalog` for the catalog on a 200-tag registry, `-- arm64`)."""
     session.run(PYTHON, "-m", "bench", *session.posargs)

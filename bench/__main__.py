@@ -15,6 +15,11 @@ if sys.argv[1:2] == ["promote-worker"]:  # the measured process of `bench promot
 
     sys.exit(worker(sys.argv[2:]))
 
+if sys.argv[1:2] == ["catalog"]:  # builder catalog on a 200-tag registry
+    from bench.catalog import main as catalog_main
+
+    sys.exit(catalog_main(sys.argv[2:]))
+
 from bench.runner import main
 
 sys.exit(main())

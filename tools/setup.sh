@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pkg in docker.io docker-registry mmdebstrap skopeo apache2-utils; do
+# chromium: the catalog's browser test (headless).
+for pkg in docker.io docker-registry mmdebstrap skopeo apache2-utils chromium; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)

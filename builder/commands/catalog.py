@@ -42,9 +42,10 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     cache = args.cache or args.out / ".cache" / "catalog.json"
     keys = [sign.load_public(path) for path in args.key]
     doc, fetched = catalog.collect(source, args.out, cache, keys=keys, progress=step)
-    if not catalog.same_facts(doc, args.out / "catalog.json"):
+    same = catalog.same_facts(doc, args.out / "catalog.json")
+    if not same:
         catalog.validate(doc)  # jsonschema's import alone takes seconds: only for new facts
-    written = catalog_site.write_site(doc, args.out)
+    written = catalog_site.write_site(doc, args.out, same_facts=same)
     summary = {"out": str(args.out), "source": source.name, "tags": len(doc["tags"]),
                "images": len(doc["images"]), "variants": len(doc["variants"]),
                "fetched": fetched, "files_written": written,

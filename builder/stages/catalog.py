@@ -27,13 +27,17 @@ from sbom.diff import diff_sboms, iter_components
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schema" / "catalog.schema.json"
 SCHEMA_VERSION = 1
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 WORKERS = 8  # parallel registry requests; loopback and remote registries both serve this many
 
 ARTIFACT_TAG = re.compile(r"^sha256-([0-9a-f]{64})\.([a-z]+)$")
 DATED_TAG = re.compile(r"^(?P<floating>.+)-(?P<date>\d{8})(?:\.(?P<n>\d+))?$")
 BUILD_TAG = re.compile(r"^build-[0-9a-f]+$")
 EVIDENCE_KINDS = ("sbom", "smoke", "provenance", "audit", "rebuild")
+# What `builder publish` attaches to a digest before any tag points at it and never replaces:
+# read once per image digest, so a run with nothing new does not even ask for their tags. An
+# audit, a rebuild reason and signatures may be added later: their tags are asked every run.
+ATTACHED_ONCE = ("sbom", "smoke", "provenance")
 # What a page offers for download, by kind (the others are summarised only).
 DOWNLOADS = ("sbom", "smoke", "provenance")
 
@@ -72,7 +76,7 @@ class Cache:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.data: dict[str, dict[str, Any]] = {"manifests": {}, "artifacts": {}, "layers": {},
-                                                "verified": {}}
+                                                "verified": {}, "attached": {}}
         if path and path.is_file():
             try:
                 doc = json.loads(path.read_text())
@@ -383,7 +387,12 @@ def collect(source: Source, site: Path, cache_path: Path | None, *, keys: list[A
         raise BuilderError(f"`{source.name}` has no image tags",
                            hint="publish first (builder publish), or check the repository name")
     progress(f"catalog: {len(tags.images)} tags, {len(tags.artifacts)} attached artifacts")
-    digests = reader.resolve(tags.images + sorted(tags.artifacts.values()))
+    known = cache.data["attached"]  # evidence attached once, already read: no HEAD for it
+    digests = reader.resolve(tags.images + sorted(
+        tag for (subject, kind), tag in tags.artifacts.items()
+        if kind not in ATTACHED_ONCE or f"{subject}|{kind}" not in known))
+    digests |= {tag: known[f"{subject}|{kind}"] for (subject, kind), tag in tags.artifacts.items()
+                if tag not in digests and f"{subject}|{kind}" in known}
     by_tag = {t: digests[t] for t in tags.images if t in digests}
     with ThreadPoolExecutor(WORKERS) as pool:
         images = dict(zip(set(by_tag.values()), pool.map(
@@ -435,6 +444,8 @@ def evidence(reader: Reader, subject: str, kind: str, tags: TagSet,
     if tag is None or tag not in digests:
         return {"present": False}
     summary = reader.artifact(tag, digests[tag], kind, subject)
+    if kind in ATTACHED_ONCE:
+        reader.cache.data["attached"][f"{subject}|{kind}"] = digests[tag]
     if summary.get("present") and kind in DOWNLOADS:
         return {**summary, "href": download_href(subject, kind)}
     return summary

@@ -9,6 +9,7 @@ plotting library; their colours are CSS classes (`style.css`), so they follow li
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup, escape
 
+from builder import __version__
 from builder.core import state
 from builder.core.output import human_bytes
 from builder.stages.catalog import GROUPS
@@ -207,8 +209,23 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def write_site(doc: dict[str, Any], out: Path) -> int:
-    """Write every page (unchanged files are left alone); returns how many were written."""
+def assets_stamp() -> str:
+    """What the pages are made with besides the facts: the templates and this version."""
+    digest = hashlib.sha256(__version__.encode())
+    for path in sorted(ASSETS.iterdir()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def write_site(doc: dict[str, Any], out: Path, *, same_facts: bool = False) -> int:
+    """Write every page (unchanged files are left alone); returns how many were written.
+    `same_facts`: the site in `out` was made from these facts; when it was also made with
+    these templates (its stamp) and nothing is missing, nothing is rendered at all."""
+    stamp_file = out / ".cache" / "site.sha256"
+    stamp = assets_stamp()
+    if same_facts and (out / "index.html").is_file() and stamp_file.is_file() \
+            and stamp_file.read_text() == stamp:
+        return 0
     env = environment()
     files: dict[str, str] = {"catalog.json": json.dumps(doc, indent=1, sort_keys=True) + "\n"}
     files |= {name: (ASSETS / name).read_text() for name in COPIED}
@@ -225,6 +242,7 @@ def write_site(doc: dict[str, Any], out: Path) -> int:
         if not target.exists() or target.read_text() != text:
             state.atomic_write(target, text)
             written += 1
+    state.atomic_write(stamp_file, stamp)
     return written
 
 
