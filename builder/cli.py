@@ -15,7 +15,7 @@ import traceback
 
 from builder import __version__
 from builder.commands.options import common_parser
-from builder.core import output, proc
+from builder.core import output, proc, registry_http
 from builder.core.errors import COULD_NOT_RUN, BuilderError
 
 EXIT_CODES = """exit status (every command):
@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command).parse_args(argv)
+    registry_http.add_insecure(getattr(args, "insecure_registry", []))
     proc.install_signal_handlers()
     try:
         code = run(args)

@@ -27,6 +27,12 @@ def common_parser() -> argparse.ArgumentParser:
         "selection)",
     )
     common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    common.add_argument(
+        "--insecure-registry", action="append", default=[], metavar="HOST[:PORT]|CIDR",
+        help="a registry that may answer over plain HTTP when HTTPS fails, as Docker's "
+        "insecure-registries (repeatable; 127.0.0.0/8 always is; the matrix's "
+        "`insecure_registries` and $BUILDER_INSECURE_REGISTRIES add more)",
+    )
     return common
 
 

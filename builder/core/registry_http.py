@@ -9,8 +9,9 @@ Written here because no library does it the way a registry client must:
     realm on another host gets them only when it shares the registry's domain, and never over
     plain HTTP to a host that is not loopback;
   - Docker's scheme choice: HTTPS first everywhere; plain HTTP only for an insecure registry
-    (127.0.0.0/8, ::1, localhost, `$BUILDER_INSECURE_REGISTRIES`, `insecure-registries` of
-    /etc/docker/daemon.json), and never after a certificate failure;
+    (127.0.0.0/8, ::1, localhost, `--insecure-registry`, the matrix's `insecure_registries`,
+    `$BUILDER_INSECURE_REGISTRIES`, `insecure-registries` of /etc/docker/daemon.json), and
+    never after a certificate failure;
   - CAs: the system store, `$BUILDER_CA_BUNDLE` (`--ca-bundle`), and
     `/etc/docker/certs.d/<host[:port]>/*.crt` (`$BUILDER_CERTS_D` moves that folder), client
     certificates from `client.cert`/`client.key` there;
@@ -32,7 +33,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,8 +160,17 @@ def is_loopback(netloc: str) -> bool:
         return False
 
 
+_INSECURE: set[str] = set()  # from --insecure-registry and the matrix's insecure_registries
+
+
+def add_insecure(entries: Iterable[str]) -> None:
+    """Treat these registries (host[:port] or CIDR) as Docker treats its insecure-registries."""
+    _INSECURE.update(entries)
+
+
 def _insecure_setting() -> list[str]:
     listed = [s.strip() for s in os.environ.get(INSECURE_ENV, "").split(",") if s.strip()]
+    listed += sorted(_INSECURE)
     with contextlib.suppress(OSError, ValueError, AttributeError):
         listed += list(json.loads(Path(DAEMON_JSON).read_text()).get("insecure-registries", []))
     return listed

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from builder.core import limits
+from builder.core import limits, registry_http
 from builder.core.errors import ConfigError, UsageError
 from builder.stages import tags
 from builder.stages.platforms import DEFAULT as DEFAULT_PLATFORM
@@ -611,6 +611,7 @@ def _build(path: Path, data: dict[str, Any],
         toolkits=data.get("toolkits", {}), variants=tuple(variants), aliases=aliases, lines=lines,
         staging=data.get("staging", ""),
     )
+    registry_http.add_insecure(data.get("insecure_registries", []))  # as Docker's daemon setting
     return matrix, problems
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from fakeregistry import Request, Server, Store, basic, digest, serving
 
+from builder.commands.options import common_parser
 from builder.core import oci, registry_auth, registry_http
 from builder.core.oci import RegistryError
 from builder.flows import verify
@@ -581,3 +582,10 @@ def test_docker_push_sees_the_environment_credentials(tmp_path: Path,
     assert not folder.exists()
     assert "credsStore" not in doc and doc["credHelpers"] == {"o.example": "gcloud"}
     assert doc["auths"]["r.example"]["auth"] == basic("ci", "pw").split()[1]
+
+
+def test_insecure_registry_option_of_every_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry_http, "_INSECURE", set())
+    args = common_parser().parse_args(["--insecure-registry", "10.9.0.0/16"])
+    registry_http.add_insecure(args.insecure_registry)  # what cli.main does with it
+    assert registry_http.is_insecure("10.9.8.7:5000")

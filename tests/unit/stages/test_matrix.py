@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from builder.core import registry_http
 from builder.stages import matrix
 from builder.stages.matrix import MatrixError, expand
 
@@ -225,3 +226,12 @@ def test_staging_is_a_full_reference_on_any_registry(write_matrix):
     assert (m.staging_registry, m.staging_repository) == ("ci.example:5000", "team/torch-staging")
     bad = shipped.replace("repository: torch\n", "repository: torch\nstaging: no-repository\n", 1)
     assert "staging" in problems(write_matrix(bad))
+
+
+def test_insecure_registries_of_the_matrix_are_dockers_setting(write_matrix, monkeypatch):
+    monkeypatch.setattr(registry_http, "_INSECURE", set())
+    shipped = (Path(__file__).resolve().parents[3] / "matrix.yaml").read_text()
+    assert not registry_http.is_insecure("lab.example:5000")
+    matrix.load(write_matrix(shipped.replace(
+        "repository: torch\n", "repository: torch\ninsecure_registries: [lab.example:5000]\n", 1)))
+    assert registry_http.is_insecure("lab.example:5000")
