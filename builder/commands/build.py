@@ -69,8 +69,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.json:
         emit_json([o.as_json() for o in outcomes])
     else:
-        table(["variant", "state", "size", "time", "image"],
-              [(o.variant_id, o.state + (f" ({o.message})" if o.message else ""),
+        table(["variant", "state", "smoke", "sbom", "size", "time", "image"],
+              [(o.variant_id, o.state + (f" ({o.message})" if o.message else ""), o.smoke,
+                "-" if o.sbom_components is None else f"{o.sbom_components} components",
                 human_bytes(o.size) if o.size else "-",
                 f"{o.seconds:.0f} s" if o.seconds else "-", o.image) for o in outcomes])
     return exit_status(outcomes)

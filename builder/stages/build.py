@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, labels, proc, state
+from builder.core import engine, labels, limits, proc, state
 from builder.core.errors import BuilderError, EngineError
 from builder.core.output import human_bytes, step
 from builder.stages import base, locks, plan, platforms, render
@@ -70,6 +70,8 @@ class Outcome:
     report: dict | None = field(default=None, repr=False)
     sbom_path: str = ""
     planned: plan.PlannedVariant | None = field(default=None, repr=False, compare=False)
+    smoke: str = "-"  # smoketest.summary of its report: `pass (3 CPU stand-ins, …)`, `FAIL: x`
+    sbom_components: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("report", "planned")}
@@ -227,22 +229,73 @@ def post_build(options: BuildOptions) -> Callable[[Outcome], Outcome]:
     """Smoke and SBOM each new image (unless switched off); both are gates for publishing."""
 
     def run(outcome: Outcome) -> Outcome:
-        if options.smoke:
-            from builder.stages import smoketest
-
-            step(f"  [{outcome.variant_id}] smoke")
-            report = smoketest.run_smoke(outcome.image, require_gpu=options.require_gpu,
-                                     gpus=None, report_path=None)
-            passed, why = smoketest.report_passed(report, require_gpu=options.require_gpu)
-            outcome = replace(outcome, report=report) if passed else replace(
-                outcome, report=report, state="smoke-failed", message=why)
-        if options.sbom:
-            step(f"  [{outcome.variant_id}] sbom")
-            sbom_path = write_image_sbom(outcome.image_id, outcome.image)
-            outcome = replace(outcome, sbom_path=str(sbom_path))
-        return outcome
+        return add_evidence(outcome, options, smoke=options.smoke, sbom=options.sbom)
 
     return run
+
+
+def add_evidence(outcome: Outcome, options: BuildOptions, *, smoke: bool, sbom: bool) -> Outcome:
+    """Smoke-test and describe the outcome's image (each when asked)."""
+    if smoke:
+        from builder.stages import smoketest
+
+        step(f"  [{outcome.variant_id}] smoke")
+        report = smoketest.run_smoke(outcome.image, require_gpu=options.require_gpu,
+                                     gpus=None, report_path=None)
+        passed, why = smoketest.report_passed(report, require_gpu=options.require_gpu)
+        outcome = replace(outcome, report=report) if passed else replace(
+            outcome, report=report, state="smoke-failed", message=why)
+    if sbom:
+        step(f"  [{outcome.variant_id}] sbom")
+        sbom_path = write_image_sbom(outcome.image_id, outcome.image)
+        outcome = replace(outcome, sbom_path=str(sbom_path))
+    return outcome
+
+
+def complete_evidence(outcome: Outcome, options: BuildOptions) -> Outcome:
+    """An up-to-date local image that lacks its smoke report or SBOM in this state folder (built
+    by another checkout, by a test, or with --no-smoke) gets them now, so that up to date
+    always means ready to stage and publish."""
+    info = engine.inspect_image(outcome.image)
+    if info is None:
+        return outcome
+    outcome = replace(outcome, image_id=info["Id"])
+    smoke = options.smoke and not evidence_file("smoke", outcome.image_id).is_file()
+    sbom = options.sbom and not evidence_file("sbom", outcome.image_id).is_file()
+    if smoke or sbom:
+        missing = " and ".join(k for k, m in (("smoke report", smoke), ("SBOM", sbom)) if m)
+        step(f"  [{outcome.variant_id}] up to date, but no {missing} in {state.root()}: "
+             "making it")
+    return add_evidence(outcome, options, smoke=smoke, sbom=sbom)
+
+
+def evidence_file(kind: str, image_id: str) -> Path:
+    from builder.stages import evidence
+
+    return evidence.local_file(kind, image_id)
+
+
+def summarized(outcome: Outcome) -> Outcome:
+    """The outcome with its smoke summary and SBOM component count for the table and --json,
+    from this run's evidence or the stored one."""
+    from builder.stages import smoketest
+
+    report, sbom_path = outcome.report, outcome.sbom_path
+    if outcome.image_id:
+        report = report or _read_json(evidence_file("smoke", outcome.image_id))
+        sbom_path = sbom_path or str(evidence_file("sbom", outcome.image_id))
+    sbom_doc = _read_json(Path(sbom_path)) if sbom_path else None
+    return replace(outcome, report=report, smoke=smoketest.summary(report),
+                   sbom_path=sbom_path if sbom_doc else "",
+                   sbom_components=len(sbom_doc.get("components") or []) if sbom_doc else None)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = limits.parse_json(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def stage_outcome(matrix: Matrix, p: plan.PlannedVariant, outcome: Outcome) -> Outcome:
@@ -296,15 +349,16 @@ def build_images(matrix: Matrix, variants: list[Variant], options: BuildOptions)
     after = post_build(options)
     for p in planned:
         if p not in todo:
-            image = p.local_image
-            outcomes.append(Outcome(p.variant.key, "up-to-date", image, message=p.where,
-                                    planned=p))
-            continue
-        outcome = build_variant(matrix, p, wheelhouse, options, after)
-        if options.stage and outcome.state == "built":
+            outcome = Outcome(p.variant.key, "up-to-date", p.local_image, message=p.where,
+                              planned=p)
+            if p.where == "local":
+                outcome = complete_evidence(outcome, options)
+        else:
+            outcome = build_variant(matrix, p, wheelhouse, options, after)
+        if options.stage and outcome.state in ("built", "up-to-date") and outcome.image_id:
             outcome = stage_outcome(matrix, p, outcome)
-        outcomes.append(outcome)
-        if outcome.state != "built" and options.fail_fast:
+        outcomes.append(summarized(outcome))
+        if outcome.state not in ("built", "up-to-date") and options.fail_fast:
             break
     return outcomes + skipped
 

@@ -18,7 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, labels, state
+from builder.core import engine, labels, limits, state
 from builder.core.errors import BuilderError, CommandFailed, EngineError
 from builder.stages import gpuhost, platforms
 from smoke import OK_STATUSES, SCHEMA_VERSION
@@ -197,6 +197,29 @@ def _only_gpu_demand_failed(report: dict[str, Any], require_gpu: bool) -> bool:
         return False
     return all(c.get("status") in OK_STATUSES or c.get("original_status") in OK_STATUSES
                for c in report.get("checks", []))
+
+
+def summary(report: dict[str, Any] | None) -> str:
+    """One cell for `builder build`'s table: `pass`, `pass (3 CPU stand-ins, cuda skipped: no
+    GPU visible)`, `FAIL: cudnn_conv`, or `-` (not run)."""
+    if report is None:
+        return "-"
+    checks = report.get("checks") or []
+    if report.get("status") != "pass":
+        bad = [c.get("name", "?") for c in checks if c.get("status") not in OK_STATUSES]
+        return "FAIL: " + (", ".join(bad) or str(report.get("status")))
+    stand_ins = sum(c.get("status") == "substituted" for c in checks)
+    parts = [f"{stand_ins} CPU stand-in{'s' * (stand_ins != 1)}"] if stand_ins else []
+    skipped: dict[str, list[str]] = {}
+    for c in checks:
+        if c.get("status") == "skip":
+            why = (c.get("message") or "").split(":", 1)[0].strip()
+            skipped.setdefault(limits.shorten(why, 40), []).append(c.get("name", "?"))
+    parts += [f"{', '.join(names)} skipped" + (f": {why}" if why else "")
+              for why, names in skipped.items()]
+    degraded = [c.get("name", "?") for c in checks if c.get("status") == "degraded"]
+    parts += [f"{', '.join(degraded)} degraded"] if degraded else []
+    return "pass" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def report_passed(report: dict[str, Any] | None, *, require_gpu: bool) -> tuple[bool, str]:

@@ -18,7 +18,16 @@ from builder.commands import build as build_cmd
 from builder.commands import sbom as sbom_cmd
 from builder.core import output, proc, state
 from builder.core.errors import BuilderError, GateRefused
-from builder.stages import build, matrix, multiarch, plan, platforms, publication, publish
+from builder.stages import (
+    build,
+    matrix,
+    multiarch,
+    plan,
+    platforms,
+    publication,
+    publish,
+    smoketest,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCKS = ROOT / "locks"
@@ -279,3 +288,60 @@ def test_a_platform_without_emulation_is_skipped_in_one_line_and_the_others_buil
     assert outcomes[1].message == "no emulation: tools/setup_emulation.sh"
     assert f"linux/arm64: 1 variant skipped: {ARM_HINT}\n" in capsys.readouterr().err
     assert build_cmd.exit_status(outcomes) == 2
+
+
+# ---- 11. the build table says what the smoke test found, and the SBOM's size ----------------------
+
+
+def check(name: str, status: str, message: str = "") -> dict[str, object]:
+    return {"name": name, "status": status, "message": message or name}
+
+
+NO_GPU = "no GPU visible: /dev/nvidia* is absent (container started without `--gpus all`, …)"
+
+
+@pytest.mark.parametrize(("status", "checks", "shown"), [
+    ("pass", [check("env", "pass"), check("cuda", "skip", NO_GPU),
+              *(check(n, "substituted") for n in ("cudnn_conv", "nccl_allreduce", "amp_train"))],
+     "pass (3 CPU stand-ins, cuda skipped: no GPU visible)"),
+    ("pass", [check("env", "pass"), check("compile", "pass")], "pass"),
+    ("fail", [check("env", "pass"), check("cudnn_conv", "fail")], "FAIL: cudnn_conv"),
+])
+def test_the_smoke_summary_says_what_stood_in_and_what_failed(status, checks, shown):
+    assert smoketest.summary({"status": status, "checks": checks}) == shown
+    assert smoketest.summary(None) == "-"
+
+
+# ---- 8. an up-to-date image without evidence gets it -----------------------------------------------
+
+
+def test_an_up_to_date_image_without_evidence_gets_its_smoke_report_and_sbom(monkeypatch):
+    """Another checkout (or a test) built the image under this name; this state folder has no
+    smoke report or SBOM for it: `builder build` makes them instead of calling it up to date."""
+    image_id = "sha256:" + "1" * 64
+    made: list[str] = []
+
+    def smoke(image: str, **_kw: object) -> dict[str, object]:
+        made.append("smoke")
+        report = {"status": "pass", "checks": [check("env", "pass")]}
+        state.atomic_write(smoketest.report_file(image_id), json.dumps(report))
+        return report
+
+    def describe(_image_id: str, _image: str) -> Path:
+        made.append("sbom")
+        state.atomic_write(state.sbom_path(image_id), json.dumps({"components": [{}, {}, {}]}))
+        return state.sbom_path(image_id)
+
+    monkeypatch.setattr(build.engine, "inspect_image", lambda ref: {"Id": image_id})
+    monkeypatch.setattr(smoketest, "run_smoke", smoke)
+    monkeypatch.setattr(smoketest, "report_passed", lambda report, require_gpu: (True, ""))
+    monkeypatch.setattr(build, "write_image_sbom", describe)
+    options = build.BuildOptions(locks=LOCKS)
+    found = build.Outcome(CPU, "up-to-date", "127.0.0.1:5000/torch:x", message="local")
+    outcome = build.summarized(build.complete_evidence(found, options))
+    assert made == ["smoke", "sbom"]
+    assert (outcome.state, outcome.smoke, outcome.sbom_components) == ("up-to-date", "pass", 3)
+    again = build.summarized(build.complete_evidence(found, options))
+    assert made == ["smoke", "sbom"]  # the second run finds both: nothing is made twice
+    assert (again.smoke, again.sbom_components) == ("pass", 3)
+    assert again.as_json()["smoke"] == "pass" and again.as_json()["sbom_components"] == 3
