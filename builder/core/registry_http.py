@@ -372,7 +372,8 @@ class Session:
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 dog.cancel()
                 deadline.check(self.registry, f"{method} {url}")
-                raise Transient(f"registry `{self.registry}`: {method} {url}: {exc}") from None
+                reason = str(exc).split("): ", 1)[-1]  # without urllib3's connection repr
+                raise Transient(f"registry `{self.registry}`: {method} {url}: {reason}") from None
             finally:
                 _local.dog = None
             answer = Answer(self, method, url, raw, dog, deadline)

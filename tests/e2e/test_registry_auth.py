@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from cryptography.x509.oid import NameOID
-from helpers import free_port, missing
+from helpers import free_port, missing, run_builder
 
 from builder.core import oci, registry_http
 from builder.core.oci import RegistryError
@@ -281,3 +281,35 @@ def test_token_auth_scopes_mount_and_promotion_across_registries(
     assert desc.digest == staged and reg.head("team/vetted", staged) is not None
     layer = json.loads(reg.manifest("team/vetted", staged)[0])["layers"][0]  # type: ignore[index]
     assert reg.has_blob("team/vetted", layer["digest"])
+
+
+class Hostile(http.server.BaseHTTPRequestHandler):
+    """A registry whose manifests are not JSON."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        body = b"{}" if self.path == "/v2/" else b"<html>oops</html>"
+        self.send_response(200)
+        self.send_header("Content-Type", oci.OCI_MANIFEST)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_the_cli_reports_a_malformed_registry_in_one_line(tmp_path: Path) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    addr = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        env = {**os.environ, "DOCKER_CONFIG": str(tmp_path), "BUILDER_STATE": str(tmp_path)}
+        result = run_builder("verify", f"{addr}/team/app:v1", env=env, check=False)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 2, result.stderr
+    lines = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"registry `{addr}`" in lines[0] and "/v2/team/app/manifests/v1" in lines[0]
+    assert "the manifest is not JSON" in lines[0]
