@@ -61,13 +61,15 @@ def certificate(path: Path, name: str, ca: tuple[ec.EllipticCurvePrivateKey, x50
     return key, cert
 
 
-def start_registry(folder: Path, auth: dict[str, object], tls: Path | None = None) -> Iterator[str]:
+def start_registry(folder: Path, auth: dict[str, object], tls: Path | None = None,
+                   client_ca: Path | None = None) -> Iterator[str]:
     binary = shutil.which("docker-registry") or missing("no docker-registry (tools/setup.sh)")
     addr = f"127.0.0.1:{free_port()}"
     http_conf: dict[str, object] = {"addr": addr}
     if tls:
         http_conf["tls"] = {"certificate": str(tls.with_suffix(".crt")),
-                            "key": str(tls.with_suffix(".key"))}
+                            "key": str(tls.with_suffix(".key")),
+                            **({"clientcas": [str(client_ca)]} if client_ca else {})}
     config = folder / "config.json"
     config.write_text(json.dumps({
         "version": "0.1", "log": {"level": "warn"}, "auth": auth, "http": http_conf,
@@ -137,7 +139,7 @@ def docker_config(home: Path, doc: dict[str, object]) -> None:
 
 
 def test_tls_registry_with_credentials_from_docker_config_auths(
-        tls_registry: str, isolated_client: Path) -> None:
+        tls_registry: str, isolated_client: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     addr = tls_registry
     with pytest.raises(RegistryError, match="wants credentials; none found"):
         oci.Registry(addr).head("team/app", "v1")
@@ -156,11 +158,15 @@ def test_tls_registry_with_credentials_from_docker_config_auths(
     with pytest.raises(RegistryError, match=r"refused the credentials from .*config\.json"):
         oci.Registry(addr).head("team/app", "v1")
 
-    shutil.rmtree(isolated_client / "certs.d" / addr)  # the CA is no longer trusted
-    registry_http.forget()
+    docker_config(isolated_client, {"auths": {addr: {"auth": auth}}})
+    ca = isolated_client / "ca-bundle.pem"
+    shutil.move(isolated_client / "certs.d" / addr / "ca.crt", ca)  # no longer trusted there
     with pytest.raises(RegistryError, match=r"TLS failed.*CERTIFICATE_VERIFY_FAILED") as exc:
         oci.Registry(addr).head("team/app", "v1")
     assert "ca.crt" in (exc.value.hint or "")
+    monkeypatch.setenv("BUILDER_CA_BUNDLE", str(ca))  # what --ca-bundle sets
+    registry_http.forget()
+    assert oci.Registry(addr).head("team/app", "v1") is not None
 
 
 def test_tls_registry_with_credentials_from_a_credential_helper(
@@ -180,6 +186,10 @@ def test_tls_registry_with_credentials_from_a_credential_helper(
     reg = oci.Registry(tls_registry)
     digest = push_image(reg, "team/helped")
     assert reg.head("team/helped", digest) is not None
+    assert asked.read_text() == tls_registry
+    asked.unlink()
+    docker_config(isolated_client, {"credsStore": "i22test", "auths": {tls_registry: {}}})
+    assert oci.Registry(tls_registry).head("team/helped", digest) is not None
     assert asked.read_text() == tls_registry
 
 
@@ -313,3 +323,24 @@ def test_the_cli_reports_a_malformed_registry_in_one_line(tmp_path: Path) -> Non
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert f"registry `{addr}`" in lines[0] and "/v2/team/app/manifests/v1" in lines[0]
     assert "the manifest is not JSON" in lines[0]
+
+
+def test_tls_registry_wanting_a_client_certificate_from_certs_d(isolated_client: Path) -> None:
+    """Docker's certs.d folder: ca.crt for the server, client.cert/client.key for mutual TLS."""
+    folder = isolated_client / "mtls-registry"
+    folder.mkdir()
+    ca = certificate(folder / "ca", "i22 test CA")
+    certificate(folder / "server", "127.0.0.1", ca)
+    certificate(folder / "client", "i22 client", ca)
+    for addr in start_registry(folder, {}, tls=folder / "server", client_ca=folder / "ca.crt"):
+        certs = isolated_client / "certs.d" / addr
+        certs.mkdir(parents=True)
+        shutil.copy(folder / "ca.crt", certs / "ca.crt")
+        with pytest.raises(RegistryError, match=r"TLS failed.*certificate"):
+            oci.Registry(addr, backoff=()).head("team/app", "v1")
+        shutil.copy(folder / "client.crt", certs / "client.cert")
+        shutil.copy(folder / "client.key", certs / "client.key")
+        registry_http.forget()
+        reg = oci.Registry(addr)
+        digest = push_image(reg, "team/mtls")
+        assert reg.head("team/mtls", "v1").digest == digest  # type: ignore[union-attr]

@@ -17,6 +17,7 @@ from builder.commands.options import common_parser
 from builder.core import oci, registry_auth, registry_http
 from builder.core.oci import RegistryError
 from builder.flows import verify
+from builder.stages import plan
 
 FAST = (0.0, 0.0, 0.0)
 IMAGE_CONFIG = json.dumps({"config": {"Labels": {"a": "b"}}}).encode()
@@ -229,6 +230,17 @@ def trickle(r: Request, m: re.Match[str]) -> None:
         time.sleep(0.3)
 
 
+def trickle_headers(r: Request, m: re.Match[str]) -> None:
+    r.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+    for _ in range(100):
+        try:
+            r.wfile.write(b"a")
+            r.wfile.flush()
+        except OSError:
+            return
+        time.sleep(0.3)
+
+
 def test_a_trickling_server_ends_within_the_deadline(fake: Server) -> None:
     fake.ping_ok()
     fake.route("GET", r"/v2/repo/manifests/.*")(trickle)
@@ -241,17 +253,7 @@ def test_a_trickling_server_ends_within_the_deadline(fake: Server) -> None:
 
 def test_trickling_headers_end_within_the_deadline(fake: Server) -> None:
     fake.ping_ok()
-
-    def headers(r: Request, m: re.Match[str]) -> None:
-        r.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
-        for _ in range(100):
-            try:
-                r.wfile.write(b"a")
-                r.wfile.flush()
-            except OSError:
-                return
-            time.sleep(0.3)
-    fake.route("GET", r"/v2/repo/manifests/.*")(headers)
+    fake.route("GET", r"/v2/repo/manifests/.*")(trickle_headers)
     start = time.monotonic()
     with pytest.raises(RegistryError):
         reg(fake, deadline=2.0).manifest("repo", "t")
@@ -589,3 +591,11 @@ def test_insecure_registry_option_of_every_command(monkeypatch: pytest.MonkeyPat
     args = common_parser().parse_args(["--insecure-registry", "10.9.0.0/16"])
     registry_http.add_insecure(args.insecure_registry)  # what cli.main does with it
     assert registry_http.is_insecure("10.9.8.7:5000")
+
+
+def test_plan_asks_a_trickling_registry_within_its_short_deadline(fake: Server) -> None:
+    fake.ping_ok()
+    fake.route("HEAD", r"/v2/repo/manifests/.*")(trickle_headers)
+    start = time.monotonic()
+    assert plan.registry_has(fake.addr, "repo", "t", timeout=0.5) is False  # "build", quickly
+    assert time.monotonic() - start < 3
