@@ -13,12 +13,13 @@ import datetime as dt
 import json
 import os
 import tempfile
+import textwrap
 import uuid
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, labels, limits, state
+from builder.core import engine, labels, state
 from builder.core.errors import BuilderError, CommandFailed, EngineError
 from builder.stages import gpuhost, platforms
 from smoke import OK_STATUSES, SCHEMA_VERSION
@@ -213,8 +214,9 @@ def summary(report: dict[str, Any] | None) -> str:
     skipped: dict[str, list[str]] = {}
     for c in checks:
         if c.get("status") == "skip":
-            why = (c.get("message") or "").split(":", 1)[0].strip()
-            skipped.setdefault(limits.shorten(why, 40), []).append(c.get("name", "?"))
+            why = (c.get("message") or "").split(":", 1)[0].split(" (", 1)[0].strip()
+            skipped.setdefault(textwrap.shorten(why, 40, placeholder="…"), []).append(
+                c.get("name", "?"))
     parts += [f"{', '.join(names)} skipped" + (f": {why}" if why else "")
               for why, names in skipped.items()]
     degraded = [c.get("name", "?") for c in checks if c.get("status") == "degraded"]
