@@ -26,6 +26,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from builder.core import labels, oci, sign
+from builder.flows import rebuild
 from builder.stages import evidence, platforms, provenance
 
 # The step of each layer group, as the image config's history shows it (BuildKit's form).
@@ -211,9 +212,12 @@ def publish(reg: oci.Registry, repo: str, spec: Spec, date: str, *, revision: st
                                           for p, d in zip(spec.platforms, descs, strict=True)])
         top = reg.push_index(repo, index)
     first = descs[0]
-    if reasons:
-        attach(reg, repo, first, "rebuild", {"reasons": list(reasons),
-                                             "detail": f"rebuilt for {', '.join(reasons)}"})
+    if reasons:  # what `builder rebuild` attaches after it published
+        action = rebuild.Action(spec.floating, list(reasons))
+        rebuild.record_reasons(
+            {"registry": reg.registry, "repository": repo, "digest": first.digest},
+            action, [rebuild.Finding(spec.floating, r, rebuild.REBUILD, f"{r}: fixed upstream")
+                     for r in reasons])
     if vulnerabilities is not None:
         attach(reg, repo, first, "audit", {
             "sources": {"pypi": {"status": "ok"}, "debian-security": {"status": "ok"}},

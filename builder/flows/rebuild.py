@@ -450,10 +450,37 @@ def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_di
                     continue
                 a.state = "published"
                 a.message = ", ".join(result.get("tags", []))
+                record_reasons(result, a, findings)
                 a.changelog = changelog(pubs.get(a.variant_id), outcomes[0])
             except BuilderError as exc:
                 a.state, a.message = "failed", str(exc)
     return actions
+
+
+REBUILD_TYPE = "application/vnd.torch-images.rebuild+json"
+
+
+def record_reasons(result: dict[str, Any], action: Action, findings: list[Finding]) -> None:
+    """Attach why this image was rebuilt to it (`sha256-<hex>.rebuild` on its first platform's
+    manifest, beside its SBOM), so `builder catalog` shows the reason from the registry alone.
+    A failure is a warning: the image is published and its history lacks only the reason."""
+    digests = [p.get("digest") for p in result.get("platforms") or []] or [result.get("digest")]
+    if not (result.get("registry") and result.get("repository") and digests[0]):
+        return
+    details = [f.detail for f in findings if f.variant_id == action.variant_id
+               and f.status == REBUILD and f.detail]
+    doc = {"reasons": action.reasons, "detail": "; ".join(details)[:2000],
+           "upgraded": action.upgrade, "tags": result.get("tags", [])}
+    try:
+        reg = oci.Registry(result["registry"])
+        subject = reg.head(result["repository"], digests[0])
+        if subject is None:
+            raise BuilderError(f"{digests[0]} is not in `{result['repository']}`")
+        reg.push_artifact(result["repository"], subject, REBUILD_TYPE,
+                          (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(),
+                          kind="rebuild", title="rebuild.json")
+    except BuilderError as exc:
+        step(f"  [{action.variant_id}] warning: the rebuild reason was not attached: {exc}")
 
 
 def changelog(pub: Publication | None, outcome: Any) -> dict[str, Any] | None:

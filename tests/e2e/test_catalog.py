@@ -185,6 +185,7 @@ def test_the_changelog_of_the_second_build_names_the_changed_package(
     page = dom(site, f"tags/{CPU_NEW.floating}-20261204.html", tmp_path)
     row = re.search(r'<tr class="current">(.*?)</tr>', page, re.S)[1]
     assert "pypi/filelock 3.20.0 → 3.20.1" in row and "python-vuln" in row
+    assert "python-vuln: fixed upstream" in row  # the detail `builder rebuild` attached
     assert "0 added, 0 removed, 1 upgraded" in row
     floating = dom(site, f"tags/{CPU_NEW.floating}.html", tmp_path)
     assert "2 vuln." in floating and "0 vuln." in floating  # the history chart
