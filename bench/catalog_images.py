@@ -78,7 +78,6 @@ class Spec:
         cuda = self.cuda or ""
         major = cuda.split(".")[0]
         min_driver = {"13": "580.65.06", "12": "570.26"}.get(major, "")
-        archs = ARCHS_CUDA13 if major == "13" else ARCHS_CUDA12
         found = {
             labels.TORCH: self.torch, labels.PYTHON: self.python,
             labels.ACCELERATOR: "cuda" if cuda else "cpu", labels.CUDA: cuda,
@@ -92,9 +91,12 @@ class Spec:
             labels.OCI + "base.name": "mmdebstrap:bookworm",
             labels.OCI + "base.digest": "sha256:" + hashlib.sha256(b"bookworm").hexdigest(),
         }
-        if cuda:
-            found[labels.PREFIX + "cuda-archs"] = " ".join(archs)
         return {k: v for k, v in found.items() if v}
+
+    @property
+    def archs(self) -> list[str] | None:
+        major = (self.cuda or "").split(".")[0]
+        return None if not major else list(ARCHS_CUDA13 if major == "13" else ARCHS_CUDA12)
 
 
 def layer(group: str, key: str) -> tuple[bytes, bytes]:
@@ -126,12 +128,15 @@ def sbom_document(spec: Spec, subject: str) -> dict[str, Any]:
             "components": comps}
 
 
-def check(name: str, status: str, message: str) -> dict[str, Any]:
-    return {"name": name, "status": status, "duration_s": 1.0, "message": message, "metrics": {}}
+def check(name: str, status: str, message: str,
+          metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"name": name, "status": status, "duration_s": 1.0, "message": message,
+            "metrics": metrics or {}}
 
 
 def smoke_report(spec: Spec, platform: str, image_id: str) -> dict[str, Any]:
-    checks = [check("env", "pass", "versions match the facts")]
+    checks = [check("env", "pass", "versions match the facts",
+                    {"actual": {"torch": spec.torch, "cuda_arch_flags": spec.archs}})]
     if spec.cuda:
         checks += [check(name, "substituted", "no GPU on this host: ran on CPU")
                    for name in ("cuda", "cudnn_conv", "nccl_allreduce")]

@@ -303,9 +303,16 @@ def smoke_summary(doc: dict[str, Any]) -> dict[str, Any]:
             "checks": [{"name": c.get("name", "?"), "status": c.get("status", "?"),
                         "message": (c.get("message") or "")[:200]}
                        for c in doc.get("checks") or []],
-            "arch_list": next((c.get("metrics", {}).get("arch_list") for c in doc.get("checks")
-                               or [] if c.get("name") == "cuda"
-                               and (c.get("metrics") or {}).get("arch_list")), None)}
+            "arch_list": arch_list(doc.get("checks") or [])}
+
+
+def arch_list(checks: list[dict[str, Any]]) -> list[str] | None:
+    """The torch wheel's CUDA architectures as the smoke suite read them: `env` reads the
+    wheel's arch flags (no GPU needed), `cuda` the runtime's list (on a GPU)."""
+    metrics = {c.get("name"): c.get("metrics") or {} for c in checks}
+    found = ((metrics.get("env") or {}).get("actual") or {}).get("cuda_arch_flags") \
+        or (metrics.get("cuda") or {}).get("arch_list")
+    return [str(a) for a in found] if isinstance(found, list) and found else None
 
 
 def provenance_summary(doc: dict[str, Any], subject: str) -> dict[str, Any]:
@@ -455,7 +462,7 @@ def facts_from_labels(found: dict[str, str], first: dict[str, Any]) -> dict[str,
     """The versions a platform team chooses by, from the first platform's labels."""
     get = found.get
     smoke = (first.get("evidence") or {}).get("smoke") or {}
-    archs = (get(labels.PREFIX + "cuda-archs") or "").split() or smoke.get("arch_list") or []
+    archs = smoke.get("arch_list") or []
     return {"variant": get(labels.VARIANT), "torch": get(labels.TORCH),
             "python": get(labels.PYTHON), "accelerator": get(labels.ACCELERATOR) or "cpu",
             "cuda": get(labels.CUDA) or None, "cudnn": get(labels.CUDNN) or None,

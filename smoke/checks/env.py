@@ -29,6 +29,10 @@ def actual_versions() -> dict[str, Any]:
         "cudnn": _quiet(lambda: cudnn_version_str(torch.backends.cudnn.version())),
         "nccl": _quiet(lambda: nccl_version_str(torch.cuda.nccl.version())),
         "triton": _dist_version("triton"),
+        # The GPU architectures the wheel has kernels for (sm_XY, compute_XY for PTX), read
+        # without a GPU: what the catalog's chooser matches a GPU against.
+        "cuda_arch_flags": _quiet(lambda: torch._C._cuda_getArchFlags().split() or None)
+        if torch.version.cuda else None,
     }
 
 

@@ -149,3 +149,11 @@ def test_the_site_is_written_and_a_second_write_changes_nothing(tmp_path: Path) 
     index = (tmp_path / "index.html").read_text()
     assert 'data-tag="t"' in index and "index-by-torch.html" in index
     assert (tmp_path / "index-by-torch.html").is_file()
+
+
+def test_the_cuda_architectures_come_from_the_smoke_report() -> None:
+    env = {"name": "env", "metrics": {"actual": {"cuda_arch_flags": ["sm_80", "sm_90"]}}}
+    cuda = {"name": "cuda", "metrics": {"arch_list": ["sm_90"]}}
+    assert catalog.arch_list([env, cuda]) == ["sm_80", "sm_90"]  # the wheel's own list first
+    assert catalog.arch_list([cuda]) == ["sm_90"]  # an older suite, on a GPU
+    assert catalog.arch_list([{"name": "env", "metrics": {"actual": {}}}]) is None
