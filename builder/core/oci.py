@@ -100,7 +100,8 @@ def retry(what: str, registry: str, fn: Callable[[], T],
 def check_digest(digest: str, where: str) -> str:
     """A digest we are about to put into a URL or compare: sha256 and nothing else."""
     if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
-        raise RegistryError(f"{where}: `{str(digest)[:80]}` is not a sha256 digest")
+        raise RegistryError(f"{where}: `{registry_http.shown(str(digest), 80)}` is not a sha256 "
+                            "digest")
     return digest
 
 
@@ -180,8 +181,8 @@ class Registry:
                                       read_timeout=self.timeout)
         if answer.status in ok or answer.status == 404:
             return answer
-        detail = answer.read(registry_http.ERROR_BODY_CAP, "error answer") \
-            .decode(errors="replace").strip()[:300] if method != "HEAD" else ""
+        detail = registry_http.shown(answer.read(registry_http.ERROR_BODY_CAP, "error answer")
+                                     .decode(errors="replace")) if method != "HEAD" else ""
         raise answer.fail(f"refused: HTTP {answer.status}" + (f": {detail}" if detail else ""))
 
     # ---- manifests ----------------------------------------------------------------------------
@@ -200,7 +201,7 @@ class Registry:
                 raise answer.fail(f"answered for {digest}, not for {ref}")
             size = answer.header("Content-Length")
             if not size.isdigit():
-                raise answer.fail(f"Content-Length `{size[:40]}` is not a size")
+                raise answer.fail(f"Content-Length `{registry_http.shown(size, 40)}` is not a size")
             return Descriptor(digest, answer.header("Content-Type").split(";")[0].strip(),
                               int(size))
         return self._call(f"reading `{repository}:{ref}`", once)
@@ -432,7 +433,8 @@ class Registry:
     def _absolute(self, location: str) -> str:
         url = urllib.parse.urljoin(self.session.base + "/", location)
         if urllib.parse.urlsplit(url).netloc != self.registry:
-            raise RegistryError(f"registry `{self.registry}`: the upload location `{url[:100]}` "
+            raise RegistryError(f"registry `{self.registry}`: the upload location "
+                                f"`{registry_http.shown(url, 100)}` "
                                 "is on another host: refused")
         return url
 

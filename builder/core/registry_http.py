@@ -227,6 +227,12 @@ def pool(netloc: str) -> urllib3.PoolManager:
 # ---- answers ------------------------------------------------------------------------------------
 
 
+def shown(text: str, limit: int = 200) -> str:
+    """Server-sent text fit for a one-line message: printable, whitespace folded, cut short."""
+    folded = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return folded if len(folded) <= limit else folded[:limit] + "…"
+
+
 class Answer:
     """A response whose body is read on demand: capped, or streamed chunk by chunk."""
 
@@ -447,16 +453,16 @@ class Session:
         parts = urllib.parse.urlsplit(realm)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise RegistryError(f"registry `{self.registry}` named no usable token realm "
-                                f"({realm!r}) in its challenge")
-        if parts.scheme == "http" and not is_loopback(parts.netloc):
-            raise RegistryError(f"registry `{self.registry}`: token realm `{realm}` is plain "
-                                "HTTP on a host that is not loopback: refused")
+                                f"(`{shown(realm)}`) in its challenge")
         query = [("service", params["service"])] if params.get("service") else []
         query += [("scope", s) for s in scopes]
         url = realm + ("&" if "?" in realm else "?") + urllib.parse.urlencode(query)
         headers, body, method = {}, None, "GET"
         creds = self.credentials()
-        ours = same_domain(split_host(parts.netloc), split_host(self.registry))
+        # Credentials only to the registry's own token service, and never over plain HTTP
+        # to a host that is not loopback (such a realm is asked anonymously).
+        ours = same_domain(split_host(parts.netloc), split_host(self.registry)) and (
+            parts.scheme == "https" or is_loopback(parts.netloc))
         if creds is not None and ours:
             if creds.identity_token:  # an OAuth2 refresh token: POST it (as Docker does)
                 method, url = "POST", realm

@@ -599,3 +599,13 @@ def test_plan_asks_a_trickling_registry_within_its_short_deadline(fake: Server) 
     start = time.monotonic()
     assert plan.registry_has(fake.addr, "repo", "t", timeout=0.5) is False  # "build", quickly
     assert time.monotonic() - start < 3
+
+
+def test_a_refusal_with_a_multi_line_body_stays_one_line(fake: Server) -> None:
+    fake.ping_ok()
+    fake.route("GET", r"/v2/repo/manifests/t")(lambda r, m: r.reply(
+        400, b'{\n  "errors": [\x1b[31m"DENIED"\n]}\r\n' + b"x" * 5000))
+    with pytest.raises(RegistryError) as exc:
+        reg(fake).manifest("repo", "t")
+    text = one_line(exc, fake.addr, "refused: HTTP 400", '"errors": [ [31m"DENIED" ]}')
+    assert "\x1b" not in text and len(text) < 400
