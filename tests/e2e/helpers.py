@@ -37,3 +37,31 @@ def run_builder(*args: str, matrix: Path | None = None, env: dict[str, str] | No
         pytest.fail(f"builder {' '.join(argv)} exited {result.returncode}:\n"
                     f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}", pytrace=False)
     return result
+
+
+def private_matrix(folder: Path, **changes: object) -> Path:
+    """The shipped matrix under a repository name of its own (plus `changes`), in `folder`:
+    images a test builds never take the names of the user's images (`nox -s build` would call
+    them up to date). Remove them with `remove_images_of`."""
+    import uuid
+
+    import yaml
+
+    data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    data |= {"repository": f"e2e-{uuid.uuid4().hex[:8]}-torch", **changes}
+    path = folder / "matrix.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def remove_images_of(matrix_path: Path) -> None:
+    """Remove every local image named `<registry>/<repository>:*` of that matrix."""
+    import yaml
+
+    from builder.core import engine
+
+    data = yaml.safe_load(matrix_path.read_text())
+    refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}", "--filter",
+                         f"reference={data['registry']}/{data['repository']}:*").stdout.split()
+    for ref in refs:
+        engine.remove_image(ref)

@@ -5,32 +5,49 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+from helpers import private_matrix, remove_images_of, run_builder
 
 from builder.core import engine, proc
 
 pytestmark = pytest.mark.docker
 
-ROOT = Path(__file__).resolve().parents[2]
 SLIM = "2.13.0-py3.11-cpu-slim"
 RUNTIME = "2.13.0-py3.11-cpu-runtime"
 PEM = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.S)
 
 
-def built(vid: str) -> str:
-    """Build (a no-op when up to date) and return the image's reference."""
-    base = [sys.executable, "-m", "builder"]
-    subprocess.run([*base, "build", "--select", f"id={vid}", "--no-smoke", "--no-sbom"],
-                   cwd=ROOT, check=True, timeout=3600)
-    out = subprocess.run([*base, "plan", "--offline", "--json", "--select", f"id={vid}"],
-                         cwd=ROOT, check=True, capture_output=True, text=True).stdout
-    return json.loads(out)["include"][0]["image"]
+@pytest.fixture(scope="module")
+def private(tmp_path_factory: pytest.TempPathFactory):
+    """A state folder and an image repository of this module's own, removed afterwards: the
+    user's `.state/` and images are never touched (#25)."""
+    tmp = tmp_path_factory.mktemp("layers")
+    matrix = private_matrix(tmp)
+    yield {"matrix": matrix, "env": {**os.environ, "BUILDER_STATE": str(tmp / "state")}}
+    remove_images_of(matrix)
+
+
+@pytest.fixture(scope="module")
+def built(private):
+    """vid → its image, built once (without smoke or SBOM: these tests read layers)."""
+    made: dict[str, str] = {}
+
+    def build(vid: str) -> str:
+        if vid not in made:
+            run_builder("build", "--select", f"id={vid}", "--no-smoke", "--no-sbom",
+                        matrix=private["matrix"], env=private["env"])
+            out = run_builder("plan", "--offline", "--json", "--select", f"id={vid}",
+                              matrix=private["matrix"], env=private["env"]).stdout
+            made[vid] = json.loads(out)["include"][0]["image"]
+        return made[vid]
+
+    return build
 
 
 def layer_members(ref: str):
@@ -45,7 +62,7 @@ def layer_members(ref: str):
                     yield i, member.name.removeprefix("./"), data  # imported bases: ./etc/…
 
 
-def test_no_layer_holds_the_host_ca_bundle_or_mount_leftovers():
+def test_no_layer_holds_the_host_ca_bundle_or_mount_leftovers(built):
     host_ca = proc.host_ca_bundle()
     if host_ca is None:
         pytest.skip("no host CA bundle")
@@ -64,7 +81,7 @@ def test_no_layer_holds_the_host_ca_bundle_or_mount_leftovers():
         pytest.skip("the host trusts nothing the image does not: nothing to look for")
 
 
-def test_slim_layers_are_a_prefix_of_runtime():
+def test_slim_layers_are_a_prefix_of_runtime(built):
     def layers(ref: str) -> list[str]:
         return (engine.inspect_image(ref) or {})["RootFS"]["Layers"]
 

