@@ -18,7 +18,6 @@ import pytest
 from fixtures_base import minbase_image  # noqa: F401  (a fixture)
 from helpers import ROOT, missing, private_matrix, remove_images_of, run_builder
 from packageurl import PackageURL
-from tests.unit.sbom.test_sbom_library import ORDERED_VERSIONS, tiny_doc
 
 import sbom
 from sbom import dpkg, layers
@@ -26,6 +25,7 @@ from sbom.audit import audit
 from sbom.collect import read_export, read_layers
 from sbom.diff import diff_sboms
 from sbom.validate import write
+from tests.unit.sbom.test_sbom_library import ORDERED_VERSIONS, tiny_doc
 
 SITE = "/opt/venv/lib/python3.11/site-packages"
 CUDNN_BYTES = b"\x7fELF fake cudnn " * 64
