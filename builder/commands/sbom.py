@@ -47,6 +47,10 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
     a.add_argument("--debian-security-suite", default="bookworm-security", metavar="SUITE")
     a.add_argument("--debian-mirror", default=None, metavar="URL",
                    help="debian-security mirror (default: http://deb.debian.org/debian-security)")
+    a.add_argument("--attach", action="store_true",
+                   help="IMAGE is REGISTRY/REPOSITORY@sha256:DIGEST: audit the SBOM attached to "
+                   "that digest and attach the report to it (`sha256-<hex>.audit`, what "
+                   "`builder catalog` shows as the latest audit)")
     a.set_defaults(func=run_audit)
 
 
@@ -131,12 +135,21 @@ def run_audit(args: argparse.Namespace) -> int:
     import sbom
     from sbom.audit import DEBIAN_SECURITY_MIRROR, add_to_sbom
 
+    staged = attached_to(args.target) if args.attach else None
     target = Path(args.target)
     # A path-like target is a file to read: never look such a name up in the engine.
-    doc = _load(target) if target.suffix == ".json" or target.exists() else None
+    doc = _load(target) if not staged and (target.suffix == ".json" or target.exists()) else None
+    if staged:
+        doc = attached_sbom(staged)
     doc = doc if doc is not None else sbom.generate(args.target)
     report = sbom.audit(doc, debian_security_suite=args.debian_security_suite,
                         debian_mirror=args.debian_mirror or DEBIAN_SECURITY_MIRROR)
+    if staged:
+        from builder.stages import evidence
+
+        report["audited_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        evidence.attach(staged, "audit", (json.dumps(report, indent=2) + "\n").encode(),
+                        AUDIT_TYPE, "audit.json")
     if args.write_into:
         base = _load(args.write_into) if args.write_into.exists() else doc
         sbom.write(add_to_sbom(base, report), args.write_into)
@@ -144,6 +157,36 @@ def run_audit(args: argparse.Namespace) -> int:
     if report["vulnerabilities"]:
         return 1
     return 0 if report["ok"] else COULD_NOT_RUN
+
+
+AUDIT_TYPE = "application/vnd.torch-images.audit+json"
+
+
+def attached_to(text: str) -> Any:
+    """The image `REGISTRY/REPOSITORY@sha256:…` whose attached SBOM `--attach` audits."""
+    from builder.stages import evidence
+
+    staged = evidence.from_reference(text)
+    if staged is None:
+        raise BuilderError(f"--attach needs REGISTRY/REPOSITORY@sha256:DIGEST, not `{text}`",
+                           hint="a platform manifest's digest (the catalog page lists them)")
+    return staged
+
+
+def attached_sbom(staged: Any) -> dict[str, Any]:
+    from builder.core import oci
+
+    data = oci.Registry(staged.registry).fetch_artifact(staged.repository, staged.digest, "sbom")
+    if data is None:
+        raise BuilderError(f"`{staged.reference}` has no SBOM attached",
+                           hint="builder sbom REF@DIGEST attaches one (publish does it too)")
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise BuilderError(f"the SBOM attached to `{staged.reference}` is not JSON") from None
+    if not isinstance(doc, dict):
+        raise BuilderError(f"the SBOM attached to `{staged.reference}` is not a JSON object")
+    return doc
 
 
 def format_audit(report: dict[str, Any]) -> str:

@@ -334,7 +334,9 @@ def audit_summary(doc: dict[str, Any]) -> dict[str, Any]:
     sources = {name: (s.get("status") if isinstance(s, dict) else s)
                for name, s in (doc.get("sources") or {}).items()}
     return {"vulnerabilities": len(doc.get("vulnerabilities") or []), "ok": doc.get("ok"),
-            "sources": sources, "date": doc.get("audited_at") or doc.get("date")}
+            "sources": sources, "date": doc.get("audited_at") or doc.get("date"),
+            "unknown": len(doc.get("unknown") or []),
+            "incomplete": sorted(name for name, status in sources.items() if status != "ok")}
 
 
 def rebuild_summary(doc: dict[str, Any]) -> dict[str, Any]:
@@ -515,7 +517,8 @@ def vulnerabilities(ev: dict[str, Any]) -> int | None:
     """The newest audit's count: an attached audit report, else one written into the SBOM."""
     audit, sbom = ev.get("audit") or {}, ev.get("sbom") or {}
     if audit.get("present") and audit.get("vulnerabilities") is not None:
-        return int(audit["vulnerabilities"])
+        found = int(audit["vulnerabilities"])
+        return None if audit.get("incomplete") and not found else found  # not a clean bill
     return sbom.get("vulnerabilities")
 
 

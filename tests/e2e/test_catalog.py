@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import jsonschema
 import pytest
-from helpers import ROOT, missing, run_builder
+from helpers import ROOT, free_port, missing, run_builder
 
 from bench import catalog_images as ci
 from builder.core import oci, sign
@@ -234,3 +234,18 @@ def test_screenshots_of_the_index_and_an_image_page(site: Site, tmp_path: Path) 
         assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and target.stat().st_size > 20_000
         if keep:
             shutil.copyfile(target, ROOT / keep / name)
+
+
+def test_an_audit_attached_later_is_the_latest_audit_and_says_when_inconclusive(
+        site: Site, tmp_path: Path) -> None:
+    """Last in this file: it attaches to the registry the module's site was made from."""
+    digest = site.digests[CPU_SLIM.floating]
+    closed = f"http://127.0.0.1:{free_port()}"  # Debian's security mirror does not answer
+    result = run_builder("audit", f"{site.source}@{digest}", "--attach", "--debian-mirror",
+                         closed, check=False)
+    assert result.returncode in (1, 2), result.stderr  # never "clean" with a source missing
+    out = json.loads(run_builder("catalog", site.source, "--out", str(site.out),
+                                 "--json").stdout)
+    assert out["fetched"] >= 1  # the new audit artifact, nothing else
+    page = (site.out / "tags" / f"{CPU_SLIM.floating}.html").read_text()
+    assert "Not conclusive</strong>: debian-security" in page
