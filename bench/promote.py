@@ -8,8 +8,9 @@ streamed once from source to target). Its peak RSS (VmHWM, read by the process i
 end) and wall time are measured, next to a baseline process that only reads the manifest.
 Goal: peak RSS <= 250 MB. Writes bench/promote.json.
 
-Synthetic, not a built CUDA image: building the CUDA slim image takes longer than this bench
-should, and promotion only sees blobs; random layers are the worst case for any compression.
+Synthetic by default (random layers are the worst case for any compression, and no build is
+needed); `--image LOCAL_REF` promotes a real local image instead (e.g. a built CUDA slim image,
+`docker push`ed into staging first) and writes bench/promote-image.json.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from builder.core import oci, registry
+from builder.core import engine, oci, registry
 
 HERE = Path(__file__).resolve().parent
 GOAL_MB = 250.0
@@ -62,6 +63,19 @@ def push_synthetic(addr: str, repository: str, layer_sizes: list[int]) -> str:
                       "size": len(config)}}
     body = json.dumps(doc).encode()
     return reg.put_manifest(repository, "synthetic", body, oci.OCI_MANIFEST)
+
+
+def push_local_image(addr: str, repository: str, image: str) -> str:
+    """`docker push` a local image into `addr/repository` (a tag of our own, removed after)."""
+    ref = f"{addr}/{repository}:real"
+    engine.docker("tag", image, ref)
+    try:
+        engine.docker("push", ref, timeout=3600)
+    finally:
+        engine.docker("image", "rm", ref, check=False)
+    found = oci.Registry(addr).head(repository, "real")
+    assert found is not None
+    return found.digest
 
 
 def measured(argv: list[str]) -> tuple[float, float, str]:
@@ -101,6 +115,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench promote", description=__doc__)
     parser.add_argument("--layers-gb", default="3.0,1.0,0.5",
                         help="layer sizes in GB (default 3.0,1.0,0.5: 4.5 GB)")
+    parser.add_argument("--image", metavar="LOCAL_REF",
+                        help="promote this local image (e.g. a built CUDA slim image, pushed "
+                        "with docker push) instead of a synthetic one")
     args = parser.parse_args(argv)
     sizes = [int(float(x) * 1e9) for x in args.layers_gb.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-promote-", dir="/var/tmp") as tmp:
@@ -109,7 +126,12 @@ def main(argv: list[str]) -> int:
         registry.start(vetted, Path(tmp) / "vetted")
         try:
             start = time.monotonic()
-            digest = push_synthetic(staging, "staging", sizes)
+            if args.image:
+                digest = push_local_image(staging, "staging", args.image)
+                doc = json.loads(oci.Registry(staging).manifest("staging", digest)[0])  # type: ignore[index]
+                sizes = [layer["size"] for layer in doc["layers"]]
+            else:
+                digest = push_synthetic(staging, "staging", sizes)
             push_s = time.monotonic() - start
             py = [sys.executable, "-m", "bench", "promote-worker", staging, vetted, digest]
             _, _, out = measured([*py, "--baseline"])
@@ -122,9 +144,11 @@ def main(argv: list[str]) -> int:
             registry.stop(Path(tmp) / "staging")
             registry.stop(Path(tmp) / "vetted")
     total = sum(sizes)
+    what = f"the local image {args.image} (compressed layers, as pushed)" if args.image else \
+        "a synthetic image of random layers"
     result = {
-        "what": "cross-registry promotion of a synthetic image of random layers "
-                "(two local docker-registry 2.8, plain HTTP on loopback)",
+        "what": f"cross-registry promotion of {what} (two local docker-registry 2.8, plain "
+                "HTTP on loopback)",
         "layers_bytes": sizes, "total_bytes": total, "push_seconds": round(push_s, 1),
         "promote_seconds": round(seconds, 1),
         "promote_mb_per_s": round(total / 1e6 / seconds, 1),
@@ -136,6 +160,7 @@ def main(argv: list[str]) -> int:
         "goal_peak_rss_mb": GOAL_MB, "met": peak_mb <= GOAL_MB and promoted is not None,
         "chunk_bytes": oci.CHUNK, "digest": digest,
     }
-    (HERE / "promote.json").write_text(json.dumps(result, indent=2) + "\n")
+    out = HERE / ("promote-image.json" if args.image else "promote.json")
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0 if result["met"] else 1

@@ -416,8 +416,8 @@ class Session:
                 continue
             answer.close()
             self.scheme = scheme
-            if answer.status == 401:
-                self.challenge = parse_challenge(answer.headers.get("WWW-Authenticate", ""))
+            if answer.status == 401 and answer.headers.get("WWW-Authenticate"):
+                self.challenge = parse_challenge(answer.headers["WWW-Authenticate"])
             return
 
     def authorization(self, scopes: tuple[str, ...], deadline: Deadline,
@@ -435,6 +435,8 @@ class Session:
         if kind != "bearer":
             raise RegistryError(f"registry `{self.registry}` asks for `{kind}` authentication, "
                                 "which this client does not speak (Basic and Bearer only)")
+        if creds is not None:  # a token got with them is as secret as they are
+            self._refuse_plain_http()
         key = tuple(sorted(set(scopes)))
         token = self.tokens.get(key)
         if token is None or token.expires <= time.monotonic():

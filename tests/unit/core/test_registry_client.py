@@ -123,6 +123,9 @@ def test_credentials_never_over_plain_http_to_another_host(
                                     challenge=("basic", {}))
     with pytest.raises(RegistryError, match="plain HTTP"):
         session.authorization((), registry_http.Deadline(5), 5)
+    session.challenge = ("bearer", {"realm": "https://registry.example/token"})
+    with pytest.raises(RegistryError, match="plain HTTP"):  # a token got with them neither
+        session.authorization((), registry_http.Deadline(5), 5)
 
 
 def test_bearer_scopes_for_a_cross_repository_mount_and_token_refresh(
@@ -216,29 +219,28 @@ def test_https_first_then_plain_http_on_loopback(fake: Server) -> None:
 # ---- bounds -------------------------------------------------------------------------------------
 
 
+def drip(r: Request, byte: bytes, times: int) -> None:
+    """One byte every 0.3 s until the client hangs up."""
+    for _ in range(times):
+        try:
+            r.wfile.write(byte)
+            r.wfile.flush()
+        except OSError:
+            return
+        time.sleep(0.3)
+
+
 def trickle(r: Request, m: re.Match[str]) -> None:
     r.send_response(200)
     r.send_header("Content-Type", oci.OCI_MANIFEST)
     r.send_header("Content-Length", "1000")
     r.end_headers()
-    for _ in range(1000):
-        try:
-            r.wfile.write(b" ")
-            r.wfile.flush()
-        except OSError:
-            return
-        time.sleep(0.3)
+    drip(r, b" ", 1000)
 
 
 def trickle_headers(r: Request, m: re.Match[str]) -> None:
     r.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
-    for _ in range(100):
-        try:
-            r.wfile.write(b"a")
-            r.wfile.flush()
-        except OSError:
-            return
-        time.sleep(0.3)
+    drip(r, b"a", 100)
 
 
 def test_a_trickling_server_ends_within_the_deadline(fake: Server) -> None:
