@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import time
 import urllib.parse
@@ -42,8 +43,10 @@ REF_NAME = "org.opencontainers.image.ref.name"
 SUBJECT_ANNOTATION = "io.torch-images.subject"
 
 TIMEOUT_S = 30.0  # one read
-DEADLINE_S = 120.0  # one operation (a manifest, a tag, a small blob)
-MIN_RATE = 1 << 20  # a blob transfer's deadline grows by one second per MiB
+# One operation (a manifest, a tag, a small blob); $BUILDER_REGISTRY_DEADLINE_S for slow links.
+DEADLINE_S = float(os.environ.get("BUILDER_REGISTRY_DEADLINE_S") or 30)
+MIN_RATE = 1 << 20  # a streamed blob's deadline grows by one second per MiB
+SMALL_RATE = 4 << 20  # a small blob read whole (config, evidence): 1 s more per 4 MiB of cap
 BACKOFF_S: tuple[float, ...] = (1, 2, 4)  # 4 tries in all
 MANIFEST_CAP = 4 << 20  # the distribution spec's suggested limit
 CONFIG_CAP = 8 << 20  # an image config (labels, history)
@@ -141,6 +144,7 @@ def parse_manifest(body: bytes, where: str) -> dict[str, Any]:
 
 
 def blob_deadline(size: int) -> float:
+    """A streamed blob's overall deadline: the operation's, plus a second per MiB."""
     return DEADLINE_S + max(size, 0) / MIN_RATE
 
 
@@ -293,7 +297,7 @@ class Registry:
                 raise RegistryError(f"registry `{self.registry}`: {answer.where}: the blob's "
                                     f"bytes hash to {got}, not {digest}: refused")
             return body
-        return self._call(f"reading blob {digest[:19]}", once)
+        return self._call(f"reading blob {digest[:19]}", once, self.deadline + cap / SMALL_RATE)
 
     def config(self, repository: str, digest: str) -> dict[str, Any]:
         """An image config, checked: a JSON object whose `config.Labels` maps str to str."""
