@@ -294,35 +294,58 @@ def test_token_auth_scopes_mount_and_promotion_across_registries(
 
 
 class Hostile(http.server.BaseHTTPRequestHandler):
-    """A registry whose manifests are not JSON."""
+    """A registry whose manifests are not JSON, or (/v2/slow/...) trickle a byte a second."""
 
     def log_message(self, *args: object) -> None:
         pass
 
     def do_GET(self) -> None:
         body = b"{}" if self.path == "/v2/" else b"<html>oops</html>"
+        slow = self.path.startswith("/v2/slow/")
         self.send_response(200)
         self.send_header("Content-Type", oci.OCI_MANIFEST)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(1000 if slow else len(body)))
         self.end_headers()
+        for _ in range(1000 if slow else 0):
+            try:
+                self.wfile.write(b" ")
+                self.wfile.flush()
+            except OSError:
+                return
+            time.sleep(1)
         self.wfile.write(body)
 
 
-def test_the_cli_reports_a_malformed_registry_in_one_line(tmp_path: Path) -> None:
+def verify_against_hostile(tmp_path: Path, repository: str, **env: str
+                           ) -> tuple[str, subprocess.CompletedProcess[str]]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     addr = f"127.0.0.1:{server.server_address[1]}"
     try:
-        env = {**os.environ, "DOCKER_CONFIG": str(tmp_path), "BUILDER_STATE": str(tmp_path)}
-        result = run_builder("verify", f"{addr}/team/app:v1", env=env, check=False)
+        full = {**os.environ, "DOCKER_CONFIG": str(tmp_path), "BUILDER_STATE": str(tmp_path),
+                **env}
+        result = run_builder("verify", f"{addr}/{repository}:v1", env=full, check=False)
     finally:
         server.shutdown()
         server.server_close()
     assert result.returncode == 2, result.stderr
     lines = [x for x in result.stderr.splitlines() if x.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert f"registry `{addr}`" in lines[0] and "/v2/team/app/manifests/v1" in lines[0]
-    assert "the manifest is not JSON" in lines[0]
+    assert f"registry `{addr}`" in lines[0] and f"/v2/{repository}/manifests/v1" in lines[0]
+    return lines[0], result
+
+
+def test_the_cli_reports_a_malformed_registry_in_one_line(tmp_path: Path) -> None:
+    line, _ = verify_against_hostile(tmp_path, "team/app")
+    assert "the manifest is not JSON" in line
+
+
+def test_the_cli_gives_up_on_a_trickling_registry_at_its_deadline(tmp_path: Path) -> None:
+    start = time.monotonic()
+    line, _ = verify_against_hostile(tmp_path, "slow/app", BUILDER_REGISTRY_DEADLINE_S="4")
+    assert "within the 4 s deadline" in line
+    assert time.monotonic() - start < 15  # the deadline, plus starting Python twice over
 
 
 def test_tls_registry_wanting_a_client_certificate_from_certs_d(isolated_client: Path) -> None:
