@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -53,8 +54,12 @@ def dockerfile_value(value: object) -> str:
 
 @cache
 def environment() -> jinja2.Environment:
+    """The templates: `$BUILDER_TEMPLATES` (a folder searched first, e.g. a test's planted
+    variation), then templates/."""
+    extra = os.environ.get("BUILDER_TEMPLATES")
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
+        loader=jinja2.FileSystemLoader([*([extra] if extra else []), TEMPLATES]),
+        undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True, autoescape=False,
     )
     env.filters["dockerfile_value"] = dockerfile_value
@@ -71,7 +76,6 @@ class Step:
     target: str = ""  # the site directory it installs into (the venv's, or NVIDIA_SITE)
     prune: str = ""  # a find expression of what to delete right after installing
     restore: str = ""  # a find expression of what to copy back in from the wheels (only that)
-    fixed_times: bool = False  # file times set to FIXED_EPOCH: the layer is byte-identical
     # The platform's lock suffix ("" on linux/amd64, which keeps its set ids): a lock's hashes
     # cover every platform's wheels, so the same lines need another set of wheels per platform.
     platform: str = ""
@@ -90,7 +94,10 @@ class Step:
 # NVIDIA's wheels go to a python-independent folder (a site dir the venv reads through a .pth):
 # two pythons or two flavors that pin the same nvidia-* wheels share one layer blob.
 NVIDIA_SITE = "/opt/nvidia/lib/python3/site-packages"
-FIXED_EPOCH = base.SOURCE_DATE_EPOCH  # the locks carry no time; one fixed time for all
+# SOURCE_DATE_EPOCH of every layer: one fixed time, not the lock's, so that a layer's bytes do not
+# change when another part of the lock does (a numpy bump must not re-date the torch layer) and
+# variants share their common layers (templates/reproducible.j2 applies it).
+FIXED_EPOCH = base.SOURCE_DATE_EPOCH
 # Where install steps mount things: made in the os layer, so a mount leaves no stub behind.
 MOUNTS = {"cache": "/mnt/build/cache", "set": "/mnt/build/set", "uv": "/mnt/build/uv"}
 UV_REQUIREMENTS = TEMPLATES / "uv.txt"
@@ -178,7 +185,7 @@ def local_find_links(variant: Variant) -> tuple[str, ...]:
 def part_step(variant: Variant, part: str, requirements: str, **extra: Any) -> Step:
     nvidia = part == "nvidia"
     return Step(part, requirements, local_find_links(variant),
-                target=NVIDIA_SITE if nvidia else site_packages(variant), fixed_times=nvidia,
+                target=NVIDIA_SITE if nvidia else site_packages(variant),
                 platform=platforms.get(variant.platform).suffix, **extra)
 
 
@@ -197,7 +204,7 @@ def flavor_steps(variant: Variant, flavor: flavors.Flavor, parts: Mapping[str, s
         categories = [c for c, parts in flavor.restores if s.name in parts]
         if categories:
             steps.append(replace(s, name=f"{s.name} {' + '.join(categories)}", prune="",
-                                 restore=flavors.prune_expression(categories), fixed_times=False))
+                                 restore=flavors.prune_expression(categories)))
     return steps
 
 
@@ -317,6 +324,10 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
         "cuda_home": (f"{NVIDIA_SITE}/nvidia/cu{facts['cuda'].split('.')[0]}"
                       if toolkit and toolkit.get("wheels") else None),
         "facts_source": facts_source(facts),
+        "facts_dir": facts_source(facts).rsplit("/", 1)[0],
+        "facts_file": facts_source(facts).rsplit("/", 1)[1],
+        "home_dir": "/home/user",
+        "ca_target": "/etc/ssl/certs/ca-certificates.crt",
         "labels": static_labels(matrix, variant, facts),
         # Derived from the min-driver label's fact, so the container runtime admits exactly
         # the drivers the label promises (a unit test checks every shipped variant).

@@ -57,7 +57,7 @@ def test_devel_sets_arch_list_from_the_wheel_and_library_headers(shipped):
     assert f"CUDNN_HOME={site}/nvidia/cudnn" in devel
     assert f"{site}/nvidia/nccl/include" in devel
     # computed after the smoke package is in place (it reads the wheel's arch flags)
-    assert devel.index("COPY smoke") < devel.index("cuda_arch_list") < devel.index("HOME=/root")
+    assert devel.index("/opt/torch-images/smoke") < devel.index("cuda_arch_list") < devel.index("HOME=/root")
 
 
 def test_facts_carry_the_locked_nvidia_wheels(shipped):
