@@ -20,6 +20,11 @@ if sys.argv[1:2] == ["catalog"]:  # builder catalog on a 200-tag registry
 
     sys.exit(catalog_main(sys.argv[2:]))
 
+if sys.argv[1:2] == ["reproduce"]:  # reproducible images and rebuild deltas
+    from bench.reproduce import main as reproduce_main
+
+    sys.exit(reproduce_main(sys.argv[2:]))
+
 from bench.runner import main
 
 sys.exit(main())

@@ -41,6 +41,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     add_ca_bundle_option(p, "CA bundle for downloads inside the build, passed as a BuildKit "
                          "secret (never stored in a layer); default: $BUILDER_CA_BUNDLE, else "
                          "the host's")
+    p.add_argument("--no-registry-cache", action="store_true",
+                   help="do not reuse the layers the registry holds for the variant (its "
+                   "`<repository>-staging:cache-<tag>` image, pushed by --stage)")
     p.add_argument("--apt-refresh", default="", metavar="TOKEN",
                    help="re-run the apt upgrade step (security rebuilds pass a new token)")
     p.set_defaults(func=cmd_build)

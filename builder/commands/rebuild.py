@@ -10,7 +10,7 @@ from pathlib import Path
 from builder.commands.options import add_ca_bundle_option, add_locks_option, load_selected
 from builder.core import proc
 from builder.core.errors import BuilderError
-from builder.core.output import emit_json, table
+from builder.core.output import emit_json, human_bytes, table
 from builder.flows.rebuild import (
     REASONS,
     UNKNOWN,
@@ -97,8 +97,9 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         if not actions:
             print("nothing rebuilt, nothing pushed")
         else:
-            table(["variant", "reasons", "state", "detail"],
-                  [(a.variant_id, ", ".join(a.reasons), a.state, a.message) for a in actions])
+            table(["variant", "reasons", "state", "node download", "detail"],
+                  [(a.variant_id, ", ".join(a.reasons), a.state, download_text(a), a.message)
+                   for a in actions])
             print_changelogs(actions)
     if any(a.state == "failed" for a in actions):
         return 1
@@ -115,6 +116,14 @@ def nothing_checked(args: argparse.Namespace, skip: list[str]) -> int:
     else:
         print(why)
     return 0
+
+
+def download_text(a: Action) -> str:
+    """`12.3 MB of 1.2 GB (1.0%)`: new blob bytes a node holding the previous digest pulls."""
+    if a.delta_bytes is None or not a.image_bytes:
+        return "-"
+    return (f"{human_bytes(a.delta_bytes)} of {human_bytes(a.image_bytes)} "
+            f"({100 * a.delta_bytes / a.image_bytes:.1f}%)")
 
 
 def print_changelogs(actions: list[Action]) -> None:

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, labels, oci, proc, state
+from builder.core import engine, labels, layerdiff, oci, proc, state
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.output import step
 from builder.stages import base, locks, multiarch, plan, platforms, publication, publish
@@ -362,6 +362,10 @@ class Action:
     state: str = "planned"  # planned | built | published | failed | unchanged | would-rebuild
     message: str = ""
     changelog: dict[str, Any] | None = None
+    # What a node that holds the previous digest downloads for the new one (compressed bytes of
+    # the new blobs), and the new image's size: a security fix should cost megabytes.
+    delta_bytes: int | None = None
+    image_bytes: int | None = None
 
 
 def plan_actions(findings: list[Finding]) -> list[Action]:
@@ -452,6 +456,7 @@ def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_di
                 a.message = ", ".join(result.get("tags", []))
                 record_reasons(result, a, findings)
                 a.changelog = changelog(pubs.get(a.variant_id), outcomes[0])
+                a.delta_bytes, a.image_bytes = download_delta(pubs.get(a.variant_id), result)
             except BuilderError as exc:
                 a.state, a.message = "failed", str(exc)
     return actions
@@ -481,6 +486,18 @@ def record_reasons(result: dict[str, Any], action: Action, findings: list[Findin
                           kind="rebuild", title="rebuild.json")
     except BuilderError as exc:
         step(f"  [{action.variant_id}] warning: the rebuild reason was not attached: {exc}")
+
+
+def download_delta(pub: Publication | None, result: dict[str, Any]
+                   ) -> tuple[int | None, int | None]:
+    """(new blob bytes, image bytes) of the republished image against the previous digest."""
+    if pub is None or not result.get("digest"):
+        return None, None
+    try:
+        return layerdiff.delta(oci.Registry(pub.registry), pub.repository, pub.digest,
+                               result["digest"])
+    except BuilderError:
+        return None, None
 
 
 def changelog(pub: Publication | None, outcome: Any) -> dict[str, Any] | None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, oci, proc
+from builder.core import engine, oci, proc, registry_auth, reproducible
 from builder.core.errors import BuilderError, EngineError
 from builder.stages import platforms
 from builder.stages.matrix import Base, Matrix, Variant
@@ -24,7 +24,7 @@ from builder.stages.platforms import Platform
 
 BOOTSTRAP_PACKAGES = ("ca-certificates",)
 KEY_LABEL = "io.torch-images.base-key"
-SOURCE_DATE_EPOCH = "1704067200"  # fixed: same packages → byte-identical rootfs
+SOURCE_DATE_EPOCH = str(reproducible.SOURCE_DATE_EPOCH)  # same packages → byte-identical rootfs
 # What no image reads at run time never enters the base layer (a later layer could only white it
 # out): translations, docs except copyright (the SBOM reads those), man/info pages. The dpkg
 # excludes stay in the image, so later apt installs skip them too. The merged-usr hook installs
@@ -138,19 +138,47 @@ def bootstrap(suite: str, *, slim: bool = True, progress=print) -> str:
     """Bootstrap `suite` into a local image (the slim one unless told); returns its digest."""
     ref = bootstrap_ref(suite, slim)
     options = SLIM_OPTIONS if slim else ()
-    key = bootstrap_key(suite, options=options)
-    info = engine.inspect_image(ref)
-    if info and (info["Config"].get("Labels") or {}).get(KEY_LABEL) == key:
+    # The key is a second tag, not a label: the image's config (so its id, BuildKit's cache keys
+    # and every image's labels) stays a function of the rootfs alone, the same on any day.
+    keyed = f"{ref}-{bootstrap_key(suite, options=options)}"
+    info, have = engine.inspect_image(ref), engine.inspect_image(keyed)
+    if info and have and info["Id"] == have["Id"]:
         return digest_of(info)
     progress(f"bootstrapping {ref} with mmdebstrap (about 20 s)")
     with tempfile.TemporaryDirectory() as tmp:
         tar = Path(tmp) / "base.tar"
         mmdebstrap(suite, tar, options=options)
-        engine.docker("import", "--change", f"LABEL {KEY_LABEL}={key}",
-                      "--change", 'CMD ["bash"]', str(tar), ref)
+        reproducible.load_rootfs(tar, ref, f"mmdebstrap --variant=minbase {suite}", ["bash"])
+    engine.docker("tag", ref, keyed)
     info = engine.inspect_image(ref)
     assert info is not None
     return digest_of(info)
+
+
+def registry_tag(base_digest: str) -> str:
+    """The tag under which `<repository>-base` keeps a base by its (layer) digest."""
+    return "layers-" + base_digest.removeprefix("sha256:")[:32]
+
+
+def push_to_registry(matrix: Matrix, variant: Variant, base_digest: str | None) -> None:
+    """Keep a locally bootstrapped base in the registry (`<repository>-base:layers-<hex>`), so
+    `builder reproduce` finds the exact base once Debian has moved on. Best effort."""
+    suite = variant.base.bootstrap_suite
+    if not (suite and base_digest) or platforms.get(variant.platform).suffix:
+        return  # a pulled base is in its own registry; a foreign one is served from ours
+    repository, tag = platforms.base_repository(matrix.repository), registry_tag(base_digest)
+    try:
+        if oci.Registry(matrix.registry).head(repository, tag):
+            return
+        ref = f"{matrix.registry}/{repository}:{tag}"
+        engine.docker("tag", local_ref(variant.base), ref)
+        try:
+            with registry_auth.docker_env(matrix.registry) as env:
+                engine.docker("push", ref, timeout=1800, env=env)
+        finally:
+            engine.docker("image", "rm", ref, check=False)
+    except BuilderError as exc:
+        print(f"  the base was not kept in the registry ({exc})")
 
 
 def known_digests(variants: list[Variant], m: Matrix | None = None) -> dict[str, str | None]:

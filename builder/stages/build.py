@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, labels, limits, proc, state
+from builder.core import engine, labels, limits, oci, proc, registry_auth, reproducible, state
 from builder.core.errors import BuilderError, EngineError
 from builder.core.output import human_bytes, step
 from builder.stages import base, locks, plan, platforms, render
@@ -48,12 +48,14 @@ class BuildOptions:
     stage: bool = False
     require_gpu: bool = False
     apt_refresh: str = ""
+    registry_cache: bool = True  # --cache-from the registry's cache image of the variant
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BuildOptions:
         return cls(locks=args.locks, force=args.force, relock=args.relock,
                    fail_fast=args.fail_fast, smoke=not args.no_smoke, sbom=not args.no_sbom,
-                   stage=args.stage, require_gpu=args.require_gpu, apt_refresh=args.apt_refresh)
+                   stage=args.stage, require_gpu=args.require_gpu, apt_refresh=args.apt_refresh,
+                   registry_cache=not getattr(args, "no_registry_cache", False))
 
 
 @dataclass(frozen=True)
@@ -181,8 +183,40 @@ def prepare_context(p: plan.PlannedVariant, wheelhouse: Wheelhouse) -> tuple[Pat
     return context, dockerfile_dir / "Dockerfile"
 
 
+def cache_ref(matrix: Matrix, p: plan.PlannedVariant) -> str:
+    """Where the staging repository keeps the variant's last build as BuildKit wrote it (its
+    config carries the inline cache; its layers are the staged image's)."""
+    tag = p.local_image.rsplit(":", 1)[1]
+    return f"{matrix.staging_registry}/{matrix.staging_repository}:cache-{tag}"
+
+
+def registry_cache(matrix: Matrix, p: plan.PlannedVariant) -> list[str]:
+    """The cache image to build from, when the registry answers and holds one."""
+    ref = cache_ref(matrix, p)
+    try:
+        found = oci.Registry(matrix.staging_registry, backoff=()).head(
+            matrix.staging_repository, ref.rsplit(":", 1)[1])
+    except BuilderError:
+        return []
+    return [ref] if found else []
+
+
+def push_cache(matrix: Matrix, p: plan.PlannedVariant) -> None:
+    """Push the cache image (config only, mostly: its layers are the staged image's)."""
+    ref = cache_ref(matrix, p)
+    if engine.inspect_image(ref) is None:
+        return
+    try:
+        with registry_auth.docker_env(matrix.staging_registry) as env:
+            engine.docker("push", ref, timeout=3600, env=env)
+    except BuilderError as exc:
+        step(f"  [{p.variant.key}] the cache image was not pushed ({exc}); the next cold "
+             "build installs every layer again")
+
+
 def docker_build(p: plan.PlannedVariant, image: str, context: Path, dockerfile: Path,
-                 locks_dir: Path, log: Path, *, apt_refresh: str = "") -> str:
+                 locks_dir: Path, log: Path, *, apt_refresh: str = "",
+                 cache_from: list[str] | None = None) -> str:
     """Run the BuildKit build; returns the image id. Tags only on success."""
     iidfile = log.with_suffix(".iid")
     iidfile.unlink(missing_ok=True)
@@ -194,6 +228,13 @@ def docker_build(p: plan.PlannedVariant, image: str, context: Path, dockerfile: 
         argv += ["--secret", f"id=ca,src={ca}"]
     if apt_refresh:
         argv += ["--build-arg", f"APT_REFRESH={apt_refresh}"]
+    # A BuildKit that honours it (0.11+) fixes the config's times itself; 20.10's does not
+    # (reproducible.normalise_image does it afterwards either way).
+    argv += ["--build-arg", f"SOURCE_DATE_EPOCH={base.SOURCE_DATE_EPOCH}"]
+    # BuildKit's inline cache: a fresh runner pulls the unchanged layers the registry holds
+    # (the cache image `stage_outcome` pushed) instead of installing them again.
+    argv += ["--build-arg", "BUILDKIT_INLINE_CACHE=1"]
+    argv += [a for ref in cache_from or [] for a in ("--cache-from", ref)]
     if p.variant.platform != platforms.DEFAULT:  # emulated unless the host is that platform
         argv += ["--platform", p.variant.platform]
     log.unlink(missing_ok=True)
@@ -213,7 +254,10 @@ def build_variant(matrix: Matrix, p: plan.PlannedVariant, wheelhouse: Wheelhouse
         context, dockerfile = prepare_context(p, wheelhouse)
         step(f"  [{vid}] building (log: {log})")
         image_id = docker_build(p, image, context, dockerfile, options.locks, log,
-                                apt_refresh=options.apt_refresh)
+                                apt_refresh=options.apt_refresh,
+                                cache_from=registry_cache(matrix, p)
+                                if options.registry_cache else [])
+        image_id = reproducible.normalise_image(image_id, image, keep=cache_ref(matrix, p))
     except BuilderError as exc:
         step(f"  [{vid}] FAILED: {exc}" + (f"\n{exc.hint}" if exc.hint else ""))
         return Outcome(vid, "failed", image, seconds=time.monotonic() - start, message=str(exc),
@@ -306,6 +350,8 @@ def stage_outcome(matrix: Matrix, p: plan.PlannedVariant, outcome: Outcome) -> O
     step(f"  [{p.variant.key}] staging in {evidence.staging_registry(matrix)}/"
          f"{evidence.staging_repository(matrix)}")
     staged = evidence.stage(matrix, outcome.image_id, p.hash_tag)
+    push_cache(matrix, p)
+    base.push_to_registry(matrix, p.variant, p.base_digest)
     for kind in ("smoke", "sbom"):
         path = evidence.local_file(kind, outcome.image_id)
         if path.is_file():

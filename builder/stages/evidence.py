@@ -110,6 +110,11 @@ def attach(staged: Staged, kind: str, data: bytes, media_type: str | None = None
             "reference": f"{staged.registry}/{staged.repository}@{desc.digest}"}
 
 
+def image_config(staged: Staged) -> dict:
+    """The image's config, read from its blob in the registry (no engine needed)."""
+    return oci.Registry(staged.registry).config(staged.repository, staged.image_id)
+
+
 def image_labels(staged: Staged) -> dict[str, str]:
     """The image's labels, read from its config blob in the registry (no engine needed)."""
     return oci.Registry(staged.registry).labels(staged.repository, staged.image_id)

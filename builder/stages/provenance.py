@@ -20,8 +20,10 @@ MEDIA_TYPE = "application/vnd.in-toto+json"
 BUILD_TYPE = "https://github.com/torch-images/torch-images/buildtypes/buildkit-matrix@v1"
 
 
-def statement(image_name: str, digest: str, image_labels: Mapping[str, str]) -> dict[str, Any]:
-    """The statement for the image `image_name@digest` with these labels."""
+def statement(image_name: str, digest: str, image_labels: Mapping[str, str],
+              normalisation: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The statement for the image `image_name@digest` with these labels; `normalisation` says
+    how its config was made reproducible (builder.reproducible.record), when it was."""
     get = image_labels.get
     source = get(labels.OCI + "source") or ""
     revision = get(labels.OCI + "revision") or ""
@@ -43,7 +45,9 @@ def statement(image_name: str, digest: str, image_labels: Mapping[str, str]) -> 
                 "buildType": BUILD_TYPE,
                 "externalParameters": {"variant": get(labels.VARIANT, ""),
                                        "source": source, "revision": revision},
-                "internalParameters": {"content_hash": get(labels.CONTENT_HASH, "")},
+                "internalParameters": {"content_hash": get(labels.CONTENT_HASH, ""),
+                                       **({"reproducible": dict(normalisation)}
+                                          if normalisation else {})},
                 "resolvedDependencies": dependencies,
             },
             "runDetails": {

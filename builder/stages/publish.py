@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, labels, limits, oci
+from builder.core import engine, labels, limits, oci, reproducible
 from builder.core.oci import RegistryError
 from builder.core.output import step
 from builder.stages import evidence, plan, provenance, smoketest
@@ -174,8 +174,10 @@ def attach(vetted: Staged, kind: str, data: bytes) -> dict[str, str]:
 
 def attach_provenance(vetted: Staged) -> dict[str, str]:
     """The SLSA provenance statement, from the image's labels in the registry."""
+    config = evidence.image_config(vetted)
     doc = provenance.statement(f"{vetted.registry}/{vetted.repository}", vetted.digest,
-                               evidence.image_labels(vetted))
+                               (config.get("config") or {}).get("Labels") or {},
+                               reproducible.record(config))
     data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
     return evidence.attach(vetted, "provenance", data, provenance.MEDIA_TYPE,
                            "provenance.intoto.json")
