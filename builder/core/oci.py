@@ -436,7 +436,7 @@ class Registry:
 
     def _absolute(self, location: str) -> str:
         url = urllib.parse.urljoin(self.session.base + "/", location)
-        if urllib.parse.urlsplit(url).netloc != self.registry:
+        if urllib.parse.urlsplit(url).netloc != self.session.host:
             raise RegistryError(f"registry `{self.registry}`: the upload location "
                                 f"`{registry_http.shown(url, 100)}` "
                                 "is on another host: refused")

@@ -56,6 +56,7 @@ DEFAULT_TOKEN_S = 60  # the distribution spec's default `expires_in`
 CERTS_D = "/etc/docker/certs.d"
 DAEMON_JSON = "/etc/docker/daemon.json"
 INSECURE_ENV = "BUILDER_INSECURE_REGISTRIES"
+DOCKER_HUB_API = "registry-1.docker.io"
 
 
 class RegistryError(CommandFailed):
@@ -344,8 +345,13 @@ class Session:
     _creds_read: bool = False
 
     @property
+    def host(self) -> str:
+        """Where the API answers: Docker Hub's `docker.io` is served by registry-1.docker.io."""
+        return DOCKER_HUB_API if self.registry in registry_auth.DOCKER_HUB_HOSTS else self.registry
+
+    @property
     def base(self) -> str:
-        return f"{self.scheme}://{self.registry}"
+        return f"{self.scheme}://{self.host}"
 
     def credentials(self) -> registry_auth.Credentials | None:
         if not self._creds_read:
@@ -408,7 +414,7 @@ class Session:
         schemes = ["https", "http"] if is_insecure(self.registry) else ["https"]
         for n, scheme in enumerate(schemes):
             try:
-                answer = self._open("GET", f"{scheme}://{self.registry}/v2/", {}, None,
+                answer = self._open("GET", f"{scheme}://{self.host}/v2/", {}, None,
                                     deadline, read_timeout)
             except Transient:
                 if n + 1 == len(schemes):
@@ -463,7 +469,7 @@ class Session:
         creds = self.credentials()
         # Credentials only to the registry's own token service, and never over plain HTTP
         # to a host that is not loopback (such a realm is asked anonymously).
-        ours = same_domain(split_host(parts.netloc), split_host(self.registry)) and (
+        ours = same_domain(split_host(parts.netloc), split_host(self.host)) and (
             parts.scheme == "https" or is_loopback(parts.netloc))
         if creds is not None and ours:
             if creds.identity_token:  # an OAuth2 refresh token: POST it (as Docker does)

@@ -611,3 +611,9 @@ def test_a_refusal_with_a_multi_line_body_stays_one_line(fake: Server) -> None:
         reg(fake).manifest("repo", "t")
     text = one_line(exc, fake.addr, "refused: HTTP 400", '"errors": [ [31m"DENIED" ]}')
     assert "\x1b" not in text and len(text) < 400
+
+
+def test_docker_hub_is_served_by_its_api_host() -> None:
+    assert registry_http.Session("docker.io", scheme="https").base == \
+        "https://registry-1.docker.io"
+    assert registry_http.Session("ghcr.io", scheme="https").base == "https://ghcr.io"
