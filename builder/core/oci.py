@@ -11,7 +11,8 @@ use; manifests (4 MiB), configs and evidence have size caps checked while readin
 may list at most MAX_INDEX_CHILDREN manifests and nest MAX_INDEX_DEPTH deep; every malformed
 answer is a one-line RegistryError naming the registry, the request and the problem (exit 2).
 Each operation has an overall deadline (`deadline`, seconds; a blob transfer gets more by
-size). Transport, TLS and credentials: builder.registry_http and builder.registry_auth.
+size). Transport, TLS and credentials: builder.core.registry_http and registry_auth; the
+wire work (pools, TLS, bodies) is urllib3's.
 """
 
 from __future__ import annotations
@@ -58,7 +59,6 @@ CHUNK = 8 << 20  # one PATCH of a streamed upload
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 T = TypeVar("T")
-__all__ = ["RegistryError", "Transient"]
 
 
 @dataclass(frozen=True)
