@@ -169,8 +169,10 @@ def run_check(name: str, python: str, ctx: dict[str, Any], timeout: float) -> di
                 env=child_env(name, ctx, result_path), stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )
-            rc, timed_out = wait_bounded(proc, timeout)
-            kill_group(proc.pid)  # leftovers, e.g. spawn workers of a finished check
+            try:
+                rc, timed_out = wait_bounded(proc, timeout)
+            finally:  # leftovers (spawn workers of a finished check), or the suite was stopped
+                kill_group(proc.pid)
         duration = time.monotonic() - start
         output = tail(log_path, *sorted(Path(tmp).glob("nccl.*.log")))
         check = interpret(name, rc, timed_out, timeout, result_path, output)
@@ -325,15 +327,39 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_CANNOT_RUN
-    host = host_facts()
-    ctx = {"facts": facts, "host": host, "require_gpu": args.require_gpu}
     started = now()
-    checks = []
-    for name in args.check_names:
-        check = run_check(name, python, ctx, timeout_for(name, args.timeout_scale))
-        checks.append(apply_require_gpu(check) if args.require_gpu else check)
+    checks: list[dict[str, Any]] = []
+    previous = signal.signal(signal.SIGTERM, _stop)
+    stopped, host = 0, {}
+    try:
+        host = host_facts()
+        ctx = {"facts": facts, "host": host, "require_gpu": args.require_gpu}
+        for name in args.check_names:
+            check = run_check(name, python, ctx, timeout_for(name, args.timeout_scale))
+            checks.append(apply_require_gpu(check) if args.require_gpu else check)
+    except (Stopped, KeyboardInterrupt) as exc:  # a report of what ran, not none at all
+        stopped = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
+        left = [n for n in args.check_names if n not in {c["name"] for c in checks}]
+        checks.append({"name": "suite", "status": ERROR, "duration_s": 0.0, "metrics": {},
+                       "message": f"stopped by {signal.Signals(stopped).name} before "
+                       f"{', '.join(left) or 'the end'} ran"})
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     report = build_report(args, facts, facts_source, host, checks, started, python)
     # The table goes to stdout unless the JSON report does.
     print(format_table(report), file=sys.stderr if args.report == "-" else sys.stdout, flush=True)
     write_report(report, args.report, sys.stdout)
+    if stopped:
+        return 128 + stopped
     return EXIT_OK if report["status"] == "pass" else EXIT_FAILED
+
+
+class Stopped(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, _frame: Any) -> None:
+    """SIGTERM (docker stop, a CI timeout): stop the running check and write the report."""
+    raise Stopped(signum)

@@ -24,10 +24,14 @@ from builder.core.errors import BuilderError, CommandFailed, EngineError
 from builder.stages import gpuhost, platforms
 from smoke import OK_STATUSES, SCHEMA_VERSION
 from smoke.checks import CHECKS, gpu_checks_not_run, timeout_for
+from smoke.host import PROBE_TIMEOUT_S
+from smoke.runner import KILL_GRACE_S
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "smoke" / "report.schema.json"
-# Whole-run limit: the suite's own per-check timeouts plus start-up.
-CHECKS_TIMEOUT_S = sum(timeout_for(name, 1.0) for name in CHECKS)
+# Whole-run limit: the suite's own per-check timeouts (each with its grace after SIGKILL) and
+# its bounded driver probes, plus start-up.
+CHECKS_TIMEOUT_S = sum(timeout_for(name, 1.0) + KILL_GRACE_S for name in CHECKS) \
+    + 2 * PROBE_TIMEOUT_S
 STARTUP_S = 300
 TAIL_LINES = 40
 

@@ -8,6 +8,7 @@ NVML and the NVIDIA container runtime print, as documented.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -477,3 +478,24 @@ def test_a_report_with_the_new_host_fields_matches_the_schema():
                               "mig": True}]}
     report = {**checks_report({**GPU_OK, "nccl_allreduce": PASS}), "host": host}
     assert bsmoke.validation_error(report) is None
+
+
+def test_a_stopped_suite_still_writes_its_report(monkeypatch, tmp_path):
+    """SIGTERM (docker stop, an outer timeout) in the middle: the report of what ran, exit 143."""
+    monkeypatch.setattr(runner, "cannot_run", lambda python: None)
+    monkeypatch.setattr(runner, "host_facts", lambda: {"gpus": [], "shm_bytes": 1 << 30})
+    monkeypatch.setattr(runner, "DEFAULT_FACTS", tmp_path / "absent.json")
+
+    def run_check(name: str, python: str, ctx: dict[str, Any], timeout: float) -> dict[str, Any]:
+        if name == "cuda":
+            runner._stop(15, None)
+        return {"name": name, "status": PASS, "message": "ok", "metrics": {}, "duration_s": 1.0}
+
+    monkeypatch.setattr(runner, "run_check", run_check)
+    out = tmp_path / "report.json"
+    rc = runner.main(["--checks", "env,cuda,nccl_allreduce", "--json", str(out)])
+    assert rc == 143
+    report = json.loads(out.read_text())
+    assert [c["name"] for c in report["checks"]] == ["env", "suite"]
+    assert report["checks"][1]["message"] == "stopped by SIGTERM before cuda, nccl_allreduce ran"
+    assert report["status"] == "fail" and bsmoke.validation_error(report) is None
