@@ -195,3 +195,10 @@ def test_the_readme_tree_lists_every_module() -> None:
     modules = {str(p.relative_to(ROOT)) for p in (ROOT / "builder").rglob("*.py")
                if p.name not in ("__init__.py", "__main__.py")}
     assert drawn == modules
+
+
+def test_test_modules_have_unique_names() -> None:
+    """pytest imports test files by their base name (rootdir-relative folders have no
+    __init__.py), so two `test_x.py` anywhere under tests/ fail the whole collection."""
+    names = [p.name for p in (ROOT / "tests").rglob("*.py")]
+    assert sorted({n for n in names if names.count(n) > 1 and n != "conftest.py"}) == []

@@ -1,6 +1,6 @@
 """Issue #25 "Hostile inputs, round two": one test (or a few) per numbered case that needs no
 engine. Case 1 (render's swap): tests/unit/stages/test_render_interrupted.py; cases 2, 9 and
-10 need processes: tests/e2e/test_hostile_round_two.py."""
+10 need processes: tests/e2e/test_hostile_round_two_e2e.py."""
 
 from __future__ import annotations
 

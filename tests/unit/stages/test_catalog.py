@@ -1,5 +1,5 @@
 """The catalog's pure parts: tag classes, layer groups, evidence summaries, history and
-changelog, the charts and the index rows (the registry side is tests/e2e/test_catalog.py)."""
+changelog, the charts and the index rows (the registry side is tests/e2e/test_catalog_e2e.py)."""
 
 from __future__ import annotations
 
