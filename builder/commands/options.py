@@ -44,6 +44,11 @@ def readable_file(text: str) -> Path:
     return path
 
 
+REGISTRY_CA_HELP = ("CA bundle the registries' TLS certificates are checked against, beside the "
+                    "system's and /etc/docker/certs.d/<host[:port]>/ca.crt (default: "
+                    "$BUILDER_CA_BUNDLE, else the system bundle)")
+
+
 def add_ca_bundle_option(parser: argparse.ArgumentParser, help: str) -> None:
     parser.add_argument("--ca-bundle", type=readable_file, metavar="FILE", help=help,
                         default=os.environ.get(proc.CA_BUNDLE_ENV) or proc.host_ca_bundle())

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from builder.commands.options import add_locks_option, load_selected
+from builder.commands.options import (
+    REGISTRY_CA_HELP,
+    add_ca_bundle_option,
+    add_locks_option,
+    load_selected,
+)
+from builder.core import proc
 from builder.core.errors import GateRefused
 from builder.core.output import emit_json, table
 from builder.stages import base, plan
@@ -30,10 +36,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="print what would be pushed; push nothing")
     p.add_argument("--manifest", default=Path("published.json"), type=Path, metavar="FILE",
                    help="publication record (default: %(default)s)")
+    add_ca_bundle_option(p, REGISTRY_CA_HELP)
     p.set_defaults(func=cmd_publish)
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
+    proc.use_ca_bundle(args.ca_bundle)
     if not args.select:
         args.select = ["default=true"]
     matrix, variants = load_selected(args)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from builder.commands.options import REGISTRY_CA_HELP, add_ca_bundle_option
+from builder.core import proc
 from builder.core.errors import FINDINGS
 from builder.core.output import emit_json, table
 from builder.flows.verify import OK, Reference, verify
@@ -17,10 +19,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "Exit 0 when all are there and agree, 1 when something is missing or wrong, 2 when the "
         "registry cannot be asked.")
     p.add_argument("reference", metavar="REGISTRY/REPOSITORY@sha256:DIGEST")
+    add_ca_bundle_option(p, REGISTRY_CA_HELP)
     p.set_defaults(func=cmd_verify)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    proc.use_ca_bundle(args.ca_bundle)
     reference = Reference.parse(args.reference)
     digest, rows = verify(reference)
     ok = all(r.status == OK for r in rows)

@@ -167,6 +167,11 @@ def test_tls_registry_with_credentials_from_docker_config_auths(
     monkeypatch.setenv("BUILDER_CA_BUNDLE", str(ca))  # what --ca-bundle sets
     registry_http.forget()
     assert oci.Registry(addr).head("team/app", "v1") is not None
+    monkeypatch.delenv("BUILDER_CA_BUNDLE")
+    env = {**os.environ, "BUILDER_STATE": str(isolated_client / "state")}
+    result = run_builder("verify", f"{addr}/team/app@{digest}", "--ca-bundle", str(ca), env=env,
+                         check=False)  # reached over TLS: 1, the image has no evidence
+    assert result.returncode == 1 and "TLS failed" not in result.stderr, result.stderr
 
 
 def test_tls_registry_with_credentials_from_a_credential_helper(
