@@ -55,7 +55,7 @@ EVIDENCE_CAP = 64 << 20  # an attached SBOM, smoke report or provenance statemen
 LIST_CAP = 4 << 20  # a tag list, a referrers index
 MAX_INDEX_CHILDREN = 64
 MAX_INDEX_DEPTH = 2  # an index of indexes of manifests, no deeper
-CHUNK = 8 << 20  # one PATCH of a streamed upload
+CHUNK = 8 << 20  # one PATCH of a streamed upload (ECR wants >= 5 MiB but for the last)
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 T = TypeVar("T")
