@@ -17,6 +17,7 @@ wire work (pools, TLS, bodies) is urllib3's.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -59,6 +60,11 @@ CHUNK = 8 << 20  # one PATCH of a streamed upload (ECR wants >= 5 MiB but for th
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 T = TypeVar("T")
+
+
+class UploadBroken(Transient):
+    """An upload broke where the registry cannot resume it (distribution 2.8 keeps the bytes
+    of a cut PATCH but not its offset): start it again from a fresh source."""
 
 
 @dataclass(frozen=True)
@@ -370,7 +376,7 @@ class Registry:
         """Upload a small blob from memory (a blob already there is kept)."""
         digest = sha256(data)
         if not self.has_blob(repository, digest):
-            self.upload(repository, digest, len(data), iter([data]))
+            self.upload_again(repository, digest, len(data), lambda: iter([data]))
         return digest
 
     def upload(self, repository: str, digest: str | None, size: int, chunks: Iterator[bytes],
@@ -423,16 +429,30 @@ class Registry:
                 time.sleep(delay)
                 start = self._upload_offset(url, deadline, scopes)
                 if not offset <= start <= offset + len(chunk):
-                    raise RegistryError(f"registry `{self.registry}`: the upload resumed at "
-                                        f"byte {start}, outside the chunk sent") from None
+                    raise UploadBroken(f"registry `{self.registry}`: the upload cannot resume "
+                                       f"(it stands at byte {start}, not within "
+                                       f"{offset}-{offset + len(chunk)})") from None
         raise AssertionError("unreachable")
 
     def _upload_offset(self, url: str, deadline: Deadline, scopes: tuple[str, ...]) -> int:
-        """Where an interrupted upload stands: `Range: 0-<last byte>` of GET on its URL."""
+        """Where an interrupted upload stands: `Range: 0-<last byte>` of GET on its URL (-1
+        when the registry no longer knows it)."""
         answer = self._request("GET", "", deadline, scopes=scopes, ok=(204,), absolute=url)
         answer.close()
         match = re.fullmatch(r"0-(\d+)", answer.headers.get("Range", ""))
+        if answer.status != 204:
+            return -1
         return int(match.group(1)) + 1 if match else 0
+
+    def upload_again(self, repository: str, digest: str, size: int,
+                     source: Callable[[], Iterator[bytes]], location: str | None = None) -> None:
+        """`upload` from `source()`; when the registry cannot resume a broken upload, once
+        more from the start with a fresh source (a re-read of memory or of the source
+        registry: still one chunk in memory)."""
+        try:
+            self.upload(repository, digest, size, source(), location)
+        except UploadBroken:
+            self.upload(repository, digest, size, source())
 
     def _absolute(self, location: str) -> str:
         url = urllib.parse.urljoin(self.session.base + "/", location)
@@ -458,8 +478,9 @@ class Registry:
         answer = self._call(f"mounting blob {digest[:19]}", once)
         if answer.status == 202:  # not mounted: copy the bytes into the session it opened
             size = size or self._blob_size(source, digest)
-            self.upload(repository, digest, size, self.stream_blob(source, digest, size),
-                        location=answer.header("Location"))
+            self.upload_again(repository, digest, size,
+                              lambda: self.stream_blob(source, digest, size),
+                              location=answer.header("Location"))
 
     def _blob_size(self, repository: str, digest: str) -> int:
         def once(deadline: Deadline) -> int:
@@ -625,8 +646,8 @@ def promote(source: Registry, source_repository: str, target: Registry, reposito
                               item.get("size", 0))
         elif not target.has_blob(repository, item["digest"]):
             size = item.get("size", 0)
-            target.upload(repository, item["digest"], size,
-                          source.stream_blob(source_repository, item["digest"], size))
+            target.upload_again(repository, item["digest"], size, functools.partial(
+                source.stream_blob, source_repository, item["digest"], size))
     target.put_manifest(repository, digest, body, desc.media_type)
     return desc
 

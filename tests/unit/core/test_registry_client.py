@@ -439,6 +439,34 @@ def test_an_interrupted_upload_resumes(fake: Server, monkeypatch: pytest.MonkeyP
     assert patches[2] == (64 << 10) + (32 << 10)  # resumed where the registry said
 
 
+def test_an_upload_the_registry_cannot_resume_starts_again(
+        fake: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(oci, "CHUNK", 64 << 10)
+    data = os.urandom(200 << 10)
+    sessions: list[bytearray] = []
+    fake.ping_ok()
+    fake.route("HEAD", r"/v2/repo/blobs/.*")(lambda r, m: r.reply(404))
+
+    def post(r: Request, m: re.Match[str]) -> None:
+        sessions.append(bytearray())
+        r.reply(202, b"", {"Location": f"/v2/repo/blobs/uploads/u{len(sessions)}"})
+
+    def patch(r: Request, m: re.Match[str]) -> None:
+        body = r.body()
+        if len(sessions) == 1 and len(sessions[0]) >= 64 << 10:  # the first session breaks
+            r.close_connection = True
+            r.connection.shutdown(2)
+            return
+        sessions[-1].extend(body)
+        r.reply(202, b"", {"Location": m.group(0)})
+    fake.route("POST", r"/v2/repo/blobs/uploads/")(post)
+    fake.route("PATCH", r"/v2/repo/blobs/uploads/u\d")(patch)
+    fake.route("GET", r"/v2/repo/blobs/uploads/u\d")(lambda r, m: r.reply(404))  # forgotten
+    fake.route("PUT", r"/v2/repo/blobs/uploads/u2\?.*")(lambda r, m: r.reply(201))
+    assert reg(fake).push_blob("repo", data) == digest(data)
+    assert len(sessions) == 2 and bytes(sessions[1]) == data
+
+
 def test_a_download_that_breaks_resumes_with_range(fake: Server) -> None:
     data = os.urandom(200_000)
     fake.ping_ok()
