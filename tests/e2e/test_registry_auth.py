@@ -376,12 +376,13 @@ def test_tls_registry_wanting_a_client_certificate_from_certs_d(isolated_client:
 
 
 class CuttingProxy(threading.Thread):
-    """A TCP proxy to `target` that cuts the one connection carrying the client's byte number
-    `cut_at` (a PATCH half sent), once."""
+    """A TCP proxy to `target` that cuts, once, the connection carrying byte number `cut_at`
+    of what clients send (`upstream`: a PATCH half sent) or receive (a blob half read)."""
 
-    def __init__(self, target: int, cut_at: int) -> None:
+    def __init__(self, target: int, cut_at: int, upstream: bool = True) -> None:
         super().__init__(daemon=True)
         self.target, self.cut_at, self.sent, self.cut = target, cut_at, 0, False
+        self.direction = upstream
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
 
@@ -398,7 +399,7 @@ class CuttingProxy(threading.Thread):
     def pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
         try:
             while data := src.recv(65536):
-                if upstream:
+                if upstream == self.direction:
                     self.sent += len(data)
                     if not self.cut and self.sent >= self.cut_at:
                         self.cut = True
@@ -424,4 +425,19 @@ def test_an_upload_cut_half_way_completes_on_a_real_registry(isolated_client: Pa
         digest = reg.push_blob("team/resumed", data)
         assert proxy.cut
         assert oci.Registry(addr).blob("team/resumed", digest, cap=32 << 20) == data
+        proxy.listener.close()
+
+
+def test_a_download_cut_half_way_resumes_with_range_on_a_real_registry(
+        isolated_client: Path) -> None:
+    folder = isolated_client / "plain-registry"
+    folder.mkdir()
+    for addr in start_registry(folder, {}):
+        data = os.urandom(20 << 20)
+        digest = oci.Registry(addr).push_blob("team/read", data)
+        proxy = CuttingProxy(int(addr.split(":")[1]), cut_at=12 << 20, upstream=False)
+        proxy.start()
+        got = b"".join(oci.Registry(f"127.0.0.1:{proxy.port}").stream_blob(
+            "team/read", digest, len(data)))
+        assert proxy.cut and got == data
         proxy.listener.close()
