@@ -101,12 +101,20 @@ def inputs_hash(variant: Variant, reqs: Iterable[str]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def lock_metadata(variant: Variant, reqs: list[str], facts: Mapping[str, Any]) -> str:
-    """The text of locks/<id>.json: the inputs (and their hash) beside the derived facts."""
-    return json.dumps(
-        {"format": LOCK_FORMAT, "inputs_hash": inputs_hash(variant, reqs),
-         "inputs": lock_inputs(variant), "requirements": reqs, "facts": facts},
-        indent=2, sort_keys=True) + "\n"
+def lock_metadata(variant: Variant, reqs: list[str], facts: Mapping[str, Any], text: str,
+                  base_text: str | None = None) -> str:
+    """The text of locks/<id>.json: the inputs (and their hash) beside the derived facts, and
+    the sha256 of the lock text (and of a devel lock's base), so a hand edit is refused."""
+    doc = {"format": LOCK_FORMAT, "inputs_hash": inputs_hash(variant, reqs),
+           "inputs": lock_inputs(variant), "requirements": reqs, "facts": facts,
+           "text_sha256": text_sha256(text)}
+    if base_text is not None:
+        doc["base_text_sha256"] = text_sha256(base_text)
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def uv_env() -> dict[str, str]:
@@ -220,13 +228,65 @@ def check_facts(variant: Variant, facts: Mapping[str, Any], matrix: Matrix) -> l
 
 
 def read_lock(locks_dir: Path, variant: Variant) -> Lock | None:
+    """The variant's lock, its text checked against the sha256 its `.json` recorded and line by
+    line (ConfigError naming file:line otherwise); None when there is none."""
     txt, js = lock_paths(locks_dir, variant)
     if not (txt.exists() and js.exists()):
         return None
     meta = read_meta(js)
-    return Lock(variant.id, txt.read_text(), meta["facts"])
+    text = txt.read_text()
+    check_text(txt, text, meta, "text_sha256")
+    base = base_lock_path(locks_dir, variant)
+    if "base_text_sha256" in meta or base.exists():
+        check_text(base, base.read_text() if base.exists() else "", meta, "base_text_sha256")
+    return Lock(variant.id, text, meta["facts"])
 
 
+# Lines a lock may hold: options uv writes (checked against the recorded inputs), blank lines,
+# comments, `name==version \` and its `--hash=sha256:` continuation lines.
+_REQUIREMENT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?==[A-Za-z0-9.+!_-]+ \\")
+_HASH = re.compile(r" {4}--hash=sha256:[0-9a-f]{64}( \\)?")
+DEFAULT_INDEX = "https://pypi.org/simple"
+
+
+def check_text(path: Path, text: str, meta: Mapping[str, Any], field: str) -> None:
+    """Refuse a lock text that is not the one `builder lock` wrote: its sha256 must be the one
+    recorded in the `.json`, and every line must be of the lock grammar."""
+    hint = "locks are written by `builder lock`, never by hand: restore it from git or re-lock"
+    if meta.get(field) != text_sha256(text):
+        raise ConfigError(f"{path}: its sha256 {text_sha256(text)[:12]} is not the "
+                          f"{str(meta.get(field) or 'none')[:12]} recorded in its .json "
+                          f"(`{field}`): edited by hand?", hint=hint)
+    if problem := line_problem(text, meta.get("inputs") or {}):
+        raise ConfigError(f"{path}:{problem}", hint=hint)
+
+
+def line_problem(text: str, inputs: Mapping[str, Any]) -> str:
+    """`<line>: <what>` for the first line outside the lock grammar ('' when none): a
+    requirement is `name==version` followed by one or more `--hash=sha256:` lines; the only
+    options are the index and find-links the lock's inputs name."""
+    options = {f"--index-url {inputs.get('index_url') or DEFAULT_INDEX}",
+               *(f"--find-links {x}" for x in inputs.get("find_links") or [])}
+    open_requirement = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if open_requirement:
+            if not _HASH.fullmatch(line):
+                return f"{number}: expected `    --hash=sha256:<64 hex>` after a requirement"
+            open_requirement = line.endswith("\\")
+            continue
+        if not line.strip() or line.startswith("#"):
+            continue
+        if line.startswith("-"):
+            if line not in options:
+                return f"{number}: option `{line[:80]}` is not one this lock's inputs allow"
+            continue
+        if not _REQUIREMENT.fullmatch(line):
+            return f"{number}: `{line[:80]}` is not `name==version \\` followed by its hashes"
+        open_requirement = True
+    return "end: a requirement without hashes" if open_requirement else ""
+
+
+_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}")
 REQUIRED_FACTS = ("torch", "python", "accelerator", "cuda", "cudnn", "nccl", "triton",
                   "min_driver")
 
@@ -243,6 +303,11 @@ def read_meta(path: Path) -> dict[str, Any]:
     if missing := [key for key in REQUIRED_FACTS if key not in meta["facts"]]:
         raise ConfigError(f"{path}: facts lack {', '.join(missing)} (an incomplete lock)",
                           hint=hint)
+    for key in REQUIRED_FACTS:  # they become tags and labels: versions only
+        value = meta["facts"][key]
+        if value is not None and not (isinstance(value, str) and _VERSION.fullmatch(value)):
+            raise ConfigError(f"{path}: facts.{key} {str(value)[:40]!r} is not a version "
+                              "(letters, digits, `.+_-`; it goes into tags)", hint=hint)
     return meta
 
 
@@ -293,12 +358,13 @@ def lock_variant(matrix: Matrix, variant: Variant, locks_dir: Path, *, upgrade: 
     unchanged = txt_path.exists() and txt_path.read_text() == text and (
         not with_toolkit or (base_path.exists() and base_path.read_text() == base_text))
     if existing and existing.get("inputs_hash") == inputs_hash(variant, reqs) and unchanged \
-            and not upgrade:
+            and existing.get("text_sha256") == text_sha256(text) and not upgrade:
         return Lock(variant.id, text, existing["facts"]), False
     if with_toolkit:
         atomic_write(base_path, base_text)
     atomic_write(txt_path, text)
-    atomic_write(json_path, lock_metadata(variant, reqs, facts))
+    atomic_write(json_path, lock_metadata(variant, reqs, facts, text,
+                                          base_text if with_toolkit else None))
     return Lock(variant.id, text, facts), True
 
 
