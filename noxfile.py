@@ -1,5 +1,5 @@
-"""Sessions: `nox -s build` (the main job), `tests`, `lint`, `lock`, `render`, `rebuild`, `bench`,
-`catalog`.
+"""Sessions: `nox -s build` (the main job), `tests`, `lint`, `lock`, `lock_tools`, `render`,
+`rebuild`, `bench`, `catalog`.
 
 `tools/setup.sh` installs the project and these tools into `.venv` (no system site-packages);
 run nox from there (`.venv/bin/nox`). Sessions reuse that environment rather than making their
@@ -42,9 +42,11 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff, deptry, the matrix schema, hadolint on every rendered Dockerfile, workflow linters."""
+    """ruff, deptry, the tool lock is current, the matrix schema, hadolint on every rendered
+    Dockerfile, workflow linters."""
     session.run("ruff", "check", ".")
     session.run("deptry", ".")
+    session.run(PYTHON, "tools/lock_tools.py", "--check")
     session.run(*BUILDER, "validate")
     session.run("check-jsonschema", "--schemafile", "builder/schema/matrix.schema.json",
                 "matrix.yaml")
@@ -59,6 +61,12 @@ def lint(session: nox.Session) -> None:
 def lock(session: nox.Session) -> None:
     """Resolve locks for variants whose inputs changed (`-- --upgrade` refreshes all)."""
     session.run(*BUILDER, "lock", *session.posargs)
+
+
+@nox.session(default=False)
+def lock_tools(session: nox.Session) -> None:
+    """Re-lock the project's own dependencies with hashes into requirements.lock."""
+    session.run(PYTHON, "tools/lock_tools.py")
 
 
 @nox.session

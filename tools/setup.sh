@@ -22,8 +22,13 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   python3 -m venv .venv
 fi
-echo "setup: installing the project into .venv (pip install -e .[dev])"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+# From the hash-pinned lock only (tools/lock_tools.py writes it): the tool that vouches for
+# hash-pinned images is not built from whatever the index serves today.
+echo "setup: installing the project into .venv from requirements.lock (--require-hashes)"
+.venv/bin/python -m pip install -q --disable-pip-version-check --require-hashes \
+  -r requirements.lock
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
+  -e .
 
 # A CPU torch venv for the smoke suite's own tests (runs python -m smoke without Docker).
 if ! .venv-smoke/bin/python -c 'import torch, numpy' >/dev/null 2>&1; then
