@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from builder.commands.options import add_ca_bundle_option, add_locks_option, load_selected
+from builder.commands.options import (
+    add_ca_bundle_option,
+    add_key_option,
+    add_locks_option,
+    load_selected,
+)
 from builder.core import proc
 from builder.core.output import emit_json, human_bytes, step, table
 from builder.stages import base, platforms, render
@@ -34,6 +39,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--stage", action="store_true",
                    help="push each new image by digest to `<repository>-staging` with its smoke "
                    "report and SBOM attached, for other machines (GPU smoke, publish)")
+    add_key_option(p, "the smoke report and SBOM attached at --stage (their attestations)")
     p.add_argument("--require-gpu", action="store_true",
                    help="GPU checks that cannot run on this host fail instead of being skipped")
     # The install steps fetch missing wheels themselves, so they get the host's trust store (a

@@ -59,6 +59,23 @@ def add_locks_option(parser: argparse.ArgumentParser) -> None:
                         help="the lock folder (default: locks)")
 
 
+def add_key_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--key", type=Path, metavar="FILE",
+                        help=f"cosign private key that signs {what} (default: the PEM in "
+                        "COSIGN_PRIVATE_KEY, if set; password: COSIGN_PASSWORD or a prompt)")
+
+
+def add_trust_options(parser: argparse.ArgumentParser) -> None:
+    """--key, --trust-key and --unsigned of the commands that publish."""
+    add_key_option(parser, "each promoted digest (cosign `.sig`) and its attestations (`.att`)")
+    parser.add_argument("--trust-key", action="append", type=Path, default=[], metavar="FILE",
+                        help="public key (cosign.pub) that staged evidence must be signed by "
+                        "(repeatable; default: the signing key's own public key)")
+    parser.add_argument("--unsigned", action="store_true",
+                        help="promote staged evidence that no trusted key signed, and publish "
+                        "without a signature when there is no key (recorded in published.json)")
+
+
 def load_selected(args: argparse.Namespace) -> tuple[matrix.Matrix, list[matrix.Variant]]:
     """The matrix of --matrix and its variants that --select picks (at least one)."""
     m = matrix.load(args.matrix)

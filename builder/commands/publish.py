@@ -9,9 +9,10 @@ from builder.commands.options import (
     REGISTRY_CA_HELP,
     add_ca_bundle_option,
     add_locks_option,
+    add_trust_options,
     load_selected,
 )
-from builder.core import proc
+from builder.core import proc, sign
 from builder.core.errors import GateRefused
 from builder.core.output import emit_json, table
 from builder.stages import base, plan
@@ -24,16 +25,18 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         help="promote gated images from staging under dated tags; write published.json",
         description="Promote each selected variant (default: the matrix's default selection): "
         "find its staged image by content hash (staging a local image first), check that its "
-        "smoke report passed (CUDA: on a GPU) and its SBOM is valid — from the registry or this "
-        "machine's cache — copy it into the vetted repository by digest, attach SBOM, smoke "
-        "report and provenance, then tag `<tag>-YYYYMMDD` (never overwritten), `build-<hash>`, "
-        "the floating tag and aliases. Never builds; a stopped run is completed by the next. "
-        "Exit 1 when any image was refused.")
+        "config is the plan's, that its smoke report (every check, on this image; CUDA: on a "
+        "GPU) and SBOM are signed by a trusted key (--trust-key) and valid, copy it into the "
+        "vetted repository by digest, attach SBOM, smoke report and provenance with their signed "
+        "attestations, sign the digest (cosign's format: --key or COSIGN_PRIVATE_KEY), then "
+        "tag `<tag>-YYYYMMDD` (never overwritten), `build-<hash>`, the floating tag and aliases. "
+        "Never builds; a stopped run is completed by the next. Exit 1 when any image was refused.")
     add_locks_option(p)
     p.add_argument("--allow-cpu-smoke", action="store_true",
                    help="publish CUDA images whose smoke ran without a GPU (recorded)")
     p.add_argument("--dry-run", action="store_true",
                    help="print what would be pushed; push nothing")
+    add_trust_options(p)
     p.add_argument("--manifest", default=Path("published.json"), type=Path, metavar="FILE",
                    help="publication record (default: %(default)s)")
     add_ca_bundle_option(p, REGISTRY_CA_HELP)
@@ -44,20 +47,22 @@ def cmd_publish(args: argparse.Namespace) -> int:
     proc.use_ca_bundle(args.ca_bundle)
     if not args.select:
         args.select = ["default=true"]
+    trust = sign.trust(args.key, args.trust_key, args.unsigned)
     matrix, variants = load_selected(args)
     planned = plan.make_plan(matrix, variants, args.locks, base.known_digests(variants, matrix),
                              check_registry=False)
     results = publish_variants(matrix, planned, allow_cpu_smoke=args.allow_cpu_smoke,
                                dry_run=args.dry_run, manifest=args.manifest,
-                               locks_dir=args.locks)
+                               locks_dir=args.locks, trust=trust)
     if args.json:
         emit_json(results)
     else:
         table(["variant", "status", "tags / reason"],
               [(r["id"], r["status"], r.get("reason") or ", ".join(r.get("tags", [])))
                for r in results])
-    refused = [r["id"] for r in results if r["status"] == "refused"]
+    refused = [r for r in results if r["status"] == "refused"]
     if refused:
-        raise GateRefused(f"{len(refused)} of {len(results)} images refused: {', '.join(refused)}",
+        reasons = "; ".join(f"{r['id']}: {r['reason']}" for r in refused)
+        raise GateRefused(f"{len(refused)} of {len(results)} images refused: {reasons}",
                           hint="nothing of them was pushed; see the reasons above")
     return 0

@@ -6,9 +6,15 @@ import argparse
 from collections.abc import Collection
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
-from builder.commands.options import add_ca_bundle_option, add_locks_option, load_selected
-from builder.core import proc
+from builder.commands.options import (
+    add_ca_bundle_option,
+    add_locks_option,
+    add_trust_options,
+    load_selected,
+)
+from builder.core import proc, sign
 from builder.core.errors import BuilderError
 from builder.core.output import emit_json, human_bytes, table
 from builder.flows.rebuild import (
@@ -18,6 +24,7 @@ from builder.flows.rebuild import (
     Finding,
     check,
     exit_code,
+    plan_actions,
     published_variants,
     rebuild,
     source_summary,
@@ -40,6 +47,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="publication record (default: %(default)s)")
     p.add_argument("--allow-cpu-smoke", action="store_true",
                    help="publish CUDA images whose smoke ran without a GPU (recorded)")
+    add_trust_options(p)
     p.add_argument("--dry-run", action="store_true",
                    help="say what would be rebuilt and why; change, build and push nothing")
     add_ca_bundle_option(p, "CA bundle for every download: the Debian and PyPI checks and "
@@ -68,6 +76,15 @@ def print_findings(findings: list[Finding], skip: Collection[str] = ()) -> None:
           [(f.variant_id, f.reason, f.status, f.detail) for f in findings])
 
 
+def trusted_keys(args: argparse.Namespace) -> tuple[Any, ...]:
+    """The keys a published image's signature must verify against before it is run:
+    --trust-key, else the signing key's own public key (none: unsigned publications only)."""
+    if args.trust_key:
+        return tuple(sign.load_public(path) for path in args.trust_key)
+    key = sign.signing_key(args.key)
+    return (key.public,) if key else ()
+
+
 def cmd_rebuild(args: argparse.Namespace) -> int:
     if not args.manifest.exists():
         raise BuilderError(f"no {args.manifest}: nothing has been published",
@@ -77,7 +94,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     skip = sorted(set(getattr(args, "skip_source", None) or ()))
     if not variants:
         return nothing_checked(args, skip)
-    findings = check(matrix, variants, args.manifest, locks_dir=args.locks, skip=skip)
+    findings = check(matrix, variants, args.manifest, locks_dir=args.locks, skip=skip,
+                     keys=trusted_keys(args))
     summary = {"sources": source_summary(findings, skip), "skipped": skip}
     if args.check:
         if args.json:
@@ -86,9 +104,11 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         else:
             print_findings(findings, skip)
         return exit_code(findings)
+    publishes = not args.dry_run and bool(plan_actions(findings))
+    trust = sign.trust(args.key, args.trust_key, args.unsigned) if publishes else sign.UNSIGNED
     actions = rebuild(matrix, variants, args.manifest, locks_dir=args.locks,
                       allow_cpu_smoke=args.allow_cpu_smoke, dry_run=args.dry_run,
-                      findings=findings)
+                      findings=findings, trust=trust)
     if args.json:
         emit_json({"findings": [f.as_json() for f in findings], **summary,
                    "actions": [asdict(a) for a in actions]})

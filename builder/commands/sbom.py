@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from builder.core import limits, state
+from builder.commands.options import add_key_option
+from builder.core import limits, sign, state
 from builder.core.errors import COULD_NOT_RUN, BuilderError
 
 
@@ -30,6 +31,7 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("target", nargs="+", metavar="IMAGE | diff OLD NEW")
     p.add_argument("-o", "--output", metavar="FILE", help="SBOM file (default: stdout)")
     p.add_argument("--format", choices=("json", "xml"), default="json")
+    add_key_option(p, "the SBOM attached to a staged image (its attestation)")
     p.add_argument("--reproducible", action="store_true",
                    help="serial number from the image id, timestamp from its created label "
                    "(also on when SOURCE_DATE_EPOCH is set)")
@@ -69,7 +71,8 @@ def run_sbom(args: argparse.Namespace) -> int:
     staged = evidence.from_reference(args.target[0])
     image = evidence.pull(staged) if staged else args.target[0]
     doc = sbom.generate(image, reproducible=args.reproducible)
-    evidence.record(staged, "sbom", (json.dumps(doc, indent=2) + "\n").encode())
+    evidence.record(staged, "sbom", (json.dumps(doc, indent=2) + "\n").encode(),
+                    sign.signing_key(args.key) if staged else None)
     if not to_file:
         from sbom.validate import render
 

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from builder.commands.options import add_key_option
+from builder.core import sign
 from builder.stages.smoketest import report_passed, run_smoke
 from smoke.checks import CHECKS
 
@@ -41,6 +43,7 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", metavar="SPEC",
                    help='GPUs for the container: "all", a count, "0,1" or "device=1" '
                    "(default: all when the host has NVIDIA GPUs, none otherwise)")
+    add_key_option(p, "the report attached to a staged image (its attestation)")
     p.add_argument("--report", type=Path, metavar="FILE", help="also write the report here")
     p.add_argument("--timeout-scale", type=positive_float, default=1.0, metavar="X",
                    help="multiply every per-check timeout, e.g. 3 on a slow machine "
@@ -67,7 +70,8 @@ def _cmd(args: argparse.Namespace) -> int:
     image = evidence.pull(staged) if staged else args.image
     report = run_smoke(image, require_gpu=args.require_gpu, gpus=args.gpus,
                        report_path=args.report, timeout_scale=args.timeout_scale)
-    evidence.record(staged, "smoke", (json.dumps(report, indent=2) + "\n").encode())
+    evidence.record(staged, "smoke", (json.dumps(report, indent=2) + "\n").encode(),
+                    sign.signing_key(args.key) if staged else None)
     passed, reason = report_passed(report, require_gpu=args.require_gpu)
     if args.json:
         print(json.dumps(report, indent=2))

@@ -3,22 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from builder.commands.options import REGISTRY_CA_HELP, add_ca_bundle_option
-from builder.core import proc
+from builder.core import proc, sign
 from builder.core.errors import FINDINGS
 from builder.core.output import emit_json, table
-from builder.flows.verify import OK, Reference, verify
+from builder.flows.verify import PASSING, Policy, Reference, verify
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
-        "verify", parents=[common], help="check what is attached to a published image digest",
-        description="Fetch, by digest, an image's labels and the smoke report, SBOM and "
-        "provenance attached to it, and check them against each other. Needs no checkout. "
-        "Exit 0 when all are there and agree, 1 when something is missing or wrong, 2 when the "
-        "registry cannot be asked.")
-    p.add_argument("reference", metavar="REGISTRY/REPOSITORY@sha256:DIGEST")
+        "verify", parents=[common], help="check a published image: signature, attestations, "
+        "evidence",
+        description="Resolve REF (a tag or a digest) to a digest and check, by that digest: "
+        "with --key, its cosign signature and the signature and subject of each attestation "
+        "(SBOM, SLSA provenance, smoke report), whose documents are then the ones checked; "
+        "then the image's labels, smoke report, SBOM and provenance against each other. "
+        "Without --key the signature is not checked and says `unsigned: contents only`. "
+        "Needs no checkout. Exit 0 when all passes, 1 naming what failed, 2 when the registry "
+        "cannot be asked.")
+    p.add_argument("reference", metavar="REGISTRY/REPOSITORY[@sha256:DIGEST|:TAG]")
+    p.add_argument("--key", action="append", type=Path, default=[], metavar="FILE",
+                   help="trusted public key (cosign.pub; repeatable): the signature and every "
+                   "attestation must verify against one of them")
+    p.add_argument("--require-gpu", action="store_true",
+                   help="fail a CUDA image whose GPU smoke checks ran only as CPU stand-ins")
     add_ca_bundle_option(p, REGISTRY_CA_HELP)
     p.set_defaults(func=cmd_verify)
 
@@ -26,13 +37,15 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 def cmd_verify(args: argparse.Namespace) -> int:
     proc.use_ca_bundle(args.ca_bundle)
     reference = Reference.parse(args.reference)
-    digest, rows = verify(reference)
-    ok = all(r.status == OK for r in rows)
+    policy = Policy(tuple(sign.load_public(path) for path in args.key), args.require_gpu)
+    digest, rows = verify(reference, policy)
+    failed = [r for r in rows if r.status not in PASSING]
     if args.json:
         emit_json({"reference": f"{reference.registry}/{reference.repository}@{digest}",
-                   "ok": ok, "checks": [r.__dict__ for r in rows]})
+                   "ok": not failed, "checks": [r.__dict__ for r in rows]})
     else:
         table(["check", "status", "detail"], [(r.what, r.status, r.detail) for r in rows],
               title=f"{reference.registry}/{reference.repository}@{digest}")
-    return 0 if ok else FINDINGS
-
+    if failed:
+        print(f"error: {failed[0].what}: {failed[0].detail}", file=sys.stderr)
+    return FINDINGS if failed else 0

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from builder.core import registry_http
+from builder.core.errors import FINDINGS
 from builder.core.registry_http import Answer, Deadline, RegistryError, Transient
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -104,6 +105,13 @@ def retry(what: str, registry: str, fn: Callable[[], T],
                 break
             time.sleep(delay)
     raise RegistryError(f"{what}: registry `{registry}` failed", hint=str(last))
+
+
+class DigestMismatch(RegistryError):
+    """Bytes that do not hash to the digest they were asked for: a forgery or a broken proxy,
+    reported as a finding (exit 1) like any other failed check, not as an outage."""
+
+    exit_code = FINDINGS
 
 
 def check_digest(digest: str, where: str) -> str:
@@ -233,8 +241,8 @@ class Registry:
             claimed = answer.headers.get("Docker-Content-Digest") or ""
             expected = ref if ref.startswith("sha256:") else claimed
             if expected and digest != expected:
-                raise RegistryError(f"{where}: the manifest's bytes hash to {digest}, "
-                                    f"not {expected}: refused")
+                raise DigestMismatch(f"{where}: the manifest's bytes hash to {digest}, "
+                                     f"not {expected}: refused")
             doc = parse_manifest(body, where)
             media_type = (answer.headers.get("Content-Type") or "").split(";")[0].strip() \
                 or doc.get("mediaType")
@@ -300,8 +308,8 @@ class Registry:
                                     f"{digest}")
             body = answer.read(cap, "blob")
             if (got := sha256(body)) != digest:
-                raise RegistryError(f"registry `{self.registry}`: {answer.where}: the blob's "
-                                    f"bytes hash to {got}, not {digest}: refused")
+                raise DigestMismatch(f"registry `{self.registry}`: {answer.where}: the blob's "
+                                     f"bytes hash to {got}, not {digest}: refused")
             return body
         return self._call(f"reading blob {digest[:19]}", once, self.deadline + cap / SMALL_RATE)
 

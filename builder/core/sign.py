@@ -41,7 +41,7 @@ from securesystemslib.dsse import Envelope
 from securesystemslib.signer import Signature
 
 from builder.core import oci
-from builder.core.errors import BuilderError, ConfigError
+from builder.core.errors import BuilderError
 
 PRIVATE_PEM = "ENCRYPTED SIGSTORE PRIVATE KEY"
 PRIVATE_PEMS = (PRIVATE_PEM, "ENCRYPTED COSIGN PRIVATE KEY")  # cosign 1.x wrote the second
@@ -113,7 +113,7 @@ def decrypt_private(pem: bytes, where: str, secret: bytes | None = None) -> Sign
     text = pem.decode(errors="replace").strip()
     label = next((x for x in PRIVATE_PEMS if text.startswith(f"-----BEGIN {x}-----")), None)
     if label is None:
-        raise ConfigError(f"{where}: not a cosign private key (no `BEGIN {PRIVATE_PEM}`)",
+        raise BuilderError(f"{where}: not a cosign private key (no `BEGIN {PRIVATE_PEM}`)",
                           hint="make one with `builder keygen` or `cosign generate-key-pair`")
     body = "".join(line for line in text.splitlines() if not line.startswith("-----"))
     try:
@@ -123,18 +123,18 @@ def decrypt_private(pem: bytes, where: str, secret: bytes | None = None) -> Sign
             raise ValueError(f"unsupported {kdf['name']} / {cipher['name']}")
         salt = base64.b64decode(kdf["salt"])
     except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{where}: not a cosign private key: {exc}") from None
+        raise BuilderError(f"{where}: not a cosign private key: {exc}") from None
     try:
         box_key = _scrypt(password() if secret is None else secret, salt, kdf["params"])
         der = nacl.secret.SecretBox(box_key).decrypt(base64.b64decode(doc["ciphertext"]),
                                                      base64.b64decode(cipher["nonce"]))
     except nacl.exceptions.CryptoError:
-        raise ConfigError(f"{where}: wrong password (COSIGN_PASSWORD)") from None
+        raise BuilderError(f"{where}: wrong password (COSIGN_PASSWORD)") from None
     except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{where}: not a cosign private key: {exc}") from None
+        raise BuilderError(f"{where}: not a cosign private key: {exc}") from None
     key = serialization.load_der_private_key(der, password=None)
     if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise ConfigError(f"{where}: not an ECDSA key")
+        raise BuilderError(f"{where}: not an ECDSA key")
     return SigningKey(key)
 
 
@@ -148,11 +148,11 @@ def load_public(path: Path) -> ec.EllipticCurvePublicKey:
     try:
         key = serialization.load_pem_public_key(path.read_bytes())
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the public key: {exc.strerror}") from None
+        raise BuilderError(f"{path}: cannot read the public key: {exc.strerror}") from None
     except ValueError:
-        raise ConfigError(f"{path}: not a PEM public key (cosign.pub)") from None
+        raise BuilderError(f"{path}: not a PEM public key (cosign.pub)") from None
     if not isinstance(key, ec.EllipticCurvePublicKey):
-        raise ConfigError(f"{path}: not an ECDSA public key")
+        raise BuilderError(f"{path}: not an ECDSA public key")
     return key
 
 
@@ -161,13 +161,13 @@ def password(confirm: bool = False) -> bytes:
     if "COSIGN_PASSWORD" in os.environ:
         return os.environ["COSIGN_PASSWORD"].encode()
     if not sys.stdin.isatty():
-        raise ConfigError("no password: set COSIGN_PASSWORD (may be empty)")
+        raise BuilderError("no password: set COSIGN_PASSWORD (may be empty)")
     try:
         first = getpass.getpass("Enter password for private key: ")
         if confirm and getpass.getpass("Enter password for private key again: ") != first:
-            raise ConfigError("the passwords differ")
+            raise BuilderError("the passwords differ")
     except EOFError:
-        raise ConfigError("no password: set COSIGN_PASSWORD (may be empty)") from None
+        raise BuilderError("no password: set COSIGN_PASSWORD (may be empty)") from None
     return first.encode()
 
 
@@ -176,7 +176,7 @@ def keygen(folder: Path) -> tuple[Path, Path]:
     key_path, pub_path = folder / "cosign.key", folder / "cosign.pub"
     for path in (key_path, pub_path):
         if path.exists():
-            raise ConfigError(f"{path} exists: not overwritten",
+            raise BuilderError(f"{path} exists: not overwritten",
                               hint="move it away first, or use it (--key)")
     key = ec.generate_private_key(ec.SECP256R1())
     pem = encrypt_private(key, password(confirm=True))
@@ -194,12 +194,37 @@ def signing_key(path: Path | str | None) -> SigningKey | None:
         try:
             pem = Path(path).read_bytes()
         except OSError as exc:
-            raise ConfigError(f"{path}: cannot read the signing key: {exc.strerror}") from None
+            raise BuilderError(f"{path}: cannot read the signing key: {exc.strerror}") from None
         return decrypt_private(pem, str(path))
     if os.environ.get("COSIGN_PRIVATE_KEY"):
         return decrypt_private(os.environ["COSIGN_PRIVATE_KEY"].encode(),
                                "COSIGN_PRIVATE_KEY")
     return None
+
+
+@dataclass(frozen=True)
+class Trust:
+    """What `publish` signs with, and the keys staged evidence must be signed by."""
+
+    key: SigningKey | None = None
+    keys: tuple[ec.EllipticCurvePublicKey, ...] = ()
+    unsigned: bool = False  # --unsigned: staged evidence need not be signed (recorded)
+
+
+UNSIGNED = Trust(unsigned=True)
+
+
+def trust(key_path: Path | str | None, trust_keys: Iterable[Path], unsigned: bool) -> Trust:
+    """The Trust of `--key`/COSIGN_PRIVATE_KEY, `--trust-key` (default: the signing key's own
+    public key) and `--unsigned`."""
+    key = signing_key(key_path)
+    if key is None and not unsigned:
+        raise BuilderError("no signing key: publish signs every digest it promotes",
+                          hint="give --key cosign.key (or COSIGN_PRIVATE_KEY and "
+                          "COSIGN_PASSWORD; `builder keygen` makes a pair), or --unsigned to "
+                          "publish without signatures (recorded in published.json)")
+    keys = tuple(load_public(Path(p)) for p in trust_keys) or ((key.public,) if key else ())
+    return Trust(key, keys, unsigned)
 
 
 def key_id(key: ec.EllipticCurvePublicKey) -> str:
@@ -418,7 +443,7 @@ def _same_statement(layer: Layer, doc: dict[str, Any], key: ec.EllipticCurvePubl
 def verified_attestations(reg: oci.Registry, repository: str, digest: str,
                           keys: list[ec.EllipticCurvePublicKey]
                           ) -> tuple[dict[str, Any], dict[str, str]]:
-    """(evidence kind → the predicate of its verified attestation, kind → why none verified)
+    """(evidence kind → the statement of its verified attestation, kind → why none verified)
     for every kind in PREDICATES."""
     found: dict[str, Any] = {}
     problems: dict[str, str] = {}
@@ -435,7 +460,7 @@ def verified_attestations(reg: oci.Registry, repository: str, digest: str,
         if doc.get("predicateType") != PREDICATES[kind]:
             problems[kind] = f"its statement's predicate type is {doc.get('predicateType')!r}"
             continue
-        found[kind] = doc.get("predicate")
+        found[kind] = doc
         problems.pop(kind, None)
     for kind in PREDICATES:
         if kind not in found and kind not in problems:

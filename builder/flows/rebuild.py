@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, labels, layerdiff, oci, proc, state
+from builder.core import engine, labels, layerdiff, oci, proc, sign, state
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.output import step
 from builder.stages import base, locks, multiarch, plan, platforms, publication, publish
@@ -39,7 +39,17 @@ from builder.stages.publication import Publication
 
 REASONS = ("debian-security", "python-vuln", "base-moved", "inputs-changed")
 BASE_DIGEST_LABEL = labels.OCI + "base.digest"
-APT_CMD = "apt-get update -qq --error-on=any && apt list --upgradable 2>/dev/null"
+# apt as an unprivileged user on a read-only root: its lists and cache go to the /tmp tmpfs.
+APT_OPTIONS = ("-o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache "
+               "-o Debug::NoLocking=true -o APT::Sandbox::User=nobody")
+APT_CMD = ("mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial && "
+           f"apt-get update -qq --error-on=any {APT_OPTIONS} && "
+           f"apt list --upgradable {APT_OPTIONS} 2>/dev/null")
+# The published image is not trusted to run with privileges: no host network (the default
+# bridge reaches the mirrors), nobody's uid, a read-only root, no capabilities.
+UNPRIVILEGED = ("--network", "bridge", "--user", "65534:65534", "--read-only",
+                "--tmpfs", "/tmp:rw,exec,nosuid,nodev", "--cap-drop", "ALL",
+                "--security-opt", "no-new-privileges")
 # `libssl3/stable-security 3.0.15-1~deb12u1 amd64 [upgradable from: 3.0.14-1~deb12u2]`
 _APT_LINE = re.compile(r"^(\S+?)/\S*\s+(\S+)\s+\S+\s+\[upgradable from:\s*([^\]\s]+)\]")
 # `Inst libssl3 [3.0.14-1~deb12u2] (3.0.15-1~deb12u1 Debian-Security:12/stable-security [amd64])`
@@ -108,11 +118,12 @@ def parse_upgradable(text: str) -> dict[str, tuple[str, str]]:
 
 
 def debian_upgradable(image: str) -> dict[str, tuple[str, str]]:
-    """Packages with a newer version in the image's apt sources (network: host, user: root)."""
+    """Packages with a newer version in the image's apt sources, asked in an unprivileged
+    container (UNPRIVILEGED)."""
     name = f"builder-apt-{uuid.uuid4().hex[:12]}"
-    result = engine.run_container(name, ["run", "--rm", "--name", name, "--network", "host",
-                                         "--user", "0", "--entrypoint", "sh", image, "-c",
-                                         APT_CMD], check=False, timeout=900)
+    result = engine.run_container(name, ["run", "--rm", "--name", name, *UNPRIVILEGED,
+                                         "--entrypoint", "sh", image, "-c", APT_CMD],
+                                  check=False, timeout=900)
     if result.returncode != 0:
         raise SourceError(f"apt in {image} exited with {result.returncode}: "
                           + "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:]))
@@ -185,9 +196,25 @@ def _unknown(vid: str, reason: str, exc: Exception) -> Finding:
     return Finding(vid, reason, UNKNOWN, str(exc))
 
 
+def signature_problem(pub: Publication, keys: tuple[Any, ...]) -> str:
+    """Why the published digest must not be run ('' when its signature verifies, or when it
+    was published unsigned and no key is given)."""
+    if not keys:
+        return ("its publication is signed: give --trust-key (cosign.pub) to verify it before "
+                "running it") if pub.signed else ""
+    name, _, digest = pub.reference.partition("@")
+    registry, _, repository = name.partition("/")
+    try:
+        sign.verify_image(oci.Registry(registry), repository, digest, list(keys))
+    except sign.SignatureError as exc:
+        return f"not run: its signature does not verify ({exc})"
+    return ""
+
+
 def check_variant(matrix: Matrix, variant: Variant, pub: Publication, locks_dir: Path,
                   smoke_hash: str, base_digests: dict[str, str],
-                  skip: frozenset[str] = frozenset()) -> list[Finding]:
+                  skip: frozenset[str] = frozenset(), keys: tuple[Any, ...] = ()
+                  ) -> list[Finding]:
     """Ask each source not in `skip` about one published variant."""
     vid = variant.id
     findings: list[Finding] = []
@@ -204,6 +231,8 @@ def check_variant(matrix: Matrix, variant: Variant, pub: Publication, locks_dir:
         pass
     elif image_error is not None:
         findings.append(_unknown(vid, "debian-security", image_error))
+    elif untrusted := signature_problem(pub, keys):
+        findings.append(Finding(vid, "debian-security", UNKNOWN, untrusted))
     else:
         try:
             upgradable = debian_upgradable(image)
@@ -283,7 +312,8 @@ def check_variant(matrix: Matrix, variant: Variant, pub: Publication, locks_dir:
 
 
 def check(matrix: Matrix, variants: list[Variant], manifest: Path, *,
-          locks_dir: Path = Path("locks"), skip: Collection[str] = ()) -> list[Finding]:
+          locks_dir: Path = Path("locks"), skip: Collection[str] = (),
+          keys: tuple[Any, ...] = ()) -> list[Finding]:
     """Findings for the selected variants that have a publication in `manifest`; the sources in
     `skip` are not asked (see `source_summary`: they are `skipped`, not clean)."""
     unknown_names = set(skip) - set(REASONS)
@@ -301,7 +331,8 @@ def check(matrix: Matrix, variants: list[Variant], manifest: Path, *,
         if pub is None:
             continue
         step(f"  [{v.id}] checking {pub.reference}")
-        findings += check_variant(matrix, v, pub, locks_dir, smoke_hash, base_digests, skipped)
+        findings += check_variant(matrix, v, pub, locks_dir, smoke_hash, base_digests, skipped,
+                                  keys)
     return findings
 
 
@@ -411,8 +442,10 @@ def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_di
             allow_cpu_smoke: bool = False, dry_run: bool = False,
             findings: list[Finding] | None = None, skip: Collection[str] = (),
             build: Callable[..., list[Any]] | None = None,
-            publish_fn: Callable[..., list[dict[str, Any]]] | None = None) -> list[Action]:
-    """Rebuild and publish exactly the variants whose findings say so; returns the actions."""
+            publish_fn: Callable[..., list[dict[str, Any]]] | None = None,
+            trust: sign.Trust = sign.UNSIGNED) -> list[Action]:
+    """Rebuild and publish exactly the variants whose findings say so (signing with
+    `trust.key`); returns the actions."""
     if findings is None:
         findings = check(matrix, variants, manifest, locks_dir=locks_dir, skip=skip)
     actions = plan_actions(findings)
@@ -447,7 +480,8 @@ def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_di
                 a.state = "built"
                 planned = [o.planned for o in outcomes if o.planned is not None]
                 results = publish_fn(matrix, planned, allow_cpu_smoke=allow_cpu_smoke,
-                                     dry_run=False, manifest=manifest, locks_dir=locks_dir)
+                                     dry_run=False, manifest=manifest, locks_dir=locks_dir,
+                                 trust=trust)
                 result = results[0] if results else {"status": "refused", "reason": "no result"}
                 if result.get("status") != "published":
                     a.state, a.message = "failed", f"publish: {result.get('reason', '')}"

@@ -28,7 +28,7 @@ from builder.core import engine, labels, layerdiff, oci
 from builder.core.errors import BuilderError
 from builder.core.output import step
 from builder.flows.verify import Reference
-from builder.stages import base, platforms
+from builder.stages import base, platforms, provenance
 
 
 @dataclass(frozen=True)
@@ -47,15 +47,14 @@ def recorded(doc: dict[str, Any]) -> Recorded:
     """Read the SLSA provenance statement (builder.provenance) of an image."""
     definition = (doc.get("predicate") or {}).get("buildDefinition") or {}
     params = definition.get("externalParameters") or {}
-    deps = definition.get("resolvedDependencies") or []
-    lock = next((d for d in deps if str(d.get("uri", "")).startswith("locks/")), {})
-    base_dep = next((d for d in deps[2:]), {})
+    roles = provenance.dependencies_by_role(doc)
+    lock, base_dep = roles.get("lock") or {}, roles.get("base") or {}
     revision = params.get("revision") or ""
     if not (params.get("variant") and revision and lock):
         raise BuilderError("the provenance names no variant, revision or lock",
                            hint="it was not written by `builder publish`")
-    return Recorded(params["variant"], revision, lock["uri"], lock["digest"].get("sha256", ""),
-                    base_dep.get("uri", ""),
+    return Recorded(params["variant"], revision, lock["name"], lock["digest"].get("sha256", ""),
+                    base_dep.get("name", ""),
                     "sha256:" + base_dep["digest"]["sha256"] if base_dep else "")
 
 

@@ -8,15 +8,19 @@ each other. Exit 0 only when everything a platform team needs is there and agree
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from builder.core import labels, oci
+from builder.core import labels, oci, sign
 from builder.core.errors import BuilderError
 from builder.stages import platforms, provenance, smoketest
 from smoke.host import host_summary
 
 OK, MISSING, BAD = "ok", "missing", "fail"
+UNSIGNED = "unsigned"  # no key given: the signature was not checked
+CPU_ONLY = "cpu-stand-in"  # a CUDA image whose GPU checks ran as CPU stand-ins
+PASSING = frozenset({OK, UNSIGNED, CPU_ONLY})  # --require-gpu turns CPU_ONLY into BAD
 # Report facts that must equal the image's labels.
 AGREEING_FACTS = {"torch": labels.TORCH, "cuda": labels.CUDA, "cudnn": labels.CUDNN,
                   "accelerator": labels.ACCELERATOR, "flavor": labels.FLAVOR}
@@ -48,38 +52,117 @@ class Reference:
         return cls(registry, repository, digest)
 
 
-def verify(reference: Reference) -> tuple[str, list[Row]]:
-    """(the image digest, one row per thing checked)."""
+@dataclass(frozen=True)
+class Policy:
+    """What a verifier demands: signatures by these keys (none: contents only), GPU smoke."""
+
+    keys: tuple[Any, ...] = ()
+    require_gpu: bool = False
+
+
+def verify(reference: Reference, policy: Policy = Policy()) -> tuple[str, list[Row]]:
+    """(the image digest, one row per thing checked): its signature, then each attestation's
+    signature and subject, then the contents (taken from the signed attestations when keys are
+    given; a file attached beside them must be the same document)."""
     reg = oci.Registry(reference.registry)
     found = reg.manifest(reference.repository, reference.ref)
     if found is None:
         raise BuilderError(f"`{reference.registry}/{reference.repository}` has no image "
                            f"`{reference.ref}`")
-    body, desc = found
+    body, desc = found  # the registry client checked the bytes against a digest ref
     manifest = json.loads(body)
+    rows = [signature_row(reg, reference.repository, desc.digest, policy)]
     if desc.media_type in (oci.OCI_INDEX, oci.DOCKER_LIST):
-        return desc.digest, index_rows(reference, manifest)
+        return desc.digest, rows + index_rows(reference, manifest, policy)
     config_digest = (manifest.get("config") or {}).get("digest", "")
     config = reg.config(reference.repository, config_digest) if config_digest else {}
     image_labels = (config.get("config") or {}).get("Labels") or {}
+    docs, attestation_rows = evidence(reg, reference.repository, desc.digest, policy)
+    rows += [*attestation_rows, label_row(image_labels),
+             *smoke_rows(docs["smoke"], config_digest, image_labels, policy),
+             sbom_row(docs["sbom"]),
+             provenance_row(docs["provenance"], desc.digest, image_labels)]
+    if not reference.ref.startswith("sha256:") and (row := tag_row(reference.ref, image_labels)):
+        rows.append(row)
+    return desc.digest, rows
 
+
+# A floating or dated tag: `<torch>-py<python>-<accelerator…>-<flavor>[-YYYYMMDD[.n]]`.
+_TAG = re.compile(r"(?P<torch>[0-9][0-9A-Za-z.]*)-py(?P<python>[0-9.]+)-.+-"
+                  r"(?P<flavor>devel|runtime|slim)(-[0-9]{8}(\.[0-9]+)?)?")
+
+
+def tag_row(tag: str, image_labels: dict[str, str]) -> Row | None:
+    """A versioned tag must name the image's torch, python and flavor (a tag moved to another
+    variant's image is refused even when that image is signed); aliases are not checked."""
+    match = _TAG.fullmatch(tag)
+    if match is None:
+        return None
+    have = {"torch": (image_labels.get(labels.TORCH) or "").split("+")[0],
+            "python": image_labels.get(labels.PYTHON) or "",
+            "flavor": image_labels.get(labels.FLAVOR) or ""}
+    wrong = [f"{k} {match[k]} ≠ label {v!r}" for k, v in have.items() if match[k] != v]
+    return Row("tag", BAD if wrong else OK,
+               f"`{tag}` names another image: {'; '.join(wrong)}" if wrong
+               else f"`{tag}` names this image's torch, python and flavor")
+
+
+def signature_row(reg: oci.Registry, repository: str, digest: str, policy: Policy) -> Row:
+    if not policy.keys:
+        has = reg.head(repository, sign.sig_tag(digest)) is not None
+        return Row("signature", UNSIGNED, "unsigned: contents only — " + (
+            "a signature is attached but was not checked (give --key cosign.pub)" if has
+            else "the image carries no signature"))
+    try:
+        return Row("signature", OK, sign.verify_image(reg, repository, digest,
+                                                      list(policy.keys)))
+    except sign.SignatureError as exc:
+        return Row("signature", BAD, str(exc))
+
+
+def evidence(reg: oci.Registry, repository: str, digest: str, policy: Policy
+             ) -> tuple[dict[str, Any], list[Row]]:
+    """kind → the document to check, and one row per attestation (none without keys)."""
     def fetch(kind: str) -> Any:
-        data = reg.fetch_artifact(reference.repository, desc.digest, kind)
+        data = reg.fetch_artifact(repository, digest, kind)
         try:
             return None if data is None else json.loads(data)
         except ValueError:
             return "not JSON"
 
-    rows = [label_row(image_labels),
-            *smoke_rows(fetch("smoke"), config_digest, image_labels),
-            sbom_row(fetch("sbom")),
-            provenance_row(fetch("provenance"), desc.digest, image_labels)]
-    return desc.digest, rows
+    plain = {kind: fetch(kind) for kind in sign.PREDICATES}
+    if not policy.keys:
+        return plain, []
+    statements, problems = sign.verified_attestations(reg, repository, digest,
+                                                      list(policy.keys))
+    docs: dict[str, Any] = dict.fromkeys(sign.PREDICATES)
+    rows = []
+    for kind, ptype in sign.PREDICATES.items():
+        what = f"attestation {kind}"
+        if kind not in statements:
+            rows.append(Row(what, BAD, problems[kind]))
+            continue
+        doc = statements[kind]
+        signed_doc = doc if kind == "provenance" else doc["predicate"]
+        attached = plain[kind]
+        if attached is not None and _predicate(kind, attached) != doc["predicate"]:
+            rows.append(Row(what, BAD, f"the attached {kind} differs from its signed "
+                            "attestation"))
+            continue
+        docs[kind] = signed_doc
+        rows.append(Row(what, OK, f"{ptype}, DSSE signed, subject {digest[:19]}"))
+    return docs, rows
 
 
-def index_rows(reference: Reference, index: dict[str, Any]) -> list[Row]:
+def _predicate(kind: str, attached: Any) -> Any:
+    return attached.get("predicate") if kind == "provenance" and isinstance(attached, dict) \
+        else attached
+
+
+def index_rows(reference: Reference, index: dict[str, Any], policy: Policy) -> list[Row]:
     """A multi-arch index: each platform's manifest is checked (its evidence is attached to
-    it, not to the index), rows prefixed with the platform."""
+    it, not to the index), rows prefixed with the platform. An index inside an index is
+    refused (no recursion: a self-listing index cannot loop)."""
     rows = []
     for child in index.get("manifests", []):  # at most oci.MAX_INDEX_CHILDREN, digests checked
         platform = child.get("platform") if isinstance(child.get("platform"), dict) else {}
@@ -92,7 +175,7 @@ def index_rows(reference: Reference, index: dict[str, Any]) -> list[Row]:
                             f"({', '.join(platforms.KNOWN)})"))
             continue
         _, child_rows = verify(Reference(reference.registry, reference.repository,
-                                         child["digest"]))
+                                         child["digest"]), policy)
         rows += [Row(f"{where} {r.what}", r.status, r.detail) for r in child_rows]
     return rows or [Row("index", MISSING, "the index lists no manifests")]
 
@@ -109,7 +192,8 @@ def label_row(image_labels: dict[str, str]) -> Row:
     return Row("labels", OK, versions)
 
 
-def smoke_rows(report: Any, config_digest: str, image_labels: dict[str, str]) -> list[Row]:
+def smoke_rows(report: Any, config_digest: str, image_labels: dict[str, str],
+               policy: Policy = Policy()) -> list[Row]:
     if report is None:
         return [Row("smoke", MISSING, "no smoke report attached (builder smoke, then publish)")]
     if not isinstance(report, dict) or (problem := smoketest.validation_error(report)):
@@ -120,15 +204,23 @@ def smoke_rows(report: Any, config_digest: str, image_labels: dict[str, str]) ->
     problems = []
     if report["status"] != "pass":
         problems.append(f"overall {report['status']}")
-    if (report.get("image") or {}).get("id") not in (None, config_digest):
-        problems.append("it checked another image")
+    ran_on = (report.get("image") or {}).get("id")
+    if ran_on != config_digest:
+        problems.append(f"it ran on image {ran_on}, not this one ({config_digest[:19]})")
+    if lacking := smoketest.required_checks_missing(report):
+        problems.append(f"it lacks required checks: {', '.join(lacking)}")
     facts = report.get("facts") or {}
     problems += [f"{name} {facts.get(name)!r} ≠ label {image_labels.get(key)!r}"
                  for name, key in AGREEING_FACTS.items()
                  if (facts.get(name) or "") != (image_labels.get(key) or "")]
-    status = BAD if problems else OK
-    detail = "; ".join(problems) or f"{report['status']}: {host}"
-    return [Row("smoke", status, detail), *rows]
+    if problems:
+        return [Row("smoke", BAD, "; ".join(problems)), *rows]
+    stand_ins = smoketest.gpu_checks_not_run(report["checks"])
+    if facts.get("accelerator") == "cuda" and stand_ins:
+        status = BAD if policy.require_gpu else CPU_ONLY
+        return [Row("smoke", status, f"GPU checks not run on a GPU ({', '.join(stand_ins)}): "
+                    f"{report['status']}: {host}"), *rows]
+    return [Row("smoke", OK, f"{report['status']}: {host}"), *rows]
 
 
 def sbom_row(doc: Any) -> Row:

@@ -22,7 +22,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, labels, limits, oci, proc, registry_auth, reproducible, state
+from builder.core import (
+    engine,
+    labels,
+    limits,
+    oci,
+    proc,
+    registry_auth,
+    reproducible,
+    sign,
+    state,
+)
 from builder.core.errors import BuilderError, EngineError
 from builder.core.output import human_bytes, step
 from builder.stages import base, locks, plan, platforms, render
@@ -49,13 +59,15 @@ class BuildOptions:
     require_gpu: bool = False
     apt_refresh: str = ""
     registry_cache: bool = True  # --cache-from the registry's cache image of the variant
+    key: sign.SigningKey | None = None  # signs the evidence attached at staging
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BuildOptions:
         return cls(locks=args.locks, force=args.force, relock=args.relock,
                    fail_fast=args.fail_fast, smoke=not args.no_smoke, sbom=not args.no_sbom,
                    stage=args.stage, require_gpu=args.require_gpu, apt_refresh=args.apt_refresh,
-                   registry_cache=not getattr(args, "no_registry_cache", False))
+                   registry_cache=not getattr(args, "no_registry_cache", False),
+                   key=sign.signing_key(args.key) if args.stage else None)
 
 
 @dataclass(frozen=True)
@@ -342,9 +354,11 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def stage_outcome(matrix: Matrix, p: plan.PlannedVariant, outcome: Outcome) -> Outcome:
+def stage_outcome(matrix: Matrix, p: plan.PlannedVariant, outcome: Outcome,
+                  key: sign.SigningKey | None = None) -> Outcome:
     """Push the image to the staging repository by digest and attach its smoke report and
-    SBOM there, so that any other machine can smoke, describe or publish it."""
+    SBOM there (with their attestations signed by `key`), so that any other machine can smoke,
+    describe or publish it."""
     from builder.stages import evidence
 
     step(f"  [{p.variant.key}] staging in {evidence.staging_registry(matrix)}/"
@@ -355,7 +369,7 @@ def stage_outcome(matrix: Matrix, p: plan.PlannedVariant, outcome: Outcome) -> O
     for kind in ("smoke", "sbom"):
         path = evidence.local_file(kind, outcome.image_id)
         if path.is_file():
-            evidence.attach(staged, kind, path.read_bytes())
+            evidence.attach(staged, kind, path.read_bytes(), key=key)
     return replace(outcome, message=staged.reference)
 
 
@@ -402,7 +416,7 @@ def build_images(matrix: Matrix, variants: list[Variant], options: BuildOptions)
         else:
             outcome = build_variant(matrix, p, wheelhouse, options, after)
         if options.stage and outcome.state in ("built", "up-to-date") and outcome.image_id:
-            outcome = stage_outcome(matrix, p, outcome)
+            outcome = stage_outcome(matrix, p, outcome, options.key)
         outcomes.append(summarized(outcome))
         if outcome.state not in ("built", "up-to-date") and options.fail_fast:
             break

@@ -23,6 +23,7 @@ from typing import Any
 
 from builder.core import labels, oci, sign, state
 from builder.core.errors import BuilderError
+from builder.stages import provenance
 from sbom.diff import diff_sboms, iter_components
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schema" / "catalog.schema.json"
@@ -319,10 +320,9 @@ def provenance_summary(doc: dict[str, Any], subject: str) -> dict[str, Any]:
     predicate = doc.get("predicate") or {}
     definition = predicate.get("buildDefinition") or {}
     params = definition.get("externalParameters") or {}
-    deps = definition.get("resolvedDependencies") or []
-    lock = next((d["digest"].get("sha256") for d in deps
-                 if str(d.get("uri", "")).startswith("locks/") and d.get("digest")), None)
-    base = next((d["digest"].get("sha256") for d in deps[2:] if d.get("digest")), None)
+    roles = provenance.dependencies_by_role(doc)
+    lock = (roles.get("lock") or {}).get("digest", {}).get("sha256")
+    base = (roles.get("base") or {}).get("digest", {}).get("sha256")
     subjects = [s.get("digest", {}).get("sha256") for s in doc.get("subject") or []]
     return {"commit": params.get("revision") or None, "source": params.get("source") or None,
             "lock_hash": lock, "base_digest": f"sha256:{base}" if base else None,

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from builder.core import engine, oci, registry_auth, state
+from builder.core import engine, oci, registry_auth, sign, state
 from builder.core.errors import CommandFailed
 from builder.stages import smoketest
 from builder.stages.matrix import Matrix
@@ -99,15 +100,37 @@ def fetch(staged: Staged, kind: str) -> bytes | None:
 
 
 def attach(staged: Staged, kind: str, data: bytes, media_type: str | None = None,
-           title: str | None = None) -> dict[str, str]:
-    """Attach `data` to the staged digest (idempotent: the same bytes give the same digest)."""
+           title: str | None = None, key: sign.SigningKey | None = None) -> dict[str, str]:
+    """Attach `data` to the staged digest (idempotent: the same bytes give the same digest)
+    and, with a key, its signed attestation (cosign's `.att`) whose subject is that digest."""
     reg = oci.Registry(staged.registry)
     desc = reg.push_artifact(staged.repository, staged.descriptor,
                              media_type or MEDIA_TYPES[kind], data, kind=kind,
                              title=title or FILE_NAMES[kind])
+    if key is not None:
+        sign.attest(reg, staged.repository, staged.digest, key, kind, predicate(kind, data))
     return {"tag": oci.artifact_tag(staged.digest, kind), "digest": desc.digest,
             "media_type": media_type or MEDIA_TYPES[kind],
             "reference": f"{staged.registry}/{staged.repository}@{desc.digest}"}
+
+
+def predicate(kind: str, data: bytes) -> Any:
+    """What the attestation of an attached file states: the document itself (a provenance
+    file is a whole in-toto statement already: its predicate)."""
+    doc = json.loads(data)
+    return doc["predicate"] if kind == "provenance" else doc
+
+
+def signed(staged: Staged, keys: list[Any]) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The evidence whose attestation on the staged digest verifies against `keys`, as files
+    (kind → bytes), and kind → why not for the rest."""
+    found, problems = sign.verified_attestations(oci.Registry(staged.registry),
+                                                 staged.repository, staged.digest, keys)
+    return {kind: as_file(doc.get("predicate")) for kind, doc in found.items()}, problems
+
+
+def as_file(doc: Any) -> bytes:
+    return (json.dumps(doc, indent=2) + "\n").encode()
 
 
 def image_config(staged: Staged) -> dict:
@@ -142,9 +165,11 @@ def pull(staged: Staged) -> str:
     return staged.image_id
 
 
-def record(staged: Staged | None, kind: str, data: bytes) -> None:
-    """Keep `data` in this machine's cache and, for a staged image, attach it in the registry."""
+def record(staged: Staged | None, kind: str, data: bytes,
+           key: sign.SigningKey | None = None) -> None:
+    """Keep `data` in this machine's cache and, for a staged image, attach it in the registry
+    (signed with `key`, when given)."""
     if staged is None:
         return
     state.atomic_write(local_file(kind, staged.image_id), data)
-    attach(staged, kind, data)
+    attach(staged, kind, data, key=key)

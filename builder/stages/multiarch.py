@@ -21,7 +21,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, oci
+from builder.core import engine, oci, sign
 from builder.core.errors import ConfigError
 from builder.core.output import step
 from builder.stages import plan, platforms, publication, publish
@@ -63,11 +63,13 @@ def smoke_emulated(cand: publish.Candidate) -> bool:
 # ---- the gate ---------------------------------------------------------------------------------
 
 
-def gate_all(matrix: Matrix, group: list[plan.PlannedVariant], allow_cpu_smoke: bool
+def gate_all(matrix: Matrix, group: list[plan.PlannedVariant], allow_cpu_smoke: bool,
+             trust: sign.Trust = sign.UNSIGNED
              ) -> tuple[list[publish.Candidate], list[dict[str, Any]]]:
     """Candidates, and refusals: one refused platform refuses the variant (no partial index)."""
     vid = group[0].variant.id
-    cands = [publish.gate(matrix, p, allow_cpu_smoke=allow_cpu_smoke) for p in group]
+    cands = [publish.gate(matrix, p, allow_cpu_smoke=allow_cpu_smoke, trust=trust)
+             for p in group]
     refused = [{"id": c.planned.variant.key, "status": "refused", "reason": c.reason,
                 "image_id": c.image_id} for c in cands if c.reason]
     missing = sorted(set(declared(matrix, vid)) - {p.variant.platform for p in group})
@@ -90,6 +92,7 @@ def promote_platform(matrix: Matrix, cand: publish.Candidate) -> tuple[Staged, P
     step(f"  [{p.variant.key}] promoting "
          f"{cand.staged.reference if cand.staged else cand.image} by digest")
     vetted, refs = publish.promote_with_evidence(matrix, cand)
+    publish.sign_digest(vetted, cand.trust)
     publish.tag_image(vetted, p.hash_tag)
     own = publish.publication(matrix, cand, vetted.digest, "", [p.hash_tag], refs).to_json()
     entry = {k: v for k, v in own.items() if k in PLATFORM_ENTRY_FIELDS}
@@ -116,11 +119,11 @@ def check_same_tags(group: list[plan.PlannedVariant]) -> None:
 
 
 def publish_group(matrix: Matrix, group: list[plan.PlannedVariant], *, allow_cpu_smoke: bool,
-                  dry_run: bool) -> list[dict[str, Any]]:
+                  dry_run: bool, trust: sign.Trust = sign.UNSIGNED) -> list[dict[str, Any]]:
     """Gate every platform, promote each by digest with its evidence, then the index and its
     tags. Returns one result for the variant (or one refusal per refused platform)."""
     check_same_tags(group)
-    cands, refused = gate_all(matrix, group, allow_cpu_smoke)
+    cands, refused = gate_all(matrix, group, allow_cpu_smoke, trust)
     if refused:
         return refused
     if dry_run:
@@ -133,6 +136,7 @@ def publish_group(matrix: Matrix, group: list[plan.PlannedVariant], *, allow_cpu
     index = push_index(matrix, group[0].variant.id, [
         platforms.PlatformManifest(platforms.get(entry.platform), vetted.descriptor)
         for vetted, entry in promoted])
+    signed = publish.sign_digest(index, trust)
     first = cands[0].planned
     dated = publish.write_tags(index, first.floating_tag, list(first.tags))
     step(f"  [{first.variant.id}] index {index.digest[:19]} "
@@ -143,7 +147,7 @@ def publish_group(matrix: Matrix, group: list[plan.PlannedVariant], *, allow_cpu
         evidence_refs["provenance"] = own.provenance.to_json()
     pub = publish.publication(matrix, cands[0], index.digest, dated,
                               [dated, *(c.planned.hash_tag for c in cands), *first.tags],
-                              evidence_refs)
+                              evidence_refs, signed)
     pub = replace(pub, platforms=tuple(entry for _, entry in promoted))
     return [{"id": first.variant.id, "status": "published", **pub.to_json()}]
 
@@ -154,7 +158,8 @@ def publish_group(matrix: Matrix, group: list[plan.PlannedVariant], *, allow_cpu
 def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
                      allow_cpu_smoke: bool, dry_run: bool = False,
                      manifest: Path = publication.MANIFEST,
-                     locks_dir: Path = Path("locks")) -> list[dict[str, Any]]:
+                     locks_dir: Path = Path("locks"),
+                     trust: sign.Trust = sign.UNSIGNED) -> list[dict[str, Any]]:
     """Gate and publish each variant. Returns one result per variant (`status`: published,
     refused, would-publish). Records what was published even when a later variant fails.
     Every tag of the whole matrix is checked for collisions before anything is pushed. A variant
@@ -167,10 +172,10 @@ def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
         for group in groups(planned):
             if is_multi(matrix, group[0].variant):
                 out = publish_group(matrix, group, allow_cpu_smoke=allow_cpu_smoke,
-                                              dry_run=dry_run)
+                                    dry_run=dry_run, trust=trust)
             else:
                 out = [publish.publish_variant(matrix, p, allow_cpu_smoke=allow_cpu_smoke,
-                                       dry_run=dry_run) for p in group]
+                                               dry_run=dry_run, trust=trust) for p in group]
             # Recorded as soon as its tags moved; a run stopped before this line is recorded by
             # the next one, which finds the tags in place (each step is idempotent).
             publication.record(manifest, {

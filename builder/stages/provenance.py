@@ -8,8 +8,10 @@ lock, which base digest, which builder.
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 from builder import __version__
 from builder.core import labels
@@ -21,20 +23,29 @@ BUILD_TYPE = "https://github.com/torch-images/torch-images/buildtypes/buildkit-m
 
 
 def statement(image_name: str, digest: str, image_labels: Mapping[str, str],
-              normalisation: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              normalisation: Mapping[str, Any] | None = None,
+              environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The statement for the image `image_name@digest` with these labels; `normalisation` says
-    how its config was made reproducible (builder.reproducible.record), when it was."""
+    how its config was made reproducible (builder.reproducible.record), when it was. Every
+    dependency and the builder are named by URI: the source as `git+<repository URL>@<commit>`,
+    the lock inside it by sha256, the base by package URL and digest, the builder as the CI
+    workflow (`environ`: GitHub Actions' variables) or the tool's package URL."""
     get = image_labels.get
     source = get(labels.OCI + "source") or ""
     revision = get(labels.OCI + "revision") or ""
-    dependencies = [
-        {"uri": f"git+{source}" if source else "git", "digest": {"gitCommit": revision}},
-        {"uri": f"locks/{get(labels.VARIANT, '')}.txt",
-         "digest": {"sha256": get(labels.LOCK_HASH, "")}},
-    ]
+    variant = get(labels.VARIANT, "")
+    repo = f"git+{source}@{revision}" if source.startswith(("https://", "http://")) else ""
+    dependencies = [{"uri": repo, "name": "source", "digest": {"gitCommit": revision},
+                     "annotations": {"role": "source"}}] if repo else []
+    dependencies.append({"uri": f"{repo}#locks/{variant}.txt" if repo
+                         else f"urn:torch-images:lock:{variant}",
+                         "name": f"locks/{variant}.txt", "annotations": {"role": "lock"},
+                         "digest": {"sha256": get(labels.LOCK_HASH, "")}})
     base_digest = get(labels.OCI + "base.digest") or ""
     if base_digest:
-        dependencies.append({"uri": get(labels.OCI + "base.name") or "base",
+        base_name = get(labels.OCI + "base.name") or ""
+        dependencies.append({"uri": base_uri(base_name), "name": base_name,
+                             "annotations": {"role": "base"},
                              "digest": {"sha256": base_digest.removeprefix("sha256:")}})
     return {
         "_type": STATEMENT_TYPE,
@@ -43,20 +54,70 @@ def statement(image_name: str, digest: str, image_labels: Mapping[str, str],
         "predicate": {
             "buildDefinition": {
                 "buildType": BUILD_TYPE,
-                "externalParameters": {"variant": get(labels.VARIANT, ""),
-                                       "source": source, "revision": revision},
+                "externalParameters": {"variant": variant, "source": source,
+                                       "revision": revision},
                 "internalParameters": {"content_hash": get(labels.CONTENT_HASH, ""),
                                        **({"reproducible": dict(normalisation)}
                                           if normalisation else {})},
                 "resolvedDependencies": dependencies,
             },
             "runDetails": {
-                "builder": {"id": f"torch-images builder {__version__}"},
+                "builder": {"id": builder_id(os.environ if environ is None else environ)},
                 "metadata": {"finishedOn": get(labels.OCI + "created")
-                             or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")},
+                             or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                             **invocation(os.environ if environ is None else environ)},
             },
         },
     }
+
+
+def dependencies_by_role(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A statement's resolved dependencies by role (`source`, `lock`, `base`): its
+    `annotations.role`, or, in statements written before dependencies were URIs, a lock's
+    `locks/…` uri and the base in third place. A dependency's `name` is the path or image name
+    (`locks/<id>.txt`, `mmdebstrap:bookworm`)."""
+    definition = ((doc.get("predicate") or {}).get("buildDefinition") or {})
+    deps = [d for d in definition.get("resolvedDependencies") or [] if isinstance(d, dict)]
+    found = {role: d for d in deps if (role := (d.get("annotations") or {}).get("role"))}
+    if found:
+        return found
+    old = {"lock": next((d for d in deps if str(d.get("uri", "")).startswith("locks/")), None),
+           "base": deps[2] if len(deps) > 2 else None}
+    return {role: {**d, "name": d.get("uri", "")} for role, d in old.items() if d}
+
+
+def base_uri(name: str) -> str:
+    """A package URL for the base: `pkg:docker/<name>@<tag>`, or an mmdebstrap bootstrap's
+    `pkg:generic/mmdebstrap@<suite>`."""
+    if name.startswith("mmdebstrap:"):
+        return f"pkg:generic/mmdebstrap@{quote(name.partition(':')[2], safe='')}"
+    repository, _, tag = name.rpartition(":") if ":" in name.split("/")[-1] else (name, "", "")
+    return f"pkg:docker/{quote(repository or 'unknown', safe='/')}" + (
+        f"@{quote(tag, safe='')}" if tag else "")
+
+
+def builder_id(environ: Mapping[str, str]) -> str:
+    """GitHub Actions: the workflow file at its ref (who built and published); elsewhere the
+    tool itself."""
+    if environ.get("GITHUB_WORKFLOW_REF"):
+        server = environ.get("GITHUB_SERVER_URL", "https://github.com")
+        return f"{server}/{environ['GITHUB_WORKFLOW_REF']}"
+    return f"pkg:pypi/torch-images@{__version__}"
+
+
+def invocation(environ: Mapping[str, str]) -> dict[str, str]:
+    if not (environ.get("GITHUB_REPOSITORY") and environ.get("GITHUB_RUN_ID")):
+        return {}
+    server = environ.get("GITHUB_SERVER_URL", "https://github.com")
+    return {"invocationId": f"{server}/{environ['GITHUB_REPOSITORY']}/actions/runs/"
+                            f"{environ['GITHUB_RUN_ID']}/attempts/"
+                            f"{environ.get('GITHUB_RUN_ATTEMPT', '1')}"}
+
+
+def is_uri(text: Any) -> bool:
+    """An absolute URI: a scheme, then something (`git+https://…`, `pkg:…`, `urn:…`)."""
+    parts = urlsplit(text) if isinstance(text, str) else None
+    return bool(parts and parts.scheme and (parts.netloc or parts.path))
 
 
 def problems(doc: Any, digest: str, image_labels: Mapping[str, str]) -> list[str]:
@@ -69,7 +130,13 @@ def problems(doc: Any, digest: str, image_labels: Mapping[str, str]) -> list[str
         found.append(f"its subject is not {digest}")
     if doc.get("predicateType") != PREDICATE_TYPE:
         found.append(f"its predicate is not {PREDICATE_TYPE}")
-    params = (doc.get("predicate") or {}).get("buildDefinition", {}).get("externalParameters", {})
+    definition = (doc.get("predicate") or {}).get("buildDefinition", {})
+    params = definition.get("externalParameters", {})
+    uris = [d.get("uri") for d in definition.get("resolvedDependencies") or []]
+    uris.append(((doc.get("predicate") or {}).get("runDetails", {}).get("builder") or {})
+                .get("id"))
+    if bad := [str(u) for u in uris if not is_uri(u)]:
+        found.append(f"not URIs: {', '.join(bad)}")
     if (params.get("revision") or "") != (image_labels.get(labels.OCI + "revision") or ""):
         found.append("its revision differs from the image's label")
     return found

@@ -41,6 +41,23 @@ class Artifact:
 
 
 @dataclass(frozen=True)
+class Signed:
+    """Where the publisher's cosign signature and attestations of the digest are, and by which
+    key (sha256 of its DER public key, 12 hex digits)."""
+
+    tag: str
+    attestations: str
+    key: str
+
+    def to_json(self) -> dict[str, Any]:
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Signed:
+        return cls(**doc)
+
+
+@dataclass(frozen=True)
 class PlatformEntry:
     """One platform manifest of a multi-platform publication (its index is the record's digest)."""
 
@@ -100,6 +117,9 @@ class Publication:
     provenance: Artifact | None = field(default=None, metadata=OPTIONAL)
     smoke_gpu: bool = False
     allow_cpu_smoke: bool = False
+    signed: bool = False  # the digest carries the publisher's .sig and .att
+    unsigned: bool = False  # --unsigned: staged evidence was not required to be signed
+    signature: Signed | None = field(default=None, metadata=OPTIONAL)
     platforms: tuple[PlatformEntry, ...] = field(default=(), metadata=OPTIONAL)
 
     def to_json(self) -> dict[str, Any]:
@@ -149,8 +169,11 @@ def plain(value: Any) -> Any:
 
 def artifacts_of(doc: Mapping[str, Any]) -> dict[str, Any]:
     """The record's fields with its evidence references as Artifacts."""
-    return {k: Artifact.from_json(v) if k in ("sbom", "smoke_report", "provenance") and v else v
-            for k, v in doc.items()}
+    values = {k: Artifact.from_json(v) if k in ("sbom", "smoke_report", "provenance") and v
+              else v for k, v in doc.items()}
+    if values.get("signature"):
+        values["signature"] = Signed.from_json(values["signature"])
+    return values
 
 
 # ---- published.json ---------------------------------------------------------------------------

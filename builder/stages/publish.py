@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, labels, limits, oci, reproducible
+from builder.core import engine, labels, limits, oci, reproducible, sign
 from builder.core.oci import RegistryError
 from builder.core.output import step
 from builder.stages import evidence, plan, provenance, smoketest
 from builder.stages.evidence import Staged
 from builder.stages.matrix import Matrix
-from builder.stages.publication import Artifact, Publication
+from builder.stages.publication import Artifact, Publication, Signed
 
 MAX_SUFFIX = 99
 
@@ -50,6 +50,7 @@ class Candidate:
     evidence: dict[str, bytes] = field(default_factory=dict)  # kind → the attached file
     smoke_gpu: bool = False
     allow_cpu_smoke: bool = False
+    trust: sign.Trust = sign.UNSIGNED
 
 
 # ---- the gate ---------------------------------------------------------------------------------
@@ -60,8 +61,12 @@ def sbom_file(image_id: str) -> Path:
     return evidence.local_file("sbom", image_id)
 
 
-def gate(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: bool) -> Candidate:
-    cand = Candidate(p, p.local_image)
+def gate(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: bool,
+         trust: sign.Trust = sign.UNSIGNED) -> Candidate:
+    """The staged (else local) image of the plan's content hash, and its evidence, checked:
+    its config is the plan's, its smoke report and SBOM are signed by a trusted key (unless
+    `trust.unsigned`), the report passed every check on this very image, the SBOM is valid."""
+    cand = Candidate(p, p.local_image, trust=trust)
     cand.staged = evidence.find_staged(matrix, p.hash_tag)
     cand.image_id = cand.staged.image_id if cand.staged else _local_image(cand)
     if cand.reason:
@@ -70,7 +75,8 @@ def gate(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: bool) -> Ca
         data = evidence.fetch(cand.staged, kind) if cand.staged else _local_evidence(cand, kind)
         if data is not None:
             cand.evidence[kind] = data
-    cand.reason = _smoke_gate(cand, allow_cpu_smoke) or _sbom_gate(cand)
+    cand.reason = (_staged_config_gate(cand) or _signed_gate(cand)
+                   or _smoke_gate(cand, allow_cpu_smoke) or _sbom_gate(cand))
     return cand
 
 
@@ -86,6 +92,56 @@ def _local_image(cand: Candidate) -> str:
         cand.reason = (f"stale image: its content hash {have[:12] or '(none)'} is not the plan's "
                        f"{cand.planned.content_hash[:12]}; rebuild it (builder build)")
     return info["Id"]
+
+
+def config_problem(p: plan.PlannedVariant, config: dict[str, Any]) -> str:
+    """What makes an image config (from the registry) not the plan's image: its content hash,
+    lock hash, os and architecture must all be the plan's."""
+    found = (config.get("config") or {}).get("Labels") or {}
+    want_os, _, want_arch = p.variant.platform.partition("/")
+    wanted = {f"label {labels.CONTENT_HASH}": (found.get(labels.CONTENT_HASH), p.content_hash),
+              f"label {labels.LOCK_HASH}": (found.get(labels.LOCK_HASH), p.lock_hash),
+              "os": (config.get("os"), want_os),
+              "architecture": (config.get("architecture"), want_arch.split("/")[0])}
+    wrong = [f"{what} {have!r} is not the plan's {want!r}"
+             for what, (have, want) in wanted.items() if have != want]
+    return "; ".join(wrong)
+
+
+def _staged_config_gate(cand: Candidate) -> str:
+    if cand.staged is None:
+        return ""
+    problem = config_problem(cand.planned, evidence.image_config(cand.staged))
+    return f"the staged image {cand.staged.digest[:19]} is not the plan's: {problem}" if problem \
+        else ""
+
+
+EVIDENCE_NAMES = {"smoke": "smoke report", "sbom": "SBOM"}
+
+
+def _signed_gate(cand: Candidate) -> str:
+    """Staged evidence counts only as signed by a trusted key: the gate reads the attested
+    documents, and a file attached beside them must be the same document."""
+    if cand.staged is None or cand.trust.unsigned:
+        return ""  # a local image's evidence was made here: signed when publish stages it
+    files, problems = evidence.signed(cand.staged, list(cand.trust.keys))
+    reg = oci.Registry(cand.staged.registry)
+    for kind, name in EVIDENCE_NAMES.items():
+        if kind not in files:
+            return (f"the staged {name} has no attestation signed by a trusted key: "
+                    f"{problems[kind]} (sign where it is made with --key, or publish --unsigned)")
+        attached = reg.fetch_artifact(cand.staged.repository, cand.staged.digest, kind)
+        if attached is not None and _parsed(attached) != json.loads(files[kind]):
+            return f"the attached {name} differs from its signed attestation"
+        cand.evidence[kind] = files[kind]
+    return ""
+
+
+def _parsed(data: bytes) -> Any:
+    try:
+        return limits.parse_json(data)
+    except ValueError:
+        return None
 
 
 def _local_evidence(cand: Candidate, kind: str) -> bytes | None:
@@ -107,8 +163,11 @@ def _smoke_gate(cand: Candidate, allow_cpu_smoke: bool) -> str:
     if accel != cand.planned.variant.accelerator:
         want = cand.planned.variant.accelerator
         return f"the smoke report checked a `{accel}` image, not a `{want}` one"
-    if (report.get("image") or {}).get("id") not in (None, cand.image_id):
-        return "the smoke report is of another image"
+    ran_on = (report.get("image") or {}).get("id")
+    if ran_on != cand.image_id:
+        return f"the smoke report ran on image {ran_on}, not on {cand.image_id[:19]}"
+    if lacking := smoketest.required_checks_missing(report):
+        return f"the smoke report lacks required checks: {', '.join(lacking)}"
     gpu_passed = not smoketest.gpu_checks_not_run(report["checks"])  # the suite's own rule
     cand.smoke_gpu = is_cuda and bool(report.get("require_gpu")) and gpu_passed
     cand.allow_cpu_smoke = is_cuda and not cand.smoke_gpu  # the waiver was needed, and used
@@ -156,7 +215,7 @@ def stage(matrix: Matrix, cand: Candidate) -> Staged:
     there too, so the next machine finds it."""
     staged = cand.staged or evidence.stage(matrix, cand.image_id, cand.planned.hash_tag)
     for kind, data in cand.evidence.items():
-        evidence.attach(staged, kind, data)
+        evidence.attach(staged, kind, data, key=cand.trust.key)
     return staged
 
 
@@ -168,19 +227,32 @@ def promote(matrix: Matrix, staged: Staged) -> Staged:
     return Staged(matrix.registry, matrix.repository, staged.descriptor, staged.image_id)
 
 
-def attach(vetted: Staged, kind: str, data: bytes) -> dict[str, str]:
-    return evidence.attach(vetted, kind, data)
+def attach(vetted: Staged, kind: str, data: bytes, trust: sign.Trust) -> dict[str, str]:
+    return evidence.attach(vetted, kind, data, key=trust.key)
 
 
-def attach_provenance(vetted: Staged) -> dict[str, str]:
-    """The SLSA provenance statement, from the image's labels in the registry."""
+def attach_provenance(vetted: Staged, trust: sign.Trust) -> dict[str, str]:
+    """The SLSA provenance statement, from the image's labels in the registry; it says when
+    the staged evidence was taken unsigned (--unsigned)."""
     config = evidence.image_config(vetted)
     doc = provenance.statement(f"{vetted.registry}/{vetted.repository}", vetted.digest,
                                (config.get("config") or {}).get("Labels") or {},
                                reproducible.record(config))
+    if trust.unsigned:
+        doc["predicate"]["buildDefinition"]["internalParameters"]["unsigned_staging"] = True
     data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
     return evidence.attach(vetted, "provenance", data, provenance.MEDIA_TYPE,
-                           "provenance.intoto.json")
+                           "provenance.intoto.json", key=trust.key)
+
+
+def sign_digest(vetted: Staged, trust: sign.Trust) -> dict[str, Any]:
+    """Sign the promoted manifest or index (cosign's `.sig`); its publication fields."""
+    if trust.key is None:
+        return {"signed": False, "unsigned": trust.unsigned}
+    sign.sign_image(oci.Registry(vetted.registry), vetted.repository, vetted.digest, trust.key)
+    return {"signed": True, "unsigned": trust.unsigned,
+            "signature": Signed(sign.sig_tag(vetted.digest), sign.att_tag(vetted.digest),
+                                sign.key_id(trust.key.public))}
 
 
 # ---- one variant ------------------------------------------------------------------------------
@@ -203,16 +275,19 @@ def dry_run_entry(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
 def promote_with_evidence(matrix: Matrix, cand: Candidate
                           ) -> tuple[Staged, dict[str, dict[str, str]]]:
     """The gated image in the vetted repository by digest, with SBOM, smoke report and
-    provenance attached to that digest; no tag points at it yet."""
+    provenance attached to that digest and (with a key) their signed attestations; no tag
+    points at it yet (sign_digest signs it next)."""
+    trust = cand.trust
     vetted = promote(matrix, stage(matrix, cand))
-    refs = {"sbom": attach(vetted, "sbom", cand.evidence["sbom"]),
-            "smoke_report": attach(vetted, "smoke", cand.evidence["smoke"]),
-            "provenance": attach_provenance(vetted)}
+    refs = {"sbom": attach(vetted, "sbom", cand.evidence["sbom"], trust),
+            "smoke_report": attach(vetted, "smoke", cand.evidence["smoke"], trust),
+            "provenance": attach_provenance(vetted, trust)}
     return vetted, refs
 
 
 def publication(matrix: Matrix, cand: Candidate, digest: str, dated: str,
-                tags: list[str], refs: dict[str, dict[str, str]]) -> Publication:
+                tags: list[str], refs: dict[str, dict[str, str]],
+                signed: dict[str, Any] | None = None) -> Publication:
     """The published.json record of one image."""
     p = cand.planned
     date = today()
@@ -230,7 +305,7 @@ def publication(matrix: Matrix, cand: Candidate, digest: str, dated: str,
         cudnn=facts.get("cudnn"), nccl=facts.get("nccl"),
         min_driver=facts.get("min_driver"), flavor=p.variant.flavor,
         **{kind: Artifact.from_json(ref) for kind, ref in refs.items()},
-        smoke_gpu=cand.smoke_gpu, allow_cpu_smoke=cand.allow_cpu_smoke,
+        smoke_gpu=cand.smoke_gpu, allow_cpu_smoke=cand.allow_cpu_smoke, **(signed or {}),
     )
 
 
@@ -242,8 +317,10 @@ def publish_one(matrix: Matrix, cand: Candidate) -> Publication:
     """
     p = cand.planned
     vetted, refs = promote_with_evidence(matrix, cand)
+    signed = sign_digest(vetted, cand.trust)
     tag = write_tags(vetted, p.floating_tag, [p.hash_tag, *p.tags])
-    return publication(matrix, cand, vetted.digest, tag, [tag, p.hash_tag, *p.tags], refs)
+    return publication(matrix, cand, vetted.digest, tag, [tag, p.hash_tag, *p.tags], refs,
+                       signed)
 
 
 def write_tags(vetted: Staged, floating: str, tags: list[str]) -> str:
@@ -261,8 +338,8 @@ def tag_image(vetted: Staged, tag: str) -> None:
 
 
 def publish_variant(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: bool,
-                    dry_run: bool) -> dict[str, Any]:
-    cand = gate(matrix, p, allow_cpu_smoke=allow_cpu_smoke)
+                    dry_run: bool, trust: sign.Trust = sign.UNSIGNED) -> dict[str, Any]:
+    cand = gate(matrix, p, allow_cpu_smoke=allow_cpu_smoke, trust=trust)
     if cand.reason:
         step(f"  [{p.variant.id}] refused: {cand.reason}")
         return {"id": p.variant.id, "status": "refused", "reason": cand.reason,

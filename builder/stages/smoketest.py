@@ -22,7 +22,7 @@ from typing import Any
 from builder.core import engine, labels, state
 from builder.core.errors import BuilderError, CommandFailed, EngineError
 from builder.stages import gpuhost, platforms
-from smoke import OK_STATUSES, SCHEMA_VERSION
+from smoke import OK_STATUSES, SCHEMA_VERSION, STATUSES
 from smoke.checks import CHECKS, gpu_checks_not_run, timeout_for
 from smoke.host import PROBE_TIMEOUT_S
 from smoke.runner import KILL_GRACE_S
@@ -226,6 +226,13 @@ def summary(report: dict[str, Any] | None) -> str:
     degraded = [c.get("name", "?") for c in checks if c.get("status") == "degraded"]
     parts += [f"{', '.join(degraded)} degraded"] if degraded else []
     return "pass" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def required_checks_missing(report: dict[str, Any]) -> list[str]:
+    """The suite's checks that the report does not list with a status: every one is required
+    (one that does not apply to a flavor reports `skip`, saying why)."""
+    have = {c.get("name") for c in report.get("checks") or [] if c.get("status") in STATUSES}
+    return [name for name in CHECKS if name not in have]
 
 
 def report_passed(report: dict[str, Any] | None, *, require_gpu: bool) -> tuple[bool, str]:

@@ -65,3 +65,16 @@ def remove_images_of(matrix_path: Path) -> None:
                          f"reference={data['registry']}/{data['repository']}:*").stdout.split()
     for ref in refs:
         engine.remove_image(ref)
+
+
+def amd64_matrix(folder: Path, addr: str) -> Path:
+    """The shipped matrix with its registry moved to `addr`, linux/amd64 only (the emulated
+    arm64 build, ~30 min, is the bench's: python -m bench arm64); returns its path."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    data["registry"] = addr
+    data.setdefault("exclude", []).append({"platform": "linux/arm64"})
+    path = folder / "matrix.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path

@@ -14,8 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
-from helpers import free_port, run_builder
+from helpers import amd64_matrix, free_port, run_builder
 
 from builder.core import engine, labels, registry
 
@@ -33,12 +32,7 @@ def env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
     port = free_port()
     addr = f"127.0.0.1:{port}"
-    data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
-    data["registry"] = addr
-    # linux/amd64 only: the emulated arm64 build (~30 min) is the bench's (python -m bench arm64).
-    data.setdefault("exclude", []).append({"platform": "linux/arm64"})
-    matrix_path = tmp / "matrix.yaml"
-    matrix_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    matrix_path = amd64_matrix(tmp, addr)
     storage = tmp / "registry"
     registry.start(addr, storage)
     made: list[str] = []
@@ -230,9 +224,10 @@ def _components(doc):
 
 def test_publish_and_pull_back_by_digest(env, built):
     manifest = env["tmp"] / "published.json"
-    builder(env, "publish", "--select", f"id={CPU}", "--manifest", str(manifest))
+    # Unsigned here (recorded); tests/e2e/test_signing.py publishes signed.
+    builder(env, "publish", "--select", f"id={CPU}", "--manifest", str(manifest), "--unsigned")
     builder(env, "publish", "--select", f"id={SLIM}", "--allow-cpu-smoke",
-            "--manifest", str(manifest))
+            "--manifest", str(manifest), "--unsigned")
     published = json.loads(manifest.read_text())
     text = json.dumps(published)
     for variant in (CPU, SLIM):
@@ -289,7 +284,7 @@ def test_three_machines_share_state_only_through_the_registry(env, built, tmp_pa
     third = {**os.environ, "BUILDER_STATE": str(tmp_path / "third")}
     manifest = tmp_path / "published.json"
     run_builder("publish", "--select", f"id={CPU}", "--manifest", str(manifest), "--json",
-                matrix=env["matrix"], env=third)
+                "--unsigned", matrix=env["matrix"], env=third)
     [pub] = json.loads(manifest.read_text())["variants"][CPU]["publications"]
     assert pub["digest"] == staged.rsplit("@", 1)[1]
 

@@ -86,7 +86,8 @@ def scratch_variant(tmp_path: Path, m: matrix.Matrix, variant: matrix.Variant,
     p = plan.plan_variant(m, variant, ROOT / "locks", None, "smoke")
     p = dataclasses.replace(p, content_hash=uuid.uuid4().hex * 2)
     image_id = scratch_image(tmp_path, f"{m.image_name}:{p.local_tag}", variant.platform,
-                             made, {labels.CONTENT_HASH: p.content_hash})
+                             made, {labels.CONTENT_HASH: p.content_hash,
+                                    labels.LOCK_HASH: p.lock_hash})
     return p, image_id
 
 
@@ -129,7 +130,8 @@ def test_publish_joins_a_variants_platforms_under_its_tags(tmp_path: Path, regis
         assert reg.head(m.repository, p.hash_tag).digest == child["digest"]
     # `builder verify` of the index checks each platform's manifest and its evidence.
     _, rows = verify.verify(verify.Reference(registry_addr, m.repository, result["digest"]))
-    assert {r.what.split()[0] for r in rows} == {"linux/amd64", "linux/arm64"}
+    assert rows[0].what == "signature" and rows[0].status == verify.UNSIGNED
+    assert {r.what.split()[0] for r in rows[1:]} == {"linux/amd64", "linux/arm64"}
     doc = json.loads((tmp_path / "published.json").read_text())
     [pub] = doc["variants"][VARIANT]["publications"]
     assert [x["platform"] for x in pub["platforms"]] == ["linux/amd64", "linux/arm64"]

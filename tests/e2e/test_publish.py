@@ -23,6 +23,7 @@ from helpers import free_port
 from builder.core import engine, labels, oci, registry
 from builder.core.oci import RegistryError
 from builder.stages import evidence, matrix, multiarch, plan, publication, publish, smoketest
+from smoke.checks import CHECKS, GPU_CHECKS
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_ID = "2.13.0-py3.11-cpu-runtime"
@@ -57,7 +58,9 @@ def get_manifest(addr: str, repo: str, ref: str) -> dict[str, Any]:
 def smoke_report(image_id: str, accelerator: str, *, status: str = "pass",
                  require_gpu: bool = False) -> dict[str, Any]:
     gpu = "pass" if require_gpu else "substituted"
-    checks = {"env": status, "cuda": "pass" if require_gpu else "skip", "cudnn_conv": gpu}
+    # Every check of the suite (the gate requires them all), GPU ones as a CPU host runs them.
+    checks = {name: (gpu if name in GPU_CHECKS else status) for name in CHECKS}
+    checks["cuda"] = "pass" if require_gpu else "skip"
     return {
         "schema_version": 1, "image": {"ref": None, "id": image_id, "digest": None},
         "facts": {"accelerator": accelerator, "torch": "2.15.0", "python": "3.11"},
@@ -114,6 +117,7 @@ class Images:
         (ctx / "Dockerfile").write_text("FROM scratch\nCOPY nonce /nonce\n")
         ref = p.local_image
         engine.docker("build", "-q", "-t", ref, "--label", f"{labels.CONTENT_HASH}={content_hash}",
+                      "--label", f"{labels.LOCK_HASH}={p.lock_hash}",
                       "--label", f"{labels.ACCELERATOR}={p.variant.accelerator}", str(ctx))
         image_id = engine.inspect_image(ref)["Id"]
         self.ids.append(image_id)

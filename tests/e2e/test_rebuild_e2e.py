@@ -95,8 +95,10 @@ def builder(env, *args: str, check: bool = True) -> subprocess.CompletedProcess[
 
 
 def rebuild(env, *args: str) -> subprocess.CompletedProcess[str]:
+    """`builder rebuild`; one that may publish does so unsigned (test_signing signs)."""
+    unsigned = () if "--check" in args or "--dry-run" in args else ("--unsigned",)
     return builder(env, "rebuild", "--select", f"id={CPU}", "--manifest", str(env["manifest"]),
-                   *args, check=False)
+                   *args, *unsigned, check=False)
 
 
 def check_json(env, *args: str) -> tuple[int, dict]:
@@ -126,7 +128,8 @@ def publications(env) -> list[dict]:
 @pytest.fixture(scope="module")
 def published(env):
     builder(env, "build", "--select", f"id={CPU}", "--force")
-    builder(env, "publish", "--select", f"id={CPU}", "--manifest", str(env["manifest"]))
+    builder(env, "publish", "--select", f"id={CPU}", "--manifest", str(env["manifest"]),
+            "--unsigned")
     [pub] = publications(env)
     assert registry_digest(env, FLOATING) == pub["digest"]
     return pub

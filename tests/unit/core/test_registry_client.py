@@ -556,7 +556,8 @@ def test_verify_refuses_a_nested_index_and_a_made_up_platform(fake: Server) -> N
          "platform": {"os": "plan9", "architecture": "mips"}}]})
     fake.ping_ok()
     store.serve(fake)
-    _, rows = verify.verify(verify.Reference(fake.addr, "repo", outer))
+    _, [signature, *rows] = verify.verify(verify.Reference(fake.addr, "repo", outer))
+    assert (signature.what, signature.status) == ("signature", verify.UNSIGNED)  # no --key
     assert [(r.what, r.status) for r in rows] == [
         ("linux/amd64 manifest", verify.BAD), ("plan9/mips manifest", verify.BAD)]
     assert "nested index" in rows[0].detail and "linux/amd64" in rows[1].detail

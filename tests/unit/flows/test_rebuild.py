@@ -7,10 +7,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
 from records import publication
 
 from builder.commands import rebuild as rebuild_cmd
-from builder.core import labels
+from builder.core import labels, sign
 from builder.core.errors import BuilderError
 from builder.flows import rebuild
 from builder.stages.matrix import Base, Variant
@@ -184,7 +185,8 @@ def test_rebuild_builds_with_apt_refresh_and_publishes(clean, tmp_path: Path) ->
     assert variants == [CPU] and options.apt_refresh == "20250101-ab" and options.force
     assert options.smoke and options.sbom and options.locks == Path("locks")
     assert published == [{"planned": ["planned"], "allow_cpu_smoke": True, "dry_run": False,
-                          "manifest": Path("p.json"), "locks_dir": Path("locks")}]
+                          "manifest": Path("p.json"), "locks_dir": Path("locks"),
+                          "trust": sign.UNSIGNED}]
     assert a.changelog["changed"][0]["name"] == "libssl3"
 
 
@@ -252,3 +254,40 @@ def test_cli_rebuild_nothing_to_do(clean, tmp_path: Path, capsys) -> None:
     assert "nothing rebuilt, nothing pushed" in capsys.readouterr().out
 
 
+
+
+def test_apt_asks_in_an_unprivileged_container(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The published image is not trusted: no host network, nobody's uid, read-only root."""
+    calls = []
+
+    def run_container(name, args, **kw):
+        calls.append(args)
+        return SimpleNamespace(returncode=0, stdout="Listing...\n", stderr="")
+
+    monkeypatch.setattr(rebuild.engine, "run_container", run_container)
+    assert rebuild.debian_upgradable("img") == {}
+    [args] = calls
+    line = " ".join(args)
+    assert "--network host" not in line and "--network bridge" in line
+    assert "--user 65534:65534" in line and "--read-only" in line
+    assert "--cap-drop ALL" in line and "no-new-privileges" in line
+    assert "Dir::State::Lists=/tmp/apt/lists" in line
+
+
+def test_a_signed_publication_is_not_run_unverified() -> None:
+    signed = publication(content_hash=HASH, signed=True)
+    assert "give --trust-key" in rebuild.signature_problem(signed, ())
+    assert rebuild.signature_problem(publication(content_hash=HASH), ()) == ""
+
+
+def test_an_image_whose_signature_fails_is_not_run(clean, monkeypatch) -> None:
+    key = sign.SigningKey(ec.generate_private_key(ec.SECP256R1()))
+
+    def refuse(reg, repository, digest, keys):
+        raise sign.SignatureError("no signature")
+
+    monkeypatch.setattr(rebuild.sign, "verify_image", refuse)
+    monkeypatch.setattr(rebuild, "debian_upgradable", lambda image: pytest.fail("it ran"))
+    findings = rebuild.check(None, [CPU], Path("p.json"), keys=(key.public,))  # type: ignore[arg-type]
+    [debian] = [f for f in findings if f.reason == "debian-security"]
+    assert debian.status == rebuild.UNKNOWN and "not run: its signature" in debian.detail

