@@ -78,3 +78,22 @@ def amd64_matrix(folder: Path, addr: str) -> Path:
     path = folder / "matrix.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def smoke_with_fake_docker(tmp_path: Path, script: str, log: Path) -> subprocess.Popen[str]:
+    """`builder smoke img:tag` with `script` as its docker (BUILDER_DOCKER), returned once the
+    fake `docker run` wrote `started` into `log` (so a signal then reaches a running child)."""
+    import time
+
+    docker = tmp_path / "docker"
+    docker.write_text(script)
+    docker.chmod(0o755)
+    env = {**os.environ, "BUILDER_DOCKER": str(docker), "BUILDER_STATE": str(tmp_path / "state"),
+           "PATH": "/usr/bin:/bin"}
+    tool = subprocess.Popen([sys.executable, "-m", "builder", "smoke", "img:tag"], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (log.exists() and "started" in log.read_text()):
+        assert time.monotonic() < deadline and tool.poll() is None, tool.communicate()
+        time.sleep(0.05)
+    return tool

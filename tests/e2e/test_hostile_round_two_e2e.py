@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import free_port, run_builder
+from helpers import free_port, run_builder, smoke_with_fake_docker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,18 +81,8 @@ esac
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_kills_the_smoke_container_and_exits_within_3_s(tmp_path, signum):
-    docker = tmp_path / "docker"
-    docker.write_text(SLOW_TO_STOP.format(dir=tmp_path))
-    docker.chmod(0o755)
     log = tmp_path / "log"
-    env = {**os.environ, "BUILDER_DOCKER": str(docker), "BUILDER_STATE": str(tmp_path / "state"),
-           "PATH": "/usr/bin:/bin"}
-    tool = subprocess.Popen([sys.executable, "-m", "builder", "smoke", "img:tag"], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not (log.exists() and "started" in log.read_text()):
-        assert time.monotonic() < deadline and tool.poll() is None, tool.communicate()
-        time.sleep(0.05)
+    tool = smoke_with_fake_docker(tmp_path, SLOW_TO_STOP.format(dir=tmp_path), log)
     signalled = time.monotonic()
     tool.send_signal(signum)  # to the Python process alone, as `timeout` and CI runners do
     _, stderr = tool.communicate(timeout=30)

@@ -14,6 +14,7 @@ is `unknown` (exit 2), never clean; the test checks that once and skips that sou
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -71,7 +72,7 @@ def env(tmp_path_factory):
         made.append(make_base(tmp, "base-1", f"FROM {base.local_ref(SOURCE_BASE)}\n"
                               "LABEL io.torch-images.e2e=rebuild\n"))
         yield {"matrix": matrix_path, "addr": addr, "tmp": tmp, "manifest": manifest,
-               "made": made}
+               "made": made, "state": tmp / "state"}  # never the user's .state/ (#25)
     finally:
         registry.stop(storage)
         refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
@@ -91,7 +92,8 @@ def env(tmp_path_factory):
 
 
 def builder(env, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return run_builder(*args, matrix=env["matrix"], check=check)
+    return run_builder(*args, matrix=env["matrix"], check=check,
+                       env={**os.environ, "BUILDER_STATE": str(env["state"])})
 
 
 def rebuild(env, *args: str) -> subprocess.CompletedProcess[str]:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import smoke_with_fake_docker
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -39,17 +40,7 @@ esac
 def test_signal_stops_the_smoke_container_and_exits_128_plus_signal(
         tmp_path: Path, signum: int, code: int, name: str) -> None:
     log = tmp_path / "docker.log"
-    docker = tmp_path / "docker"
-    docker.write_text(FAKE_DOCKER.format(log=log))
-    docker.chmod(0o755)
-    env = {**os.environ, "BUILDER_DOCKER": str(docker), "BUILDER_STATE": str(tmp_path / "state"),
-           "PATH": "/usr/bin:/bin"}
-    tool = subprocess.Popen([sys.executable, "-m", "builder", "smoke", "img:tag"], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while not (log.exists() and "started" in log.read_text()):
-        assert time.monotonic() < deadline and tool.poll() is None, tool.communicate()
-        time.sleep(0.05)
+    tool = smoke_with_fake_docker(tmp_path, FAKE_DOCKER.format(log=log), log)
     tool.send_signal(signum)  # to the Python process alone, as `timeout` and CI do
     _, stderr = tool.communicate(timeout=30)
     assert tool.returncode == code, stderr
