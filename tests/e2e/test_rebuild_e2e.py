@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,8 @@ pytestmark = pytest.mark.docker
 
 CPU = "2.13.0-py3.11-cpu-runtime"
 FLOATING = "2.13.0-py3.11-cpu-runtime"
-BASE_REF = "torch-images-e2e-base:rebuild"
+# Unique per run: concurrent runs (two checkouts, parallel CI jobs) must not move each other's base.
+BASE_REF = f"torch-images-e2e-base:rebuild-{uuid.uuid4().hex[:8]}"
 SOURCE_BASE = Base("mmdebstrap:bookworm")
 NEW_PACKAGE = "less"  # not in the images (OS_PACKAGES_APT): the SBOM diff must list it
 SKIP = ("--skip-source", "python-vuln")
