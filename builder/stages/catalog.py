@@ -25,10 +25,11 @@ from builder.core import labels, oci, sign, state
 from builder.core.errors import BuilderError
 from builder.stages import provenance
 from sbom.diff import diff_sboms, iter_components
+from smoke.host import host_summary
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schema" / "catalog.schema.json"
 SCHEMA_VERSION = 1
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 WORKERS = 8  # parallel registry requests; loopback and remote registries both serve this many
 
 ARTIFACT_TAG = re.compile(r"^sha256-([0-9a-f]{64})\.([a-z]+)$")
@@ -295,12 +296,13 @@ def sbom_summary(doc: dict[str, Any]) -> dict[str, Any]:
 
 def smoke_summary(doc: dict[str, Any]) -> dict[str, Any]:
     host = doc.get("host") or {}
+    used = host.get("cuda_devices")
     gpus = [{"name": g.get("name", "?"), "capability": g.get("capability")}
-            for g in host.get("gpus") or []]
+            for g in (used if used is not None else host.get("gpus")) or []]
     return {"status": doc.get("status"), "require_gpu": bool(doc.get("require_gpu")),
             "finished": doc.get("finished"), "emulated": bool(doc.get("emulated")),
             "host": {"gpus": gpus, "driver": host.get("driver"), "machine": host.get("machine"),
-                     "cpu_count": host.get("cpu_count")},
+                     "cpu_count": host.get("cpu_count"), "summary": host_summary(host)},
             "checks": [{"name": c.get("name", "?"), "status": c.get("status", "?"),
                         "message": (c.get("message") or "")[:200]}
                        for c in doc.get("checks") or []],

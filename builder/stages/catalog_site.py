@@ -88,8 +88,9 @@ def smoke_line(smoke: dict[str, Any]) -> str:
         return "no smoke report"
     host = smoke.get("host") or {}
     gpus = host.get("gpus") or []
-    if gpus:
-        where = f"{len(gpus)}× {gpus[0]['name']}, driver {host.get('driver') or '?'}"
+    if gpus:  # the devices CUDA used (smoke.host's line), else what the driver listed
+        where = host.get("summary") or \
+            f"{len(gpus)}× {gpus[0]['name']}, driver {host.get('driver') or '?'}"
     else:
         where = "CPU host: GPU checks substituted"
     emulated = " (emulated)" if smoke.get("emulated") else ""

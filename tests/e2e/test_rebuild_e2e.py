@@ -220,3 +220,15 @@ def test_moved_base_is_rebuilt_and_republished(env, published):
     # the new image answers every source again
     code, out = check_json(env, *SKIP)
     assert (code, out["findings"]) == (0, []), out
+
+    # the catalog, from the registry alone, shows both dated builds of the real image: the
+    # second's changelog names the package the base gained, and why `rebuild` rebuilt it
+    site = env["tmp"] / "site"
+    run_builder("catalog", f"{env['addr']}/torch", "--out", str(site))
+    history = {v["tag"]: v for v in json.loads((site / "catalog.json").read_text())["variants"]}
+    entries = history[FLOATING]["history"]
+    assert [e["tag"] for e in entries] == [old["dated_tag"], new["dated_tag"]]
+    assert entries[1]["reasons"] == ["base-moved"]
+    assert NEW_PACKAGE in [c["name"] for c in entries[1]["changes"]["added"]]
+    page = (site / "tags" / f"{new['dated_tag']}.html").read_text()
+    assert f"+ deb/{NEW_PACKAGE} " in page and "base-moved" in page

@@ -157,3 +157,15 @@ def test_the_cuda_architectures_come_from_the_smoke_report() -> None:
     assert catalog.arch_list([env, cuda]) == ["sm_80", "sm_90"]  # the wheel's own list first
     assert catalog.arch_list([cuda]) == ["sm_90"]  # an older suite, on a GPU
     assert catalog.arch_list([{"name": "env", "metrics": {"actual": {}}}]) is None
+
+
+def test_a_gpu_smoke_report_names_the_devices_cuda_used_and_the_driver() -> None:
+    spec = Spec(torch="2.15.0", python="3.11", flavor="slim", cuda="13.2")
+    report = smoke_report(spec, "linux/amd64", D2)
+    report["host"] |= {"driver": "580.95.05", "driver_cuda": "13.0", "cuda_devices": [
+        {"index": i, "name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "memory": 81559,
+         "mig": False} for i in range(2)]}
+    smoke = catalog.summarise("smoke", json.dumps(report).encode(), D1)
+    line = catalog_site.smoke_line({"present": True, **smoke})
+    assert line.startswith("pass on CUDA used 2 × NVIDIA H100 80GB HBM3 (sm 9.0, 80 GiB)")
+    assert line.endswith("driver 580.95.05 (CUDA 13.0)")
