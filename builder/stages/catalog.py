@@ -23,7 +23,7 @@ from typing import Any
 
 from builder.core import labels, oci, sign, state
 from builder.core.errors import BuilderError
-from builder.stages import provenance
+from builder.stages import provenance, publication
 from sbom.diff import diff_sboms, iter_components
 from smoke.host import host_summary
 
@@ -553,12 +553,4 @@ def same_facts(doc: dict[str, Any], previous: Path) -> bool:
 
 def validate(doc: dict[str, Any]) -> None:
     """Raise when `doc` does not match the shipped JSON Schema (a bug: the code wrote it)."""
-    import jsonschema  # slow import; only when validating
-
-    schema = json.loads(SCHEMA_PATH.read_text())
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=str)
-    if errors:
-        where = "/".join(str(x) for x in errors[0].absolute_path)
-        raise BuilderError(f"catalog.json: {where}: {errors[0].message}",
-                           hint=f"schema: {SCHEMA_PATH}")
-
+    publication.validate(doc, Path("catalog.json"), SCHEMA_PATH)

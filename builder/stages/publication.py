@@ -219,15 +219,17 @@ def check(path: Path) -> None:
                            hint="--manifest names where the publication record is kept")
 
 
-def validate(doc: Any, path: Path) -> None:
+def validate(doc: Any, path: Path, schema_path: Path = SCHEMA_PATH) -> None:
+    """Raise naming `path` and the first place where `doc` does not match the schema (the
+    publication record's, or another document's such as catalog.json)."""
     import jsonschema  # slow import; only when validating
 
-    schema = json.loads(SCHEMA_PATH.read_text())
+    schema = json.loads(schema_path.read_text())
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=str)
     if errors:
         where = "/".join(str(x) for x in errors[0].absolute_path)
         raise BuilderError(f"{path}: {where}: {errors[0].message}",
-                           hint=f"schema: {SCHEMA_PATH}")
+                           hint=f"schema: {schema_path}")
 
 
 def record(path: Path, publications: Mapping[str, Publication]) -> None:
