@@ -417,6 +417,9 @@ def collect(source: Source, site: Path, cache_path: Path | None, *, keys: list[A
         "images": dict(sorted(images.items())),
         "variants": variants(by_tag, images),
     }
+    for image in images.values():  # the changelogs are made: the SBOM itself is downloadable
+        for platform in image["platforms"]:
+            platform["evidence"]["sbom"].pop("components", None)
     return doc, cache.fetched
 
 
