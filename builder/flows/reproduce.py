@@ -114,7 +114,8 @@ def rebuild(src: Path, rec: Recorded, matrix: Path | None, state: Path) -> str:
     without the registry's cache (that would hand back the published layers); returns the
     image id."""
     argv = [sys.executable, "-m", "builder", "build", "--select", f"id={rec.variant}",
-            "--force", "--no-smoke", "--no-sbom", "--no-registry-cache", "--json",
+            "--select", "platform=linux/amd64", "--force", "--no-smoke", "--no-sbom",
+            "--no-registry-cache", "--json",
             *(["--matrix", str(matrix.resolve())] if matrix else [])]
     env = {**os.environ, "BUILDER_STATE": str(state), "PYTHONPATH": str(src)}
     step(f"rebuilding {rec.variant} from {rec.revision[:12]} (log: {state / 'logs'})")
