@@ -297,19 +297,26 @@ def envelope(key: SigningKey, doc: dict[str, Any]) -> bytes:
     return json.dumps(env.to_dict(), separators=(",", ":")).encode()
 
 
-def open_envelope(data: bytes, keys: list[ec.EllipticCurvePublicKey], digest: str
-                  ) -> dict[str, Any]:
-    """The statement in a DSSE envelope signed by one of `keys` whose subject is `digest`;
-    SignatureError saying what is wrong otherwise."""
+def verify_envelope(data: bytes, keys: list[ec.EllipticCurvePublicKey]) -> Envelope:
+    """A DSSE envelope one of whose signatures (over its pre-authentication encoding)
+    verifies against one of `keys`; SignatureError otherwise."""
     try:
         env = Envelope.from_dict(json.loads(data))
     except (ValueError, KeyError, TypeError, AttributeError):
         raise SignatureError("not a DSSE envelope") from None
-    if env.payload_type != INTOTO_PAYLOAD:
-        raise SignatureError(f"its payload type is {env.payload_type!r}, not {INTOTO_PAYLOAD}")
     pae = env.pae()
     if not any(verifies(keys, pae, bytes.fromhex(s.signature)) for s in env.signatures.values()):
         raise SignatureError("its signature does not verify against the trusted key(s)")
+    return env
+
+
+def open_envelope(data: bytes, keys: list[ec.EllipticCurvePublicKey], digest: str
+                  ) -> dict[str, Any]:
+    """The statement in a DSSE envelope signed by one of `keys` whose subject is `digest`;
+    SignatureError saying what is wrong otherwise."""
+    env = verify_envelope(data, keys)
+    if env.payload_type != INTOTO_PAYLOAD:
+        raise SignatureError(f"its payload type is {env.payload_type!r}, not {INTOTO_PAYLOAD}")
     try:
         doc = json.loads(env.payload)
         subjects = [s["digest"]["sha256"] for s in doc["subject"]]

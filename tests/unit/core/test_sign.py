@@ -160,6 +160,31 @@ def test_signature_verifies_only_with_its_key_its_digest_and_its_repository() ->
         sign.verify_image(reg, "torch", "sha256:" + "c" * 64, [key.public])  # type: ignore[arg-type]
 
 
+def test_an_attestation_made_by_cosign_verifies_and_ours_has_its_shape() -> None:
+    """cosign's DSSE envelope (kyverno's fixture, see tests/fixtures/cosign/README.md): its
+    signature verifies over the same pre-authentication encoding we sign, and our envelope and
+    statement have its fields."""
+    data = (FIXTURE / "attestation-1.dsse.json").read_bytes()
+    key = sign.load_public(FIXTURE / "attestation.pub")
+    env = sign.verify_envelope(data, [key])
+    with pytest.raises(sign.SignatureError, match="does not verify"):
+        sign.verify_envelope(data, [new_key().public])
+    theirs = json.loads(data)
+    statement = json.loads(env.payload)
+    assert statement["subject"][0]["digest"]["sha256"].startswith("b31bfb4d")
+    ours = json.loads(sign.envelope(new_key(), sign.statement(
+        "r/torch", DIGEST, sign.PREDICATES["smoke"], {"status": "pass"})))
+    assert set(ours) == set(theirs)
+    assert [set(s) for s in ours["signatures"]] == [set(s) for s in theirs["signatures"]]
+    assert ours["signatures"][0]["keyid"] == theirs["signatures"][0]["keyid"] == ""
+    mine = json.loads(base64.b64decode(ours["payload"]))
+    assert set(mine) == set(statement) == {"_type", "predicateType", "subject", "predicate"}
+    assert set(mine["subject"][0]) == set(statement["subject"][0]) == {"name", "digest"}
+    # cosign 1.x named the predicate as payloadType; builder requires in-toto's (cosign 2+)
+    with pytest.raises(sign.SignatureError, match="payload type"):
+        sign.open_envelope(data, [key], "sha256:" + statement["subject"][0]["digest"]["sha256"])
+
+
 def test_envelope_is_dsse_with_an_in_toto_statement() -> None:
     key = new_key()
     doc = sign.statement("r/torch", DIGEST, sign.PREDICATES["sbom"], {"bomFormat": "CycloneDX"})
