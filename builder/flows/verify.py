@@ -248,8 +248,12 @@ def provenance_row(doc: Any, digest: str, image_labels: dict[str, str]) -> Row:
         return Row("provenance", MISSING, "no provenance attached (builder publish attaches it)")
     if problems := provenance.problems(doc, digest, image_labels):
         return Row("provenance", BAD, "; ".join(problems))
-    params = doc["predicate"]["buildDefinition"]["externalParameters"]
+    definition = doc["predicate"]["buildDefinition"]
+    params = definition["externalParameters"]
+    unsigned = (definition.get("internalParameters") or {}).get("unsigned_staging")
     return Row("provenance", OK, f"commit {params.get('revision', '')[:12]}, lock "
                f"{image_labels.get(labels.LOCK_HASH, '')[:12]}, base "
-               f"{image_labels.get(labels.OCI + 'base.digest', '')[:19]}")
+               f"{image_labels.get(labels.OCI + 'base.digest', '')[:19]}"
+               + ("; published with --unsigned: its staged evidence was not signed"
+                  if unsigned else ""))
 

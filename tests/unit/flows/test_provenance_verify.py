@@ -130,3 +130,11 @@ def test_a_versioned_tag_must_name_the_image_it_points_at() -> None:
     moved = verify.tag_row("2.15.0-py3.11-cuda13.2-cudnn9-slim", LABELS)
     assert moved.status == verify.BAD and "torch 2.15.0 ≠ label '2.13.0'" in moved.detail
     assert verify.tag_row("latest-runtime", LABELS) is None  # an alias names no versions
+
+
+def test_verify_shows_a_publication_made_with_unsigned() -> None:
+    doc = provenance.statement("r/torch", DIGEST, LABELS, environ={})
+    assert "--unsigned" not in verify.provenance_row(doc, DIGEST, LABELS).detail
+    doc["predicate"]["buildDefinition"]["internalParameters"]["unsigned_staging"] = True
+    row = verify.provenance_row(doc, DIGEST, LABELS)
+    assert row.status == verify.OK and "published with --unsigned" in row.detail
