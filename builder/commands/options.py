@@ -70,7 +70,8 @@ def add_trust_options(parser: argparse.ArgumentParser) -> None:
     add_key_option(parser, "each promoted digest (cosign `.sig`) and its attestations (`.att`)")
     parser.add_argument("--trust-key", action="append", type=Path, default=[], metavar="FILE",
                         help="public key (cosign.pub) that staged evidence must be signed by "
-                        "(repeatable; default: the signing key's own public key)")
+                        "(repeatable; default: the matrix's `trust_keys`, else the signing "
+                        "key's own public key)")
     parser.add_argument("--unsigned", action="store_true",
                         help="promote staged evidence that no trusted key signed, and publish "
                         "without a signature when there is no key (recorded in published.json)")

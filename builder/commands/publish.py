@@ -47,8 +47,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     proc.use_ca_bundle(args.ca_bundle)
     if not args.select:
         args.select = ["default=true"]
-    trust = sign.trust(args.key, args.trust_key, args.unsigned)
     matrix, variants = load_selected(args)
+    trust = sign.trust(args.key, args.trust_key or matrix.trust_keys, args.unsigned)
     planned = plan.make_plan(matrix, variants, args.locks, base.known_digests(variants, matrix),
                              check_registry=False)
     results = publish_variants(matrix, planned, allow_cpu_smoke=args.allow_cpu_smoke,

@@ -76,11 +76,12 @@ def print_findings(findings: list[Finding], skip: Collection[str] = ()) -> None:
           [(f.variant_id, f.reason, f.status, f.detail) for f in findings])
 
 
-def trusted_keys(args: argparse.Namespace) -> tuple[Any, ...]:
+def trusted_keys(args: argparse.Namespace, matrix: Matrix) -> tuple[Any, ...]:
     """The keys a published image's signature must verify against before it is run:
-    --trust-key, else the signing key's own public key (none: unsigned publications only)."""
-    if args.trust_key:
-        return tuple(sign.load_public(path) for path in args.trust_key)
+    --trust-key, else the matrix's `trust_keys`, else the signing key's own public key (none:
+    unsigned publications only)."""
+    if args.trust_key or matrix.trust_keys:
+        return tuple(sign.load_public(path) for path in args.trust_key or matrix.trust_keys)
     key = sign.signing_key(args.key)
     return (key.public,) if key else ()
 
@@ -95,7 +96,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     if not variants:
         return nothing_checked(args, skip)
     findings = check(matrix, variants, args.manifest, locks_dir=args.locks, skip=skip,
-                     keys=trusted_keys(args))
+                     keys=trusted_keys(args, matrix))
     summary = {"sources": source_summary(findings, skip), "skipped": skip}
     if args.check:
         if args.json:
@@ -105,7 +106,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
             print_findings(findings, skip)
         return exit_code(findings)
     publishes = not args.dry_run and bool(plan_actions(findings))
-    trust = sign.trust(args.key, args.trust_key, args.unsigned) if publishes else sign.UNSIGNED
+    trust = (sign.trust(args.key, args.trust_key or matrix.trust_keys, args.unsigned)
+             if publishes else sign.UNSIGNED)
     actions = rebuild(matrix, variants, args.manifest, locks_dir=args.locks,
                       allow_cpu_smoke=args.allow_cpu_smoke, dry_run=args.dry_run,
                       findings=findings, trust=trust)

@@ -139,6 +139,7 @@ class Matrix:
     aliases: tuple[Alias, ...] = ()
     lines: Mapping[Path_, int] = field(default_factory=dict, repr=False)
     staging: str = ""  # registry/repository; "" is <registry>/<repository>-staging
+    trust_keys: tuple[Path, ...] = ()  # cosign.pub files staged evidence must be signed by
 
     @property
     def image_name(self) -> str:
@@ -610,6 +611,7 @@ def _build(path: Path, data: dict[str, Any],
         path=path, registry=data["registry"], repository=data["repository"], bases=bases,
         toolkits=data.get("toolkits", {}), variants=tuple(variants), aliases=aliases, lines=lines,
         staging=data.get("staging", ""),
+        trust_keys=tuple(path.parent / key for key in data.get("trust_keys", [])),
     )
     registry_http.add_insecure(data.get("insecure_registries", []))  # as Docker's daemon setting
     return matrix, problems
