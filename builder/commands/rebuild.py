@@ -76,12 +76,16 @@ def print_findings(findings: list[Finding], skip: Collection[str] = ()) -> None:
           [(f.variant_id, f.reason, f.status, f.detail) for f in findings])
 
 
-def trusted_keys(args: argparse.Namespace, matrix: Matrix) -> tuple[Any, ...]:
+def configured_keys(matrix: Matrix | None) -> tuple[Path, ...]:
+    return matrix.trust_keys if matrix is not None else ()
+
+
+def trusted_keys(args: argparse.Namespace, matrix: Matrix | None) -> tuple[Any, ...]:
     """The keys a published image's signature must verify against before it is run:
     --trust-key, else the matrix's `trust_keys`, else the signing key's own public key (none:
     unsigned publications only)."""
-    if args.trust_key or matrix.trust_keys:
-        return tuple(sign.load_public(path) for path in args.trust_key or matrix.trust_keys)
+    if configured := args.trust_key or configured_keys(matrix):
+        return tuple(sign.load_public(path) for path in configured)
     key = sign.signing_key(args.key)
     return (key.public,) if key else ()
 
@@ -106,7 +110,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
             print_findings(findings, skip)
         return exit_code(findings)
     publishes = not args.dry_run and bool(plan_actions(findings))
-    trust = (sign.trust(args.key, args.trust_key or matrix.trust_keys, args.unsigned)
+    trust = (sign.trust(args.key, args.trust_key or configured_keys(matrix), args.unsigned)
              if publishes else sign.UNSIGNED)
     actions = rebuild(matrix, variants, args.manifest, locks_dir=args.locks,
                       allow_cpu_smoke=args.allow_cpu_smoke, dry_run=args.dry_run,
