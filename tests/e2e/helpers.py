@@ -55,14 +55,15 @@ def private_matrix(folder: Path, **changes: object) -> Path:
 
 
 def remove_images_of(matrix_path: Path) -> None:
-    """Remove every local image named `<registry>/<repository>:*` of that matrix."""
+    """Remove every local image of that matrix: `<registry>/<repository>*` (its staging and
+    base repositories and their cache tags too)."""
     import yaml
 
     from builder.core import engine
 
     data = yaml.safe_load(matrix_path.read_text())
     refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}", "--filter",
-                         f"reference={data['registry']}/{data['repository']}:*").stdout.split()
+                         f"reference={data['registry']}/{data['repository']}*").stdout.split()
     for ref in refs:
         engine.remove_image(ref)
 
