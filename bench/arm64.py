@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from bench.layers import free_port
 from bench.runner import Figure, Results, _mb, _ratio, builder_cli, log
 from builder.core import engine, oci, registry, state
 from builder.stages import locks, matrix, platforms, smoketest
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     engine.ensure_disk(ROOT, 25)  # two CUDA images (~5 GB each), arm64 wheels, the base
     res = Results("arm64")
     storage = state.path("bench-arm64")
-    addr = args.addr or f"127.0.0.1:{_free_port()}"
+    addr = args.addr or f"127.0.0.1:{free_port()}"
     if not args.addr:
         registry.start(addr, storage)
     made: list[str] = []
@@ -213,14 +214,6 @@ def main(argv: list[str] | None = None) -> int:
             registry.stop(storage)
     log(f"wrote {HERE / 'arm64.json'} and {HERE / 'ARM64.md'}")
     return 1 if res.errors else 0
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from bench.layers import free_port
 from bench.runner import Figure, Results, _mb, _ratio, builder_cli, log
 from builder.core import engine, layerdiff, oci, registry, reproducible
 from builder.stages import base, matrix
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     res = Results("reproduce")
     res.machine = {"engine": engine.engine_address(), "started": time.strftime("%FT%TZ")}
     with tempfile.TemporaryDirectory(prefix="bench-reproduce-") as tmp:
-        addr = f"127.0.0.1:{_free_port()}"
+        addr = f"127.0.0.1:{free_port()}"
         registry.start(addr, Path(tmp) / "registry")
         try:
             measure(res, addr, Path(tmp), args.deltas_only)
@@ -255,11 +256,3 @@ def main(argv: list[str] | None = None) -> int:
             registry.stop(Path(tmp) / "registry")
     log(f"wrote {HERE / 'reproduce.json'} and {HERE / 'REPRODUCE.md'}")
     return 1 if res.errors else 0
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
