@@ -80,6 +80,7 @@ def build(mpath: Path, variant: str, *extra: str, evidence: bool = False, stage:
     (seconds, its outcome)."""
     checks = () if evidence else ("--no-smoke", "--no-sbom")
     staged = ("--stage",) if stage else ()
+    os.sync()  # the last build's dirty pages are written back before this one is timed
     seconds, data, _ = builder_cli("build", "--matrix", str(mpath), "--select", f"id={variant}",
                                    "--select", "platform=linux/amd64", "--force", *staged,
                                    *checks, *extra)
@@ -241,6 +242,7 @@ def measure_naive(res: Results, m: matrix.Matrix, variant_id: str, mpath: Path) 
     empty_engine(m.registry, suite)
     base.bootstrap(suite)
     naive_log = ROOT / ".state" / "logs" / f"bench-reproduce-naive-{variant_id}.log"
+    os.sync()
     nb = naive.build(variant.torch, variant.python, variant.find_links, naive_log)
     naive.remove(nb.tag)
     engine.docker("builder", "prune", "-af", timeout=1800)
