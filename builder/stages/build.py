@@ -33,7 +33,7 @@ from builder.core import (
     sign,
     state,
 )
-from builder.core.errors import BuilderError, EngineError
+from builder.core.errors import BuilderError, CommandFailed, EngineError
 from builder.core.output import human_bytes, step
 from builder.stages import base, locks, plan, platforms, render
 from builder.stages.locks import lock_paths
@@ -254,6 +254,29 @@ def docker_build(p: plan.PlannedVariant, image: str, context: Path, dockerfile: 
     return iidfile.read_text().strip()
 
 
+# Docker 20.10's BuildKit may fail to export an image whose layers came lazily from an inline
+# cache (moby/buildkit#1678 and kin): "failed to get layer sha256:…: layer does not exist".
+LAZY_LAYER_FAILURE = "layer does not exist"
+
+
+def build_from_registry_cache(p: plan.PlannedVariant, image: str, context: Path,
+                              dockerfile: Path, locks_dir: Path, log: Path, *,
+                              apt_refresh: str, cache_from: list[str]) -> str:
+    """`docker_build` with the registry's cache; when the engine cannot export what it took
+    from that cache, the same build again without it (slower, never wrong)."""
+    try:
+        return docker_build(p, image, context, dockerfile, locks_dir, log,
+                            apt_refresh=apt_refresh, cache_from=cache_from)
+    except CommandFailed:
+        failure = log.read_text(errors="replace")[-4000:] if log.is_file() else ""
+        if not cache_from or LAZY_LAYER_FAILURE not in failure:
+            raise
+    step(f"  [{p.variant.key}] this engine could not export the layers it took from the "
+         "registry's cache (a Docker 20.10 BuildKit bug): building again without it")
+    return docker_build(p, image, context, dockerfile, locks_dir, log, apt_refresh=apt_refresh,
+                        cache_from=[])
+
+
 def build_variant(matrix: Matrix, p: plan.PlannedVariant, wheelhouse: Wheelhouse,
                   options: BuildOptions, after: Callable[[Outcome], Outcome]) -> Outcome:
     vid = p.variant.key
@@ -265,10 +288,9 @@ def build_variant(matrix: Matrix, p: plan.PlannedVariant, wheelhouse: Wheelhouse
         step(f"  [{vid}] wheels")
         context, dockerfile = prepare_context(p, wheelhouse)
         step(f"  [{vid}] building (log: {log})")
-        image_id = docker_build(p, image, context, dockerfile, options.locks, log,
-                                apt_refresh=options.apt_refresh,
-                                cache_from=registry_cache(matrix, p)
-                                if options.registry_cache else [])
+        image_id = build_from_registry_cache(
+            p, image, context, dockerfile, options.locks, log, apt_refresh=options.apt_refresh,
+            cache_from=registry_cache(matrix, p) if options.registry_cache else [])
         image_id = reproducible.normalise_image(image_id, image, keep=cache_ref(matrix, p))
     except BuilderError as exc:
         step(f"  [{vid}] FAILED: {exc}" + (f"\n{exc.hint}" if exc.hint else ""))

@@ -1,0 +1,67 @@
+"""A build from the registry's cache that Docker 20.10 cannot export runs again without it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from builder.core.errors import CommandFailed
+from builder.stages import build
+
+LAZY = ("#17 ERROR: failed to get layer sha256:e7a1ed1f9e5a: layer does not exist\n"
+        "failed to get layer sha256:e7a1ed1f9e5a: layer does not exist\n")
+
+
+def fake_builds(monkeypatch, tmp_path: Path, failures: list[str]) -> list[list[str]]:
+    """docker_build fails with each text of `failures` in turn (written to the log), then
+    succeeds; returns the cache_from of every call."""
+    calls: list[list[str]] = []
+
+    def docker_build(p, image, context, dockerfile, locks_dir, log, *, apt_refresh="",
+                     cache_from=None):
+        calls.append(list(cache_from or []))
+        if len(calls) <= len(failures):
+            log.write_text(failures[len(calls) - 1])
+            raise CommandFailed("`docker build` exited 1")
+        return "sha256:" + "a" * 64
+
+    monkeypatch.setattr(build, "docker_build", docker_build)
+    return calls
+
+
+def run(tmp_path: Path, cache_from: list[str]) -> str:
+    planned = SimpleNamespace(variant=SimpleNamespace(key="2.15.0-py3.11-cuda-runtime"))
+    return build.build_from_registry_cache(
+        planned, "img", tmp_path, tmp_path / "Dockerfile", tmp_path, tmp_path / "build.log",
+        apt_refresh="", cache_from=cache_from)
+
+
+def test_a_lazy_layer_export_failure_builds_again_without_the_cache(monkeypatch, tmp_path,
+                                                                    capsys):
+    calls = fake_builds(monkeypatch, tmp_path, [LAZY])
+    assert run(tmp_path, ["reg/torch-staging:cache-x"]) == "sha256:" + "a" * 64
+    assert calls == [["reg/torch-staging:cache-x"], []]
+    assert "without it" in capsys.readouterr().err
+
+
+def test_any_other_failure_is_not_retried(monkeypatch, tmp_path):
+    calls = fake_builds(monkeypatch, tmp_path, ["E: Unable to locate package g++\n"])
+    with pytest.raises(CommandFailed):
+        run(tmp_path, ["reg/torch-staging:cache-x"])
+    assert len(calls) == 1
+
+
+def test_without_a_cache_the_failure_stands(monkeypatch, tmp_path):
+    calls = fake_builds(monkeypatch, tmp_path, [LAZY])
+    with pytest.raises(CommandFailed):
+        run(tmp_path, [])
+    assert len(calls) == 1
+
+
+def test_a_second_failure_is_not_hidden(monkeypatch, tmp_path):
+    calls = fake_builds(monkeypatch, tmp_path, [LAZY, LAZY])
+    with pytest.raises(CommandFailed):
+        run(tmp_path, ["reg/torch-staging:cache-x"])
+    assert calls == [["reg/torch-staging:cache-x"], []]
