@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import datetime as dt
 import fcntl
+import itertools
 import os
 import re
 import shutil
@@ -255,26 +256,30 @@ def docker_build(p: plan.PlannedVariant, image: str, context: Path, dockerfile: 
 
 
 # Docker 20.10's BuildKit may fail to export an image whose layers came lazily from an inline
-# cache (moby/buildkit#1678 and kin): "failed to get layer sha256:…: layer does not exist".
+# cache (moby/moby#41595): "failed to get layer sha256:…: layer does not exist".
 LAZY_LAYER_FAILURE = "layer does not exist"
 
 
 def build_from_registry_cache(p: plan.PlannedVariant, image: str, context: Path,
                               dockerfile: Path, locks_dir: Path, log: Path, *,
                               apt_refresh: str, cache_from: list[str]) -> str:
-    """`docker_build` with the registry's cache; when the engine cannot export what it took
-    from that cache, the same build again without it (slower, never wrong)."""
-    try:
-        return docker_build(p, image, context, dockerfile, locks_dir, log,
-                            apt_refresh=apt_refresh, cache_from=cache_from)
-    except CommandFailed:
-        failure = log.read_text(errors="replace")[-4000:] if log.is_file() else ""
-        if not cache_from or LAZY_LAYER_FAILURE not in failure:
-            raise
-    step(f"  [{p.variant.key}] this engine could not export the layers it took from the "
-         "registry's cache (a Docker 20.10 BuildKit bug): building again without it")
+    """`docker_build` with the registry's cache. When the engine cannot export what it took
+    from that cache: once more with it (the layers are local by then), then without it
+    (slower, never wrong)."""
+    attempts = [cache_from, cache_from, []] if cache_from else [[]]
+    for cache, then in itertools.pairwise(attempts):
+        try:
+            return docker_build(p, image, context, dockerfile, locks_dir, log,
+                                apt_refresh=apt_refresh, cache_from=cache)
+        except CommandFailed:
+            failure = log.read_text(errors="replace")[-4000:] if log.is_file() else ""
+            if LAZY_LAYER_FAILURE not in failure:
+                raise
+        step(f"  [{p.variant.key}] this engine could not export the layers it took from the "
+             "registry's cache (a Docker 20.10 BuildKit bug): building again "
+             + ("with it" if then else "without it"))
     return docker_build(p, image, context, dockerfile, locks_dir, log, apt_refresh=apt_refresh,
-                        cache_from=[])
+                        cache_from=attempts[-1])
 
 
 def build_variant(matrix: Matrix, p: plan.PlannedVariant, wheelhouse: Wheelhouse,
