@@ -38,7 +38,16 @@ import yaml
 
 from bench import naive
 from bench.layers import free_port
-from bench.runner import Figure, Results, _mb, _ratio, builder_cli, figure_table, log
+from bench.runner import (
+    Figure,
+    Results,
+    _mb,
+    _ratio,
+    builder_cli,
+    figure_table,
+    log,
+    prune_builder_cache,
+)
 from builder.core import engine, layerdiff, oci, registry, reproducible
 from builder.stages import base, matrix
 
@@ -50,7 +59,7 @@ BUMPED = "numpy"
 
 def label(variant: matrix.Variant) -> str:
     """`CPU runtime` / `CUDA runtime`: how the figures name the variant."""
-    return f"{'CUDA' if variant.cuda or variant.accelerator == 'cuda' else 'CPU'} {variant.flavor}"
+    return f"{'CUDA' if variant.accelerator == 'cuda' else 'CPU'} {variant.flavor}"
 
 
 def bench_matrix(folder: Path, addr: str, packages: list[str] | None = None) -> Path:
@@ -253,7 +262,7 @@ def measure_naive(res: Results, m: matrix.Matrix, variant_id: str, mpath: Path) 
     os.sync()
     nb = naive.build(variant.torch, variant.python, variant.find_links, naive_log)
     naive.remove(nb.tag)
-    engine.docker("builder", "prune", "-af", timeout=1800)
+    prune_builder_cache()
     seconds, _ = build(mpath, variant_id, "--no-registry-cache", stage=False)
     res.add(Figure(f"cold build, {label(variant)} / naive Dockerfile, same run",
                    round(seconds, 1), "s", round(nb.seconds, 1), _ratio(seconds, nb.seconds),
