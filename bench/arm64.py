@@ -28,7 +28,8 @@ import yaml
 from bench.layers import free_port
 from bench.runner import Figure, Results, _mb, _ratio, builder_cli, figure_table, log
 from builder.core import engine, oci, registry, state
-from builder.stages import locks, matrix, platforms, smoketest
+from builder.model import matrix, platforms
+from builder.stages import locks, smoketest
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent

@@ -27,7 +27,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from builder.core import labels, oci, sign
 from builder.flows import rebuild
-from builder.stages import evidence, platforms, provenance
+from builder.model import platforms
+from builder.stages import evidence, provenance
 from smoke.checks import CHECKS, GPU_CHECKS
 
 # The step of each layer group, as the image config's history shows it (BuildKit's form).

@@ -49,7 +49,8 @@ from bench.runner import (
     prune_builder_cache,
 )
 from builder.core import engine, layerdiff, oci, registry, reproducible
-from builder.stages import base, matrix
+from builder.model import matrix
+from builder.stages import base
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent

@@ -30,7 +30,8 @@ import yaml
 from bench import layers, naive
 from builder.core import engine
 from builder.core.output import human_bytes
-from builder.stages import locks, matrix, platforms, render
+from builder.model import matrix, platforms
+from builder.stages import locks, render
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.stages import matrix
+from builder.model import matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,7 +12,8 @@ from builder.commands.options import (
 )
 from builder.core import proc
 from builder.core.output import emit_json, human_bytes, step, table
-from builder.stages import base, platforms, render
+from builder.model import platforms
+from builder.stages import base, render
 from builder.stages.build import BuildOptions, Outcome, build_images, build_lock
 
 

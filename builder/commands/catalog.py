@@ -8,7 +8,8 @@ from pathlib import Path
 
 from builder.core import sign, state
 from builder.core.output import emit_json, step
-from builder.stages import catalog, catalog_site, matrix
+from builder.model import matrix
+from builder.stages import catalog, catalog_site
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

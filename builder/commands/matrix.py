@@ -8,7 +8,8 @@ from pathlib import Path
 
 from builder.commands.options import add_locks_option, load_selected
 from builder.core.output import emit_json, step, table
-from builder.stages import base, locks, matrix, plan, render, wheels
+from builder.model import matrix
+from builder.stages import base, locks, plan, render, wheels
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from builder.core import proc
 from builder.core.errors import ConfigError
-from builder.stages import matrix
+from builder.model import matrix
 
 
 def common_parser() -> argparse.ArgumentParser:

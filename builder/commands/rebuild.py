@@ -29,7 +29,7 @@ from builder.flows.rebuild import (
     rebuild,
     source_summary,
 )
-from builder.stages.matrix import Matrix, Variant
+from builder.model.matrix import Matrix, Variant
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

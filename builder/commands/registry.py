@@ -7,7 +7,7 @@ import argparse
 from builder.core import registry
 from builder.core.errors import BuilderError
 from builder.core.output import emit_json, step
-from builder.stages import matrix
+from builder.model import matrix
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

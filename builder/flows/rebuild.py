@@ -32,10 +32,11 @@ from typing import Any
 from builder.core import engine, labels, layerdiff, oci, proc, sign, state
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.output import step
-from builder.stages import base, locks, multiarch, plan, platforms, publication, publish
+from builder.model import platforms, publication
+from builder.model.matrix import Matrix, Variant
+from builder.model.publication import Publication
+from builder.stages import base, locks, multiarch, plan, publish
 from builder.stages import build as build_mod
-from builder.stages.matrix import Matrix, Variant
-from builder.stages.publication import Publication
 
 REASONS = ("debian-security", "python-vuln", "base-moved", "inputs-changed")
 BASE_DIGEST_LABEL = labels.OCI + "base.digest"

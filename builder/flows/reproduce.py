@@ -28,7 +28,8 @@ from builder.core import engine, labels, layerdiff, oci
 from builder.core.errors import BuilderError
 from builder.core.output import step
 from builder.flows.verify import Reference
-from builder.stages import base, platforms, provenance
+from builder.model import platforms
+from builder.stages import base, provenance
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from typing import Any
 
 from builder.core import labels, oci, sign
 from builder.core.errors import BuilderError
-from builder.stages import platforms, provenance, smoketest
+from builder.model import platforms
+from builder.stages import provenance, smoketest
 from smoke.host import host_summary
 
 OK, MISSING, BAD = "ok", "missing", "fail"

@@ -18,9 +18,9 @@ from typing import Any
 
 from builder.core import engine, oci, proc, registry_auth, reproducible
 from builder.core.errors import BuilderError, EngineError
-from builder.stages import platforms
-from builder.stages.matrix import Base, Matrix, Variant
-from builder.stages.platforms import Platform
+from builder.model import platforms
+from builder.model.matrix import Base, Matrix, Variant
+from builder.model.platforms import Platform
 
 BOOTSTRAP_PACKAGES = ("ca-certificates",)
 KEY_LABEL = "io.torch-images.base-key"
@@ -39,8 +39,6 @@ ETC_STUBS_HOOK = ("--customize-hook=printf '127.0.0.1 localhost\\n' > \"$1/etc/h
                   "&& : > \"$1/etc/hostname\"")
 SLIM_OPTIONS = (*(f"--dpkgopt={o}" for o in DPKG_EXCLUDES),
                 "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr", ETC_STUBS_HOOK)
-# The base's own list of what it leaves out (the images' `dropped` label adds to it).
-SLIM_DROPPED = ("docs", "man-pages", "locales", "perl")
 
 
 def bootstrap_key(suite: str, day: dt.date | None = None, options: tuple[str, ...] = ()) -> str:

@@ -36,9 +36,10 @@ from builder.core import (
 )
 from builder.core.errors import BuilderError, CommandFailed, EngineError
 from builder.core.output import human_bytes, step
-from builder.stages import base, locks, plan, platforms, render
+from builder.model import platforms
+from builder.model.matrix import Matrix, Variant
+from builder.stages import base, locks, plan, render
 from builder.stages.locks import lock_paths
-from builder.stages.matrix import Matrix, Variant
 from builder.stages.render import SMOKE_DIR, facts_json
 from builder.stages.wheelhouse import Wheelhouse, local_wheels
 

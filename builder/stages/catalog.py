@@ -23,7 +23,8 @@ from typing import Any
 
 from builder.core import labels, oci, sign, state
 from builder.core.errors import BuilderError
-from builder.stages import provenance, publication
+from builder.model import publication
+from builder.stages import provenance
 from sbom.diff import diff_sboms, iter_components
 from smoke.host import host_summary
 

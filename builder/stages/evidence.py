@@ -15,8 +15,8 @@ from typing import Any
 
 from builder.core import engine, oci, registry_auth, sign, state
 from builder.core.errors import CommandFailed
+from builder.model.matrix import Matrix
 from builder.stages import smoketest
-from builder.stages.matrix import Matrix
 
 SBOM_TYPE = "application/vnd.cyclonedx+json"
 SMOKE_TYPE = "application/vnd.torch-images.smoke-report+json"

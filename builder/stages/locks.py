@@ -20,9 +20,9 @@ from typing import Any
 from builder.core import proc
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.state import atomic_write
-from builder.stages import platforms
-from builder.stages.flavors import FLAVORS
-from builder.stages.matrix import Matrix, Variant
+from builder.model import platforms
+from builder.model.flavors import FLAVORS
+from builder.model.matrix import Matrix, Variant
 from smoke.versions import MIN_DRIVER, MINOR_COMPAT_FLOOR
 
 LOCK_FORMAT = 1

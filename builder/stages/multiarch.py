@@ -24,10 +24,11 @@ from typing import Any
 from builder.core import engine, oci, sign
 from builder.core.errors import ConfigError
 from builder.core.output import step
-from builder.stages import plan, platforms, publication, publish
+from builder.model import platforms, publication
+from builder.model.matrix import Matrix, Variant
+from builder.model.publication import PlatformEntry, Publication
+from builder.stages import plan, publish
 from builder.stages.evidence import Staged
-from builder.stages.matrix import Matrix, Variant
-from builder.stages.publication import PlatformEntry, Publication
 
 # What a platform's entry keeps of its own publication (the rest is the variant's).
 PLATFORM_ENTRY_FIELDS = {f.name for f in fields(PlatformEntry)}

@@ -18,8 +18,9 @@ from typing import Any
 from builder.core import labels, oci
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.output import step
-from builder.stages import locks, platforms, tags
-from builder.stages.matrix import Matrix, Variant
+from builder.model import platforms, tags
+from builder.model.matrix import Matrix, Variant
+from builder.stages import locks
 from builder.stages.render import SMOKE_DIR, Rendered, render
 
 HASH_TAG_PREFIX = tags.HASH_TAG_PREFIX

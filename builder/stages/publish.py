@@ -30,10 +30,10 @@ from typing import Any
 from builder.core import engine, labels, limits, oci, reproducible, sign
 from builder.core.oci import RegistryError
 from builder.core.output import step
+from builder.model.matrix import Matrix
+from builder.model.publication import Artifact, Publication, Signed
 from builder.stages import evidence, plan, provenance, smoketest
 from builder.stages.evidence import Staged
-from builder.stages.matrix import Matrix
-from builder.stages.publication import Artifact, Publication, Signed
 
 MAX_SUFFIX = 99
 

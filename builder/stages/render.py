@@ -25,9 +25,10 @@ import jinja2
 
 from builder.core import labels, state, swap
 from builder.core.errors import BuilderError, ConfigError
-from builder.stages import base, flavors, platforms
+from builder.model import flavors, platforms
+from builder.model.matrix import Matrix, Variant
+from builder.stages import base
 from builder.stages.locks import Lock, lock_stem, normalize, parse_pins
-from builder.stages.matrix import Matrix, Variant
 from smoke.versions import nvidia_require_cuda
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"

@@ -21,7 +21,7 @@ from typing import Any
 
 from builder.core import engine, labels, state
 from builder.core.errors import BuilderError, CommandFailed, EngineError
-from builder.stages import gpuhost, platforms
+from builder.model import gpuhost, platforms
 from smoke import OK_STATUSES, SCHEMA_VERSION, STATUSES
 from smoke.checks import CHECKS, gpu_checks_not_run, timeout_for
 from smoke.host import PROBE_TIMEOUT_S

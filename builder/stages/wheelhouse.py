@@ -25,9 +25,9 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from builder.core import proc, state
 from builder.core.errors import BuilderError
-from builder.stages import platforms
+from builder.model import platforms
+from builder.model.matrix import Variant
 from builder.stages.locks import normalize
-from builder.stages.matrix import Variant
 
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from builder.core import proc, state
 from builder.core.errors import BuilderError
-from builder.stages import platforms
-from builder.stages.matrix import Variant
+from builder.model import platforms
+from builder.model.matrix import Variant
 
 PYPI_SIMPLE = "https://pypi.org/simple/torch/"
 

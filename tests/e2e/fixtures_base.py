@@ -15,7 +15,7 @@ import pytest
 from helpers import missing
 
 from builder.core.errors import BuilderError
-from builder.stages.matrix import Base
+from builder.model.matrix import Base
 
 MINBASE = Base(image="mmdebstrap:bookworm")
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.stages import locks, matrix, render
+from builder.model import matrix
+from builder.stages import locks, render
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCKS = ROOT / "locks"

@@ -18,7 +18,8 @@ from test_publish import SBOM_DOC, smoke_report, tags
 
 from builder.core import engine, labels, oci
 from builder.flows import verify
-from builder.stages import evidence, matrix, multiarch, plan, platforms, publish, smoketest
+from builder.model import matrix, platforms
+from builder.stages import evidence, multiarch, plan, publish, smoketest
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]

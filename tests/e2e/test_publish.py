@@ -22,7 +22,8 @@ from helpers import free_port
 
 from builder.core import engine, labels, oci, registry
 from builder.core.oci import RegistryError
-from builder.stages import evidence, matrix, multiarch, plan, publication, publish, smoketest
+from builder.model import matrix, publication
+from builder.stages import evidence, multiarch, plan, publish, smoketest
 from smoke.checks import CHECKS, GPU_CHECKS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -26,8 +26,8 @@ from helpers import free_port, run_builder
 
 from builder.core import engine, oci, registry
 from builder.core.oci import registry_url
+from builder.model.matrix import Base
 from builder.stages import base
-from builder.stages.matrix import Base
 
 pytestmark = pytest.mark.docker
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from builder.stages.publication import Artifact, PlatformEntry, Publication
+from builder.model.publication import Artifact, PlatformEntry, Publication
 
 DIGEST = "sha256:" + "d" * 64
 

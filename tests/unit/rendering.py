@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.stages import locks, matrix, render
+from builder.model import matrix
+from builder.stages import locks, render
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCKS = ROOT / "locks"

@@ -13,7 +13,8 @@ from pathlib import Path
 import yaml
 
 from builder.core import sign
-from builder.stages import matrix, provenance, smoketest
+from builder.model import matrix
+from builder.stages import provenance, smoketest
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "admission"

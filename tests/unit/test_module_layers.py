@@ -1,6 +1,6 @@
 """The layering the code is read by, enforced on every `import` (top level and inside functions):
 
-    builder.core  ←  builder.stages  ←  builder.flows  ←  builder.commands  ←  builder.cli
+    builder.core  ←  builder.model  ←  builder.stages  ←  builder.flows  ←  builder.commands  ←  builder.cli
     sbom/ uses only builder.core; smoke/ (runs inside the image) imports nothing from builder.
 
 and no import cycle anywhere. Each rule is also run against a planted violation, so a checker
@@ -19,15 +19,17 @@ PACKAGES = ("builder", "sbom", "smoke", "bench")
 # layer → the layers it may import (itself included)
 ALLOWED = {
     "builder.core": {"builder.core"},
+    # tables and models: read by every layer, so they read only core (and smoke's version parsing)
+    "builder.model": {"builder.core", "builder.model", "smoke"},
     # sbom/ is the SBOM library the stages call; smoke/ lends its report schema and version parsing
-    "builder.stages": {"builder.core", "builder.stages", "sbom", "smoke"},
-    "builder.flows": {"builder.core", "builder.stages", "builder.flows", "sbom", "smoke"},
-    "builder.commands": {"builder.core", "builder.stages", "builder.flows", "builder.commands",
+    "builder.stages": {"builder.core", "builder.model", "builder.stages", "sbom", "smoke"},
+    "builder.flows": {"builder.core", "builder.model", "builder.stages", "builder.flows", "sbom", "smoke"},
+    "builder.commands": {"builder.core", "builder.model", "builder.stages", "builder.flows", "builder.commands",
                          "sbom", "smoke"},
-    "builder.cli": {"builder.core", "builder.commands"},
+    "builder.cli": {"builder.core", "builder.model", "builder.commands"},
     "sbom": {"builder.core", "sbom"},
     "smoke": {"smoke"},
-    "bench": {"builder.core", "builder.stages", "builder.flows", "sbom", "bench"},
+    "bench": {"builder.core", "builder.model", "builder.stages", "builder.flows", "sbom", "bench"},
 }
 
 

@@ -18,8 +18,9 @@ from builder.commands import registry as registry_cmd
 from builder.commands import sbom as sbom_cmd
 from builder.core import proc, registry, state, swap
 from builder.core.errors import BuilderError, ConfigError
-from builder.stages import build, locks, matrix, multiarch, plan, publish, render
-from builder.stages.matrix import MatrixError
+from builder.model import matrix
+from builder.model.matrix import MatrixError
+from builder.stages import build, locks, multiarch, plan, publish, render
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCKS = ROOT / "locks"

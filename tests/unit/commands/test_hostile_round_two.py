@@ -18,16 +18,8 @@ from builder.commands import build as build_cmd
 from builder.commands import sbom as sbom_cmd
 from builder.core import output, proc, state
 from builder.core.errors import BuilderError, GateRefused
-from builder.stages import (
-    build,
-    matrix,
-    multiarch,
-    plan,
-    platforms,
-    publication,
-    publish,
-    smoketest,
-)
+from builder.model import matrix, platforms, publication
+from builder.stages import build, multiarch, plan, publish, smoketest
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCKS = ROOT / "locks"

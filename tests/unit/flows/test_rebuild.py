@@ -14,7 +14,7 @@ from builder.commands import rebuild as rebuild_cmd
 from builder.core import labels, sign
 from builder.core.errors import BuilderError
 from builder.flows import rebuild
-from builder.stages.matrix import Base, Variant
+from builder.model.matrix import Base, Variant
 
 CPU = Variant(torch="2.13.0+cpu", python="3.11", accelerator="cpu", flavor="runtime",
               base=Base("mmdebstrap:bookworm"))

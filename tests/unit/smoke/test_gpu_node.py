@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from builder.core import engine, labels
-from builder.stages import gpuhost, locks, matrix, render
+from builder.model import gpuhost, matrix
+from builder.stages import locks, render
 from builder.stages import smoketest as bsmoke
 from smoke import DEGRADED, ERROR, FAIL, PASS, SKIP, runner
 from smoke import host as smoke_host

@@ -10,7 +10,8 @@ import re
 import pytest
 from rendering import LOCKS, rendered
 
-from builder.stages import flavors, locks, render
+from builder.model import flavors
+from builder.stages import locks, render
 from builder.stages.wheelhouse import local_wheels
 
 

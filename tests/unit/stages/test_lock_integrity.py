@@ -13,7 +13,8 @@ import pytest
 
 from builder.cli import main
 from builder.core.errors import ConfigError
-from builder.stages import locks, matrix
+from builder.model import matrix
+from builder.stages import locks
 
 ROOT = Path(__file__).resolve().parents[3]
 CPU = "2.13.0-py3.11-cpu-runtime"

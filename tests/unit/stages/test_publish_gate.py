@@ -10,7 +10,8 @@ import pytest
 from builder.core import oci
 from builder.core.errors import BuilderError
 from builder.core.oci import RegistryError
-from builder.stages import publication, publish
+from builder.model import publication
+from builder.stages import publish
 
 DATE = "20260102"
 

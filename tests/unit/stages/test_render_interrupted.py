@@ -16,7 +16,8 @@ from types import FrameType
 import pytest
 
 from builder.core import proc
-from builder.stages import locks, matrix, render
+from builder.model import matrix
+from builder.stages import locks, render
 
 ROOT = Path(__file__).resolve().parents[3]
 BUILDER = str(ROOT / "builder")  # builder/core, stages...: all of the tool's own code

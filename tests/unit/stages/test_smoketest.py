@@ -19,7 +19,7 @@ from builder.commands import smoke as smoke_cmd
 from builder.commands.options import common_parser
 from builder.core import engine, labels
 from builder.core.errors import CommandFailed, EngineError
-from builder.stages import gpuhost, platforms
+from builder.model import gpuhost, platforms
 from builder.stages import smoketest as bsmoke
 
 IMAGE_ID = "sha256:" + "c0ffee" * 10 + "abcd"

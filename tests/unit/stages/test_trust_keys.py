@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from builder.core import sign
 from builder.core.errors import BuilderError
-from builder.stages import matrix
+from builder.model import matrix
 
 ROOT = Path(__file__).resolve().parents[3]
 

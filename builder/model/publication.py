@@ -15,7 +15,7 @@ from typing import Any
 
 from builder.core import state
 from builder.core.errors import BuilderError
-from builder.stages import platforms
+from builder.model import platforms
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schema" / "published.schema.json"
 MANIFEST = Path("published.json")  # the default record, in the working folder

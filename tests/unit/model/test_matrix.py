@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from builder.core import registry_http
-from builder.stages import matrix
-from builder.stages.matrix import MatrixError, expand
+from builder.model import matrix
+from builder.model.matrix import MatrixError, expand
 
 HEAD = """\
 registry: 127.0.0.1:5000

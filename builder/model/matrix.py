@@ -22,8 +22,8 @@ import yaml
 
 from builder.core import limits, registry_http
 from builder.core.errors import ConfigError, UsageError
-from builder.stages import tags
-from builder.stages.platforms import DEFAULT as DEFAULT_PLATFORM
+from builder.model import tags
+from builder.model.platforms import DEFAULT as DEFAULT_PLATFORM
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schema" / "matrix.schema.json"
 AXES = ("torch", "python", "accelerator", "flavor")

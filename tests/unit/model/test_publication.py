@@ -10,8 +10,8 @@ import pytest
 from records import platform_entry, publication
 
 from builder.core.errors import BuilderError
-from builder.stages import publication as record
-from builder.stages.publication import Publication
+from builder.model import publication as record
+from builder.model.publication import Publication
 
 
 def test_a_record_survives_the_json_round_trip_and_the_schema(tmp_path: Path) -> None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from builder.stages import base
-
 # The lock's parts every flavor installs in the shared layers, in layer order.
 SHARED_PARTS = ("nvidia", "torch", "rest")
+
+
+# The slim base's own list of what it leaves out (the images' `dropped` label adds to it).
+SLIM_DROPPED = ("docs", "man-pages", "locales", "perl")
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,7 @@ class Flavor:
     # (PRUNED category, lock parts) it copies back over its parent, from the cached wheels
     restores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     adds: tuple[str, ...] = ()  # lock packages only this flavor (and its children) install
-    os_restores: tuple[str, ...] = ()  # base.SLIM_DROPPED items its own apt step brings back
+    os_restores: tuple[str, ...] = ()  # SLIM_DROPPED items its own apt step brings back
     compiles: bool = False  # carries torch.compile's toolchain (and so do its children)
     root: bool = False  # runs as root (people install system packages there)
     toolkit: bool = False  # CUDA variants get nvcc + headers of torch's CUDA (`toolkits`)
@@ -65,7 +67,7 @@ def dropped(flavor: str) -> list[str]:
         parts = restored.get(category, set())
         if not parts.issuperset(SHARED_PARTS):
             out.append(f"{category}-except-{'-'.join(sorted(parts))}" if parts else category)
-    return out + [item for item in base.SLIM_DROPPED if item not in kept]
+    return out + [item for item in SLIM_DROPPED if item not in kept]
 
 
 def prune_expression(categories: Iterable[str]) -> str:

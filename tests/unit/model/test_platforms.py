@@ -11,19 +11,10 @@ import pytest
 
 from builder.core import oci
 from builder.core.errors import ConfigError
-from builder.stages import (
-    locks,
-    matrix,
-    multiarch,
-    plan,
-    platforms,
-    publish,
-    render,
-    smoketest,
-    wheelhouse,
-)
+from builder.model import matrix, platforms
+from builder.model.matrix import MatrixError
+from builder.stages import locks, multiarch, plan, publish, render, smoketest, wheelhouse
 from builder.stages.evidence import Staged
-from builder.stages.matrix import MatrixError
 
 ROOT = Path(__file__).resolve().parents[3]
 ARM = platforms.get("linux/arm64")
