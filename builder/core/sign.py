@@ -15,7 +15,9 @@ In the registry (sigstore's cosign/specifications.md), next to the image `REPO@s
                        (`application/vnd.dsse.envelope.v1+json`) of an in-toto Statement whose
                        subject is H, its predicate type in the `predicateType` annotation
 DSSE: securesystemslib's Envelope does the envelope and its pre-authentication encoding; the
-signature is cosign's (ECDSA P-256 over SHA-256, DER, base64, empty keyid).
+signature is cosign's (ECDSA P-256 over SHA-256, DER, base64, empty keyid). Envelopes are read
+here, not by securesystemslib: cosign's may carry several signatures with the same empty keyid,
+and one that verifies against a trusted key is enough.
 """
 
 from __future__ import annotations
@@ -299,15 +301,33 @@ def envelope(key: SigningKey, doc: dict[str, Any]) -> bytes:
 
 def verify_envelope(data: bytes, keys: list[ec.EllipticCurvePublicKey]) -> Envelope:
     """A DSSE envelope one of whose signatures (over its pre-authentication encoding)
-    verifies against one of `keys`; SignatureError otherwise."""
+    verifies against one of `keys`; SignatureError otherwise. Any number of signatures, keyid
+    empty or not and repeated (cosign writes `""`): securesystemslib's own parser keys them by
+    keyid and refuses a repeated one, so the signature list is read here."""
     try:
-        env = Envelope.from_dict(json.loads(data))
+        doc = json.loads(data)
+        env = Envelope(_b64(doc["payload"]), doc["payloadType"], {})
+        sigs = [_b64(s["sig"]) for s in doc["signatures"]]
+        if not isinstance(env.payload_type, str) or not all(
+                isinstance(s.get("keyid", ""), str) for s in doc["signatures"]):
+            raise TypeError("keyid and payloadType are strings")
     except (ValueError, KeyError, TypeError, AttributeError):
         raise SignatureError("not a DSSE envelope") from None
+    if not sigs:
+        raise SignatureError("the DSSE envelope has no signature")
     pae = env.pae()
-    if not any(verifies(keys, pae, bytes.fromhex(s.signature)) for s in env.signatures.values()):
+    if not any(verifies(keys, pae, sig) for sig in sigs):
         raise SignatureError("its signature does not verify against the trusted key(s)")
     return env
+
+
+def _b64(text: str) -> bytes:
+    """DSSE's base64: standard or URL-safe, padded or not (the spec allows both alphabets)."""
+    if not isinstance(text, str):
+        raise TypeError("not a base64 string")
+    padded = text + "=" * (-len(text) % 4)
+    alphabet = b"-_" if "-" in text or "_" in text else None
+    return base64.b64decode(padded, altchars=alphabet, validate=True)
 
 
 def open_envelope(data: bytes, keys: list[ec.EllipticCurvePublicKey], digest: str

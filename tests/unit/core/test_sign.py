@@ -222,3 +222,39 @@ def test_attestations_are_found_by_predicate_type_and_replaced() -> None:
     assert problems == {"provenance": f"no signed attestation ({sign.att_tag(DIGEST)})"}
     found, problems = sign.verified_attestations(reg, "torch", DIGEST, [new_key().public])  # type: ignore[arg-type]
     assert found == {} and "does not verify" in problems["sbom"]
+
+
+def cosign_style_envelope(statement: dict, *keys: sign.SigningKey) -> bytes:
+    """A DSSE envelope laid out as cosign (go-securesystemslib's dsse, through sigstore's
+    WrapMultiSigner) marshals it: payloadType first, standard base64, one
+    `{"keyid": "", "sig": …}` per signer, each over the same pre-authentication encoding."""
+    payload = json.dumps(statement).encode()
+    pae = b"DSSEv1 %d %b %d %b" % (len(sign.INTOTO_PAYLOAD), sign.INTOTO_PAYLOAD.encode(),
+                                   len(payload), payload)
+    return json.dumps({"payloadType": sign.INTOTO_PAYLOAD,
+                       "payload": base64.b64encode(payload).decode(),
+                       "signatures": [{"keyid": "", "sig": base64.b64encode(k.sign(pae)).decode()}
+                                      for k in keys]}).encode()
+
+
+def test_a_cosign_envelope_with_two_empty_keyid_signatures_verifies_by_either_key() -> None:
+    trusted, other = new_key(), new_key()
+    doc = sign.statement("r/torch", DIGEST, sign.PREDICATES["smoke"], {"status": "pass"})
+    for order in ((other, trusted), (trusted, other)):
+        data = cosign_style_envelope(doc, *order)
+        assert [s["keyid"] for s in json.loads(data)["signatures"]] == ["", ""]
+        assert sign.open_envelope(data, [trusted.public], DIGEST) == doc
+    with pytest.raises(sign.SignatureError, match="does not verify"):
+        sign.open_envelope(cosign_style_envelope(doc, other, other), [trusted.public], DIGEST)
+    # a keyid may be set or absent; URL-safe base64 is DSSE too
+    env = json.loads(cosign_style_envelope(doc, other, trusted))
+    env["signatures"][0]["keyid"] = env["signatures"][1]["keyid"] = "k1"
+    del env["signatures"][0]["keyid"]
+    env["signatures"][1]["sig"] = env["signatures"][1]["sig"].replace("+", "-").replace("/", "_")
+    assert sign.open_envelope(json.dumps(env).encode(), [trusted.public], DIGEST) == doc
+    with pytest.raises(sign.SignatureError, match="no signature"):
+        sign.verify_envelope(json.dumps({**env, "signatures": []}).encode(), [trusted.public])
+    for broken in ({**env, "signatures": [{"keyid": ""}]}, {**env, "payload": 7},
+                   {**env, "signatures": [{"keyid": 3, "sig": "AA=="}]}):
+        with pytest.raises(sign.SignatureError, match="not a DSSE envelope"):
+            sign.verify_envelope(json.dumps(broken).encode(), [trusted.public])
