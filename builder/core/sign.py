@@ -174,19 +174,42 @@ def password(confirm: bool = False) -> bytes:
 
 
 def keygen(folder: Path) -> tuple[Path, Path]:
-    """Write `cosign.key` (mode 600) and `cosign.pub` into `folder`; never overwrites."""
+    """Write `cosign.key` (mode 600) and `cosign.pub` into `folder`; never overwrites, never
+    writes through a symlink (a planted `cosign.pub` link would put the key's public half, or
+    a later overwrite, somewhere else), and every file error is one BuilderError."""
     key_path, pub_path = folder / "cosign.key", folder / "cosign.pub"
+    if not folder.is_dir():
+        raise BuilderError(f"{folder}: no such folder: the key pair is not written",
+                           hint=f"create it first (`mkdir -p {folder}`) or give --out an "
+                           "existing folder")
     for path in (key_path, pub_path):
+        if path.is_symlink():
+            raise BuilderError(f"{path} is a symlink: keygen never writes through one",
+                               hint="remove the link, or give --out another folder")
         if path.exists():
             raise BuilderError(f"{path} exists: not overwritten",
-                              hint="move it away first, or use it (--key)")
+                               hint="move it away first, or use it (--key)")
     key = ec.generate_private_key(ec.SECP256R1())
     pem = encrypt_private(key, password(confirm=True))
-    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(pem)
-    pub_path.write_bytes(public_pem(key.public_key()))
+    _write_new(key_path, pem, 0o600)
+    try:
+        _write_new(pub_path, public_pem(key.public_key()), 0o644)
+    except BuilderError:
+        key_path.unlink(missing_ok=True)  # no half pair left behind
+        raise
     return key_path, pub_path
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    """Create `path` (O_EXCL: never an existing file, never through a symlink) and write it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+    except OSError as exc:
+        raise BuilderError(f"{path}: cannot write the key file: {exc.strerror}",
+                           hint="check that the folder is writable and holds no file or link "
+                           "of that name") from None
 
 
 def signing_key(path: Path | str | None) -> SigningKey | None:

@@ -258,3 +258,25 @@ def test_a_cosign_envelope_with_two_empty_keyid_signatures_verifies_by_either_ke
                    {**env, "signatures": [{"keyid": 3, "sig": "AA=="}]}):
         with pytest.raises(sign.SignatureError, match="not a DSSE envelope"):
             sign.verify_envelope(json.dumps(broken).encode(), [trusted.public])
+
+
+def test_keygen_refuses_symlinks_and_turns_file_errors_into_one_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COSIGN_PASSWORD", "")
+    with pytest.raises(BuilderError, match="no such folder") as missing:
+        sign.keygen(tmp_path / "missing")
+    assert "mkdir -p" in (missing.value.hint or "")
+    for name in ("cosign.pub", "cosign.key"):
+        folder = tmp_path / name.replace(".", "-")
+        folder.mkdir()
+        (folder / name).symlink_to(tmp_path / "elsewhere")  # dangling
+        with pytest.raises(BuilderError, match=f"{name} is a symlink"):
+            sign.keygen(folder)
+        assert not (tmp_path / "elsewhere").exists()
+        assert [p.name for p in folder.iterdir()] == [name]
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    monkeypatch.setattr(sign.os, "open", lambda *a: (_ for _ in ()).throw(
+        PermissionError(13, "Permission denied")))
+    with pytest.raises(BuilderError, match=r"cosign\.key: cannot write the key file: Permission"):
+        sign.keygen(readonly)
