@@ -10,7 +10,7 @@ from builder.commands.options import (
     add_locks_option,
     load_selected,
 )
-from builder.core import proc
+from builder.core import proc, sign
 from builder.core.output import emit_json, human_bytes, step, table
 from builder.model import platforms
 from builder.stages import base, render
@@ -97,4 +97,13 @@ def exit_status(outcomes: list[Outcome]) -> int:
 
 def run_build(args: argparse.Namespace) -> list[Outcome]:
     matrix, variants = load_selected(args)
-    return build_images(matrix, variants, BuildOptions.from_args(args))
+    return build_images(matrix, variants, build_options(args))
+
+
+def build_options(args: argparse.Namespace) -> BuildOptions:
+    """What `builder build` was asked for, as the build stage takes it."""
+    return BuildOptions(locks=args.locks, force=args.force, relock=args.relock,
+                        fail_fast=args.fail_fast, smoke=not args.no_smoke, sbom=not args.no_sbom,
+                        stage=args.stage, require_gpu=args.require_gpu,
+                        apt_refresh=args.apt_refresh, registry_cache=not args.no_registry_cache,
+                        key=sign.signing_key(args.key) if args.stage else None)

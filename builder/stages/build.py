@@ -7,7 +7,6 @@ two builds on one machine from racing.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import fcntl
@@ -15,7 +14,6 @@ import itertools
 import os
 import re
 import shutil
-import subprocess
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -48,8 +46,8 @@ NEED_GB = {"cpu": 4, "cuda": 12}  # a new CUDA variant: ~7 GB of layers + ~5 GB 
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """What a build was asked for: `builder build` reads it from its arguments, `rebuild`
-    passes its own."""
+    """What a build was asked for: `builder build` makes it from its arguments
+    (commands/build.py), `rebuild` passes its own."""
 
     locks: Path = Path("locks")
     force: bool = False
@@ -62,14 +60,6 @@ class BuildOptions:
     apt_refresh: str = ""
     registry_cache: bool = True  # --cache-from the registry's cache image of the variant
     key: sign.SigningKey | None = None  # signs the evidence attached at staging
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> BuildOptions:
-        return cls(locks=args.locks, force=args.force, relock=args.relock,
-                   fail_fast=args.fail_fast, smoke=not args.no_smoke, sbom=not args.no_sbom,
-                   stage=args.stage, require_gpu=args.require_gpu, apt_refresh=args.apt_refresh,
-                   registry_cache=not getattr(args, "no_registry_cache", False),
-                   key=sign.signing_key(args.key) if args.stage else None)
 
 
 @dataclass(frozen=True)
@@ -128,7 +118,11 @@ def ensure_buildkit() -> None:
 
 
 def git(*args: str) -> str:
-    result = subprocess.run(["git", *args], capture_output=True, text=True, check=False)
+    """git's answer, or "" where there is none (no git, not a checkout): labels are optional."""
+    try:
+        result = proc.run(["git", *args], check=False)
+    except BuilderError:  # git is not installed
+        return ""
     return result.stdout.strip() if result.returncode == 0 else ""
 
 
