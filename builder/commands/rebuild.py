@@ -17,16 +17,14 @@ from builder.commands.options import (
 from builder.core import proc, sign
 from builder.core.errors import BuilderError
 from builder.core.output import emit_json, human_bytes, table
-from builder.flows.rebuild import (
+from builder.flows.rebuild import Action, plan_actions, rebuild
+from builder.flows.rebuild_check import (
     REASONS,
     UNKNOWN,
-    Action,
     Finding,
     check,
     exit_code,
-    plan_actions,
     published_variants,
-    rebuild,
     source_summary,
 )
 from builder.model.matrix import Matrix, Variant

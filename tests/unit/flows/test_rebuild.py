@@ -1,4 +1,5 @@
-"""`builder rebuild`: decision logic with faked sources, exit codes, the rebuild loop."""
+"""`builder rebuild`: the sources' decisions with faked sources (`rebuild_check`), exit codes, the
+rebuild loop."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from builder.commands import rebuild as rebuild_cmd
 from builder.core import labels, sign
 from builder.core.errors import BuilderError
 from builder.flows import rebuild
+from builder.flows import rebuild_check as checking
 from builder.model.matrix import Base, Variant
 
 CPU = Variant(torch="2.13.0+cpu", python="3.11", accelerator="cpu", flavor="runtime",
@@ -28,36 +30,37 @@ PUB = publication(content_hash=HASH)
 def clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Every source answers and finds nothing; tests override one source at a time."""
     monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "state"))
-    info = {"Config": {"Labels": {rebuild.BASE_DIGEST_LABEL: BASE_OLD,
+    info = {"Config": {"Labels": {checking.BASE_DIGEST_LABEL: BASE_OLD,
                                   labels.CONTENT_HASH: HASH}}}
-    monkeypatch.setattr(rebuild, "latest_publications", lambda manifest: {VID: PUB})
-    monkeypatch.setattr(rebuild, "published_image", lambda pub: (pub.reference, info))
-    monkeypatch.setattr(rebuild, "debian_upgradable", lambda image: {})
-    monkeypatch.setattr(rebuild, "audit_lock", lambda path: {"vulns": [], "unknown": []})
-    monkeypatch.setattr(rebuild, "base_digest_now", lambda variant: BASE_OLD)
-    monkeypatch.setattr(rebuild, "planned_hash", lambda *a: HASH)
-    monkeypatch.setattr(rebuild.plan, "smoke_files_hash", lambda: "s")
+    for module in (checking, rebuild):
+        monkeypatch.setattr(module, "latest_publications", lambda manifest: {VID: PUB})
+    monkeypatch.setattr(checking, "published_image", lambda pub: (pub.reference, info))
+    monkeypatch.setattr(checking, "debian_upgradable", lambda image: {})
+    monkeypatch.setattr(checking, "audit_lock", lambda path: {"vulns": [], "unknown": []})
+    monkeypatch.setattr(checking, "base_digest_now", lambda variant: BASE_OLD)
+    monkeypatch.setattr(checking, "planned_hash", lambda *a: HASH)
+    monkeypatch.setattr(checking.plan, "smoke_files_hash", lambda: "s")
     return monkeypatch
 
 
-def run_check() -> list[rebuild.Finding]:
-    return rebuild.check(None, [CPU], Path("published.json"))  # type: ignore[arg-type]
+def run_check() -> list[checking.Finding]:
+    return checking.check(None, [CPU], Path("published.json"))  # type: ignore[arg-type]
 
 
 def test_all_clean_exits_0(clean) -> None:
     findings = run_check()
     assert findings == []
-    assert rebuild.exit_code(findings) == 0
+    assert checking.exit_code(findings) == 0
 
 
 def test_debian_updates_need_rebuild(clean) -> None:
-    clean.setattr(rebuild, "debian_upgradable",
+    clean.setattr(checking, "debian_upgradable",
                   lambda image: {"libssl3": ("3.0.14-1~deb12u2", "3.0.15-1~deb12u1")})
     [f] = run_check()
     assert (f.reason, f.status) == ("debian-security", "rebuild")
     assert "libssl3 3.0.14-1~deb12u2→3.0.15-1~deb12u1" in f.detail
     assert f.data["token"].split("-")[0].isdigit()
-    assert rebuild.exit_code([f]) == 1
+    assert checking.exit_code([f]) == 1
 
 
 def test_python_vuln_with_fix_and_torch_is_matrix_change(clean) -> None:
@@ -66,19 +69,19 @@ def test_python_vuln_with_fix_and_torch_is_matrix_change(clean) -> None:
         {"name": "torch", "version": "2.13.0+cpu", "id": "PYSEC-t", "fix_versions": ["2.14.0"]},
         {"name": "numpy", "version": "2.0.0", "id": "GHSA-nofix", "fix_versions": []},
     ]
-    clean.setattr(rebuild, "audit_lock", lambda path: {"vulns": vulns, "unknown": []})
+    clean.setattr(checking, "audit_lock", lambda path: {"vulns": vulns, "unknown": []})
     findings = run_check()
     assert [(f.data["name"], f.status) for f in findings] == [
         ("jinja2", "rebuild"), ("torch", "matrix-change")]
     assert "3.1.5" in findings[0].detail and "GHSA-x" in findings[0].detail
-    assert rebuild.exit_code(findings) == 1
+    assert checking.exit_code(findings) == 1
     [action] = rebuild.plan_actions(findings)
     assert action.upgrade == ["jinja2"] and action.reasons == ["python-vuln"]
 
 
 def test_base_moved_and_inputs_changed(clean) -> None:
-    clean.setattr(rebuild, "base_digest_now", lambda variant: "sha256:" + "b" * 64)
-    clean.setattr(rebuild, "planned_hash", lambda *a: "f" * 64)
+    clean.setattr(checking, "base_digest_now", lambda variant: "sha256:" + "b" * 64)
+    clean.setattr(checking, "planned_hash", lambda *a: "f" * 64)
     findings = run_check()
     assert {f.reason for f in findings} == {"base-moved", "inputs-changed"}
     assert all(f.status == "rebuild" for f in findings)
@@ -88,36 +91,36 @@ def test_base_moved_and_inputs_changed(clean) -> None:
                                     "planned_hash"])
 def test_a_failing_source_is_unknown_never_clean(clean, source: str) -> None:
     def boom(*a, **k):
-        raise rebuild.SourceError("unreachable: no network")
+        raise checking.SourceError("unreachable: no network")
 
-    clean.setattr(rebuild, source, boom)
+    clean.setattr(checking, source, boom)
     findings = run_check()
     assert findings and all(f.status == "unknown" for f in findings)
     assert "unreachable" in findings[0].detail
-    assert rebuild.exit_code(findings) == 2
+    assert checking.exit_code(findings) == 2
 
 
 def test_unreachable_image_makes_image_sources_unknown(clean) -> None:
     def no_image(pub):
-        raise rebuild.SourceError("cannot pull")
+        raise checking.SourceError("cannot pull")
 
-    clean.setattr(rebuild, "published_image", no_image)
+    clean.setattr(checking, "published_image", no_image)
     findings = run_check()
     assert {f.reason for f in findings} == {"debian-security", "base-moved", "inputs-changed"}
-    assert rebuild.exit_code(findings) == 2
+    assert checking.exit_code(findings) == 2
 
 
 def test_unknown_wins_over_rebuild_and_local_versions_stay_unknown(clean) -> None:
-    clean.setattr(rebuild, "debian_upgradable", lambda image: {"zlib1g": ("1", "2")})
-    clean.setattr(rebuild, "audit_lock", lambda path: {"vulns": [], "unknown": [
+    clean.setattr(checking, "debian_upgradable", lambda image: {"zlib1g": ("1", "2")})
+    clean.setattr(checking, "audit_lock", lambda path: {"vulns": [], "unknown": [
         {"name": "torch", "version": "2.13.0+cpu", "reason": "not on PyPI"}]})
     findings = run_check()
-    assert rebuild.exit_code(findings) == 2
+    assert checking.exit_code(findings) == 2
     assert [f.status for f in findings] == ["rebuild", "unknown"]
 
 
 def test_missing_label_is_unknown(clean) -> None:
-    clean.setattr(rebuild, "published_image",
+    clean.setattr(checking, "published_image",
                   lambda pub: (pub.reference, {"Config": {"Labels": {
                       labels.CONTENT_HASH: HASH}}}))
     findings = run_check()
@@ -130,17 +133,17 @@ libssl3/stable-security 3.0.15-1~deb12u1 amd64 [upgradable from: 3.0.14-1~deb12u
 Inst libc6 [2.36-9+deb12u7] (2.36-9+deb12u9 Debian-Security:12/stable-security [amd64])
 Conf libc6 (2.36-9+deb12u9 Debian-Security:12/stable-security [amd64])
 """
-    assert rebuild.parse_upgradable(text) == {
+    assert checking.parse_upgradable(text) == {
         "libc6": ("2.36-9+deb12u7", "2.36-9+deb12u9"),
         "libssl3": ("3.0.14-1~deb12u2", "3.0.15-1~deb12u1"),
     }
-    assert rebuild.parse_upgradable("Listing...\n") == {}
+    assert checking.parse_upgradable("Listing...\n") == {}
 
 
 def test_apt_token_changes_with_list() -> None:
-    a = rebuild.apt_token({"x": ("1", "2")})
-    assert a != rebuild.apt_token({"x": ("1", "3")})
-    assert a == rebuild.apt_token({"x": ("1", "2")})
+    a = checking.apt_token({"x": ("1", "2")})
+    assert a != checking.apt_token({"x": ("1", "3")})
+    assert a == checking.apt_token({"x": ("1", "2")})
 
 
 # ---- the rebuild loop -------------------------------------------------------------------------
@@ -156,8 +159,8 @@ def test_nothing_to_do_builds_and_pushes_nothing(clean) -> None:
 
 
 def test_rebuild_builds_with_apt_refresh_and_publishes(clean, tmp_path: Path) -> None:
-    findings = [rebuild.Finding(VID, "debian-security", "rebuild", "x", {"token": "20250101-ab"}),
-                rebuild.Finding("other", "base-moved", "unknown", "err")]
+    findings = [checking.Finding(VID, "debian-security", "rebuild", "x", {"token": "20250101-ab"}),
+                checking.Finding("other", "base-moved", "unknown", "err")]
     built, published = [], []
     new_sbom = tmp_path / "new.json"
     new_sbom.write_text(json.dumps({"components": [
@@ -191,7 +194,7 @@ def test_rebuild_builds_with_apt_refresh_and_publishes(clean, tmp_path: Path) ->
 
 
 def test_python_vuln_relocks_then_builds(clean) -> None:
-    findings = [rebuild.Finding(VID, "python-vuln", "rebuild", "x", {"name": "jinja2"})]
+    findings = [checking.Finding(VID, "python-vuln", "rebuild", "x", {"name": "jinja2"})]
     upgraded = []
     clean.setattr(rebuild, "upgrade_packages",
                   lambda m, v, d, pkgs: upgraded.append(pkgs) or False)
@@ -204,7 +207,7 @@ def test_python_vuln_relocks_then_builds(clean) -> None:
 
 
 def test_dry_run_changes_nothing(clean) -> None:
-    findings = [rebuild.Finding(VID, "inputs-changed", "rebuild", "x")]
+    findings = [checking.Finding(VID, "inputs-changed", "rebuild", "x")]
     actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
                               findings=findings, dry_run=True,
                               build=lambda *a: pytest.fail("no build"))
@@ -212,7 +215,7 @@ def test_dry_run_changes_nothing(clean) -> None:
 
 
 def test_failed_build_is_reported(clean) -> None:
-    findings = [rebuild.Finding(VID, "inputs-changed", "rebuild", "x")]
+    findings = [checking.Finding(VID, "inputs-changed", "rebuild", "x")]
 
     def build(*args):
         raise BuilderError("engine gone")
@@ -227,9 +230,9 @@ def test_failed_build_is_reported(clean) -> None:
 
 @pytest.mark.parametrize(("findings", "code"), [
     ([], 0),
-    ([rebuild.Finding(VID, "base-moved", "rebuild", "x")], 1),
-    ([rebuild.Finding(VID, "base-moved", "rebuild", "x"),
-      rebuild.Finding(VID, "python-vuln", "unknown", "offline")], 2),
+    ([checking.Finding(VID, "base-moved", "rebuild", "x")], 1),
+    ([checking.Finding(VID, "base-moved", "rebuild", "x"),
+      checking.Finding(VID, "python-vuln", "unknown", "offline")], 2),
 ])
 def test_cli_check_exit_codes(clean, tmp_path: Path, capsys, findings, code) -> None:
     from builder.cli import main
@@ -264,8 +267,8 @@ def test_apt_asks_in_an_unprivileged_container(monkeypatch: pytest.MonkeyPatch) 
         calls.append(args)
         return SimpleNamespace(returncode=0, stdout="Listing...\n", stderr="")
 
-    monkeypatch.setattr(rebuild.engine, "run_container", run_container)
-    assert rebuild.debian_upgradable("img") == {}
+    monkeypatch.setattr(checking.engine, "run_container", run_container)
+    assert checking.debian_upgradable("img") == {}
     [args] = calls
     line = " ".join(args)
     assert "--network host" not in line and "--network bridge" in line
@@ -276,8 +279,8 @@ def test_apt_asks_in_an_unprivileged_container(monkeypatch: pytest.MonkeyPatch) 
 
 def test_a_signed_publication_is_not_run_unverified() -> None:
     signed = publication(content_hash=HASH, signed=True)
-    assert "give --trust-key" in rebuild.signature_problem(signed, ())
-    assert rebuild.signature_problem(publication(content_hash=HASH), ()) == ""
+    assert "give --trust-key" in checking.signature_problem(signed, ())
+    assert checking.signature_problem(publication(content_hash=HASH), ()) == ""
 
 
 def test_an_image_whose_signature_fails_is_not_run(clean, monkeypatch) -> None:
@@ -286,8 +289,8 @@ def test_an_image_whose_signature_fails_is_not_run(clean, monkeypatch) -> None:
     def refuse(reg, repository, digest, keys):
         raise sign.SignatureError("no signature")
 
-    monkeypatch.setattr(rebuild.sign, "verify_image", refuse)
-    monkeypatch.setattr(rebuild, "debian_upgradable", lambda image: pytest.fail("it ran"))
-    findings = rebuild.check(None, [CPU], Path("p.json"), keys=(key.public,))  # type: ignore[arg-type]
+    monkeypatch.setattr(checking.sign, "verify_image", refuse)
+    monkeypatch.setattr(checking, "debian_upgradable", lambda image: pytest.fail("it ran"))
+    findings = checking.check(None, [CPU], Path("p.json"), keys=(key.public,))  # type: ignore[arg-type]
     [debian] = [f for f in findings if f.reason == "debian-security"]
-    assert debian.status == rebuild.UNKNOWN and "not run: its signature" in debian.detail
+    assert debian.status == checking.UNKNOWN and "not run: its signature" in debian.detail
