@@ -1,0 +1,78 @@
+"""The workflows as shipped: rebuild.yml logs in before it touches the registry, rebuilds and
+publishes with one command and signs as build.yml does; secrets reach only the steps that use
+them; the check runs daily and names its matrix from the findings it prints."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+WORKFLOWS = Path(__file__).resolve().parents[2] / ".github" / "workflows"
+SECRET = re.compile(r"\$\{\{\s*secrets\.([A-Z_]+)\s*\}\}")
+# What `builder` itself reads from its environment (cosign's and the registry's names).
+BUILDER_READS = {"COSIGN_PRIVATE_KEY", "COSIGN_PASSWORD", "REGISTRY_USERNAME", "REGISTRY_PASSWORD"}
+
+
+def uses_variable(script: str, var: str) -> bool:
+    return f"${var}" in script or "${" + var in script or (
+        var in BUILDER_READS and re.search(r"(^|\s)builder ", script) is not None)
+
+
+def workflow(name: str) -> dict[Any, Any]:
+    return yaml.safe_load((WORKFLOWS / name).read_text())
+
+
+def step_index(steps: list[dict[str, Any]], needle: str) -> int:
+    return next(i for i, s in enumerate(steps) if needle in s.get("run", ""))
+
+
+def test_rebuild_logs_in_first_and_publishes_with_one_command() -> None:
+    steps = workflow("rebuild.yml")["jobs"]["rebuild"]["steps"]
+    login = step_index(steps, "docker login")
+    rebuild = step_index(steps, "builder rebuild ")
+    assert login < rebuild
+    assert not any("builder publish" in s.get("run", "") for s in steps)
+    assert "--check" not in steps[rebuild]["run"]
+
+
+def test_rebuild_signs_keyless_as_build_does() -> None:
+    for name, job in (("build.yml", "publish"), ("rebuild.yml", "rebuild")):
+        spec = workflow(name)["jobs"][job]
+        assert spec["permissions"].get("id-token") == "write", name
+        runs = [s.get("run", "") for s in spec["steps"]]
+        assert any(r.startswith("tools/sign_keyless.sh ") for r in runs), name
+        assert any(s.get("uses", "").startswith("sigstore/cosign-installer@")
+                   for s in spec["steps"]), name
+
+
+def test_the_check_runs_daily_and_its_matrix_comes_from_the_findings() -> None:
+    wf = workflow("rebuild.yml")
+    (cron,) = [entry["cron"] for entry in wf[True]["schedule"]]  # YAML 1.1 reads `on` as True
+    assert cron.split()[2:] == ["*", "*", "*"], cron
+    check = next(s for s in wf["jobs"]["check"]["steps"] if s.get("id") == "check")["run"]
+    assert '.findings[]? | select(.status == "rebuild")' in check
+    assert "::warning" in check and 'select(.status == "unknown")' in check
+
+
+def test_secrets_reach_only_the_steps_that_use_them() -> None:
+    """No job-level secret: each one is in the env of the step whose script reads it."""
+    for name in ("build.yml", "rebuild.yml"):
+        for job_name, job in workflow(name)["jobs"].items():
+            job_env = " ".join(str(v) for v in (job.get("env") or {}).values())
+            assert not SECRET.search(job_env), f"{name}: job `{job_name}` env holds a secret"
+            for step in job.get("steps", []):
+                env = step.get("env") or {}
+                for var, value in env.items():
+                    if SECRET.search(str(value)):
+                        assert uses_variable(step["run"], var), (
+                            f"{name}: `{job_name}` step `{step.get('name')}` gets {var} unused")
+
+
+def test_no_registry_writing_job_may_write_contents() -> None:
+    for name in ("build.yml", "rebuild.yml"):
+        for job_name, job in workflow(name)["jobs"].items():
+            perms = job.get("permissions") or {}
+            assert perms.get("contents") in (None, "read"), f"{name}: `{job_name}`"
