@@ -1,4 +1,4 @@
-"""`builder publish`: its options and output; the work is `builder.stages.publish`."""
+"""`builder publish`: its options and output; the work is `builder.flows.publish`."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from builder.commands.options import (
 from builder.core import proc, sign
 from builder.core.errors import GateRefused
 from builder.core.output import emit_json, table
+from builder.flows.publish import publish_variants
 from builder.stages import base, plan
-from builder.stages.multiarch import publish_variants
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

@@ -17,11 +17,12 @@ from typing import Any
 from builder.core import layerdiff, oci, sign, state
 from builder.core.errors import BuilderError
 from builder.core.output import step
+from builder.flows import publish as publish_flow
 from builder.flows.rebuild_check import REBUILD, Finding, check, latest_publications
 from builder.model.matrix import Matrix, Variant
 from builder.model.publication import Publication
 from builder.stages import build as build_mod
-from builder.stages import locks, multiarch, publish
+from builder.stages import locks, publish
 
 # ---- re-locking one package -------------------------------------------------------------------
 
@@ -122,7 +123,7 @@ def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_di
             a.state = "would-rebuild"
         return actions
     run = Run(matrix, variants, manifest, locks_dir, findings, latest_publications(manifest),
-              build or build_mod.build_images, publish_fn or multiarch.publish_variants,
+              build or build_mod.build_images, publish_fn or publish_flow.publish_variants,
               allow_cpu_smoke, trust)
     with build_mod.build_lock():
         for a in actions:

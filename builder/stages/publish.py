@@ -1,4 +1,4 @@
-"""`builder publish`: promote gated images from staging to the vetted repository.
+"""The steps of `builder publish`: gate, stage, promote, attach, sign and tag one image.
 
 Publishing is promotion by digest; it never builds. Per variant, in this order (each step
 idempotent; what users and `builder plan` read comes last):
@@ -12,8 +12,7 @@ idempotent; what users and `builder plan` read comes last):
            (also tagged `sha256-<hex>.sbom` / `.smoke` / `.provenance`)
   tag      `<floating>-YYYYMMDD` (UTC; `.1`, `.2`… when taken by another digest, never
            overwritten), the content tag `build-<hash20>`, the floating tag, then the aliases
-A variant with several platforms (or one off linux/amd64) is promoted per platform manifest and
-tagged as one OCI image index instead (builder.multiarch).
+The steps are composed, for a single manifest and an image index alike, in builder.flows.publish.
 A run stopped at any step leaves no tag on an image without its evidence; run it again to
 complete it. Credentials: docker's own config for `docker push`; REGISTRY_USERNAME/PASSWORD
 for the registry API.
@@ -29,9 +28,8 @@ from typing import Any
 
 from builder.core import engine, labels, limits, oci, reproducible, sign
 from builder.core.oci import RegistryError
-from builder.core.output import step
 from builder.model.matrix import Matrix
-from builder.model.publication import Artifact, Publication, Signed
+from builder.model.publication import Signed
 from builder.stages import evidence, plan, provenance, smoketest
 from builder.stages.evidence import Staged
 
@@ -272,57 +270,6 @@ def dry_run_entry(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
             "registry": matrix.registry, "repository": matrix.repository}
 
 
-def promote_with_evidence(matrix: Matrix, cand: Candidate
-                          ) -> tuple[Staged, dict[str, dict[str, str]]]:
-    """The gated image in the vetted repository by digest, with SBOM, smoke report and
-    provenance attached to that digest and (with a key) their signed attestations; no tag
-    points at it yet (sign_digest signs it next)."""
-    trust = cand.trust
-    vetted = promote(matrix, stage(matrix, cand))
-    refs = {"sbom": attach(vetted, "sbom", cand.evidence["sbom"], trust),
-            "smoke_report": attach(vetted, "smoke", cand.evidence["smoke"], trust),
-            "provenance": attach_provenance(vetted, trust)}
-    return vetted, refs
-
-
-def publication(matrix: Matrix, cand: Candidate, digest: str, dated: str,
-                tags: list[str], refs: dict[str, dict[str, str]],
-                signed: dict[str, Any] | None = None) -> Publication:
-    """The published.json record of one image."""
-    p = cand.planned
-    date = today()
-    facts = p.rendered.facts
-    return Publication(
-        date=f"{date[:4]}-{date[4:6]}-{date[6:]}",
-        published_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        registry=matrix.registry, repository=matrix.repository,
-        digest=digest, reference=f"{matrix.image_name}@{digest}",
-        image_id=cand.image_id, content_hash=p.content_hash,
-        tags=tuple(tags), dated_tag=dated, hash_tag=p.hash_tag,
-        floating_tag=p.floating_tag, aliases=tuple(p.tags[1:]),
-        torch=facts.get("torch"), python=facts.get("python") or p.variant.python,
-        accelerator=p.variant.accelerator, cuda=facts.get("cuda"),
-        cudnn=facts.get("cudnn"), nccl=facts.get("nccl"),
-        min_driver=facts.get("min_driver"), flavor=p.variant.flavor,
-        **{kind: Artifact.from_json(ref) for kind, ref in refs.items()},
-        smoke_gpu=cand.smoke_gpu, allow_cpu_smoke=cand.allow_cpu_smoke, **(signed or {}),
-    )
-
-
-def publish_one(matrix: Matrix, cand: Candidate) -> Publication:
-    """Promote one gated image; returns its publication record.
-
-    Every step is idempotent, and what users and `builder plan` read comes last: a run that
-    stops anywhere leaves no tag on an image without its evidence, and the next run completes.
-    """
-    p = cand.planned
-    vetted, refs = promote_with_evidence(matrix, cand)
-    signed = sign_digest(vetted, cand.trust)
-    tag = write_tags(vetted, p.floating_tag, [p.hash_tag, *p.tags])
-    return publication(matrix, cand, vetted.digest, tag, [tag, p.hash_tag, *p.tags], refs,
-                       signed)
-
-
 def write_tags(vetted: Staged, floating: str, tags: list[str]) -> str:
     """Point the first free dated tag of `floating`, then `tags` (content tag first, then the
     moving ones) at the vetted image or index; returns the dated tag."""
@@ -335,17 +282,3 @@ def write_tags(vetted: Staged, floating: str, tags: list[str]) -> str:
 
 def tag_image(vetted: Staged, tag: str) -> None:
     oci.Registry(vetted.registry).tag(vetted.repository, vetted.digest, tag)
-
-
-def publish_variant(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: bool,
-                    dry_run: bool, trust: sign.Trust = sign.UNSIGNED) -> dict[str, Any]:
-    cand = gate(matrix, p, allow_cpu_smoke=allow_cpu_smoke, trust=trust)
-    if cand.reason:
-        step(f"  [{p.variant.id}] refused: {cand.reason}")
-        return {"id": p.variant.id, "status": "refused", "reason": cand.reason,
-                "image_id": cand.image_id}
-    if dry_run:
-        return dry_run_entry(matrix, cand)
-    step(f"  [{p.variant.id}] publishing {cand.staged.reference if cand.staged else cand.image}")
-    return {"id": p.variant.id, "status": "published", **publish_one(matrix, cand).to_json()}
-

@@ -17,9 +17,10 @@ import pytest
 from test_publish import SBOM_DOC, smoke_report, tags
 
 from builder.core import engine, labels, oci
+from builder.flows import publish as publish_flow
 from builder.flows import verify
 from builder.model import matrix, platforms
-from builder.stages import evidence, multiarch, plan, publish, smoketest
+from builder.stages import evidence, plan, publish, smoketest
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,12 +109,12 @@ def test_publish_joins_a_variants_platforms_under_its_tags(tmp_path: Path, regis
     assert [p.variant.platform for p in planned] == ["linux/amd64", "linux/arm64"]
 
     # One platform alone is refused: its tag must not lose the other.
-    [refused, *_] = multiarch.publish_variants(m, planned[1:], allow_cpu_smoke=True,
+    [refused, *_] = publish_flow.publish_variants(m, planned[1:], allow_cpu_smoke=True,
                                              manifest=tmp_path / "published.json")
     assert refused["status"] == "refused" and "linux/amd64" in refused["reason"]
     assert tags(registry_addr, m.repository) == []
 
-    [result] = multiarch.publish_variants(m, planned, allow_cpu_smoke=True,
+    [result] = publish_flow.publish_variants(m, planned, allow_cpu_smoke=True,
                                         manifest=tmp_path / "published.json")
     assert result["status"] == "published"
     reg = oci.Registry(registry_addr)
@@ -158,7 +159,7 @@ def test_platforms_staged_apart_are_promoted_into_one_index(tmp_path: Path, regi
         assert p.floating_tag not in tags(registry_addr, m.repository)  # nothing a user reads, yet
         planned.append(p)
     monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "publisher"))
-    [result] = multiarch.publish_variants(m, planned, allow_cpu_smoke=True,
+    [result] = publish_flow.publish_variants(m, planned, allow_cpu_smoke=True,
                                         manifest=tmp_path / "published.json")
     assert result["status"] == "published", result.get("reason")
     reg = oci.Registry(registry_addr)

@@ -22,8 +22,9 @@ from helpers import free_port
 
 from builder.core import engine, labels, oci, registry
 from builder.core.oci import RegistryError
+from builder.flows import publish as publish_flow
 from builder.model import matrix, publication
-from builder.stages import evidence, multiarch, plan, publish, smoketest
+from builder.stages import evidence, plan, publish, smoketest
 from smoke.checks import CHECKS, GPU_CHECKS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,7 +155,7 @@ def images(tmp_path: Path, env: Path, registry_addr: str,
 def run(images: Images, planned: list[plan.PlannedVariant], tmp_path: Path, **kw: Any
         ) -> list[dict[str, Any]]:
     kw.setdefault("allow_cpu_smoke", False)
-    return multiarch.publish_variants(images.matrix, planned, manifest=tmp_path / "published.json",
+    return publish_flow.publish_variants(images.matrix, planned, manifest=tmp_path / "published.json",
                                     **kw)
 
 

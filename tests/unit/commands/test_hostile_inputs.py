@@ -18,9 +18,10 @@ from builder.commands import registry as registry_cmd
 from builder.commands import sbom as sbom_cmd
 from builder.core import proc, registry, state, swap
 from builder.core.errors import BuilderError, ConfigError
+from builder.flows import publish as publish_flow
 from builder.model import matrix
 from builder.model.matrix import MatrixError
-from builder.stages import build, locks, multiarch, plan, publish, render
+from builder.stages import build, locks, plan, publish, render
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCKS = ROOT / "locks"
@@ -108,7 +109,7 @@ def test_an_alias_equal_to_another_variants_floating_tag_stops_publish_before_an
 
     monkeypatch.setattr(publish.engine, "ensure_engine", no_engine)
     with pytest.raises(ConfigError, match="tags collide"):
-        multiarch.publish_variants(hostile, [], allow_cpu_smoke=True, dry_run=True,
+        publish_flow.publish_variants(hostile, [], allow_cpu_smoke=True, dry_run=True,
                                  manifest=Path("unused.json"), locks_dir=LOCKS)
 
 

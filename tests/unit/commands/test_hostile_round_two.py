@@ -18,8 +18,9 @@ from builder.commands import build as build_cmd
 from builder.commands import sbom as sbom_cmd
 from builder.core import output, proc, state
 from builder.core.errors import BuilderError, GateRefused
+from builder.flows import publish as publish_flow
 from builder.model import matrix, platforms, publication
-from builder.stages import build, multiarch, plan, publish, smoketest
+from builder.stages import build, plan, publish, smoketest
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCKS = ROOT / "locks"
@@ -39,14 +40,15 @@ def pushes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Stand-ins for the engine and the per-variant publication: what would have been pushed."""
     pushed: list[str] = []
 
-    def publish_variant(_m, p, **_kw):
+    def publish_group(_m, group, **_kw):
+        [p] = group
         pushed.append(p.variant.id)
         if p.variant.id == SLIM:
             raise publish.RegistryError("the registry went away")
-        return {"id": p.variant.id, "status": "published", **RECORD}
+        return [{"id": p.variant.id, "status": "published", **RECORD}]
 
-    monkeypatch.setattr(multiarch.engine, "ensure_engine", lambda: None)
-    monkeypatch.setattr(publish, "publish_variant", publish_variant)
+    monkeypatch.setattr(publish_flow.engine, "ensure_engine", lambda: None)
+    monkeypatch.setattr(publish_flow, "publish_group", publish_group)
     return pushed
 
 
@@ -83,7 +85,7 @@ def test_a_bad_record_stops_publish_before_any_push(tmp_path, shipped_plan, push
     else:
         manifest.write_text(content)
     with pytest.raises(BuilderError, match=message):
-        multiarch.publish_variants(m, planned, allow_cpu_smoke=True, dry_run=dry_run,
+        publish_flow.publish_variants(m, planned, allow_cpu_smoke=True, dry_run=dry_run,
                                    manifest=manifest, locks_dir=LOCKS)
     assert pushes == []
 
@@ -94,7 +96,7 @@ def test_a_variant_is_recorded_as_soon_as_it_is_published(tmp_path, shipped_plan
     m, planned = shipped_plan
     manifest = tmp_path / "published.json"
     with pytest.raises(publish.RegistryError, match="went away"):
-        multiarch.publish_variants(m, planned, allow_cpu_smoke=True, manifest=manifest,
+        publish_flow.publish_variants(m, planned, allow_cpu_smoke=True, manifest=manifest,
                                    locks_dir=LOCKS)
     assert pushes == [CPU, SLIM]
     assert list(publication.load_document(manifest)["variants"]) == [CPU]

@@ -11,9 +11,10 @@ import pytest
 
 from builder.core import oci
 from builder.core.errors import ConfigError
+from builder.flows import publish as publish_flow
 from builder.model import matrix, platforms
 from builder.model.matrix import MatrixError
-from builder.stages import locks, multiarch, plan, publish, render, smoketest, wheelhouse
+from builder.stages import locks, plan, publish, render, smoketest, wheelhouse
 from builder.stages.evidence import Staged
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -279,7 +280,7 @@ def promoted(monkeypatch):
         return staged, {"sbom": ARTIFACT, "smoke_report": ARTIFACT, "provenance": ARTIFACT}
 
     monkeypatch.setattr(publish, "gate", gate)
-    monkeypatch.setattr(publish, "promote_with_evidence", promote_with_evidence)
+    monkeypatch.setattr(publish_flow, "promote_with_evidence", promote_with_evidence)
     return reg, refuse, done
 
 
@@ -287,7 +288,7 @@ def test_publish_group_promotes_each_platform_then_points_every_tag_at_the_index
     reg, _, done = promoted
     m = matrix.load(ROOT / "matrix.yaml")
     group = planned_pair(m)[::-1]  # arm64 first: the index still lists amd64 first
-    [pub] = multiarch.publish_group(m, group, allow_cpu_smoke=True, dry_run=False)
+    [pub] = publish_flow.publish_group(m, group, allow_cpu_smoke=True, dry_run=False)
     index = json.loads(reg.manifests[pub["digest"]][0])
     assert index["mediaType"] == oci.OCI_INDEX
     assert [e["digest"] for e in index["manifests"]] == [desc(1).digest, desc(2).digest]
@@ -308,9 +309,9 @@ def test_one_refused_or_unselected_platform_refuses_the_variant(promoted):
     m = matrix.load(ROOT / "matrix.yaml")
     amd, arm = planned_pair(m)
     refuse[arm.variant.key] = "the smoke report failed"
-    results = multiarch.publish_group(m, [amd, arm], allow_cpu_smoke=True, dry_run=False)
+    results = publish_flow.publish_group(m, [amd, arm], allow_cpu_smoke=True, dry_run=False)
     assert [(r["id"], r["status"]) for r in results] == [(arm.variant.key, "refused")]
-    [alone] = multiarch.publish_group(m, [amd], allow_cpu_smoke=True, dry_run=False)
+    [alone] = publish_flow.publish_group(m, [amd], allow_cpu_smoke=True, dry_run=False)
     assert alone["status"] == "refused" and "linux/arm64" in alone["reason"]
     assert reg.tags == {} and done == []
 
@@ -320,7 +321,7 @@ def test_platforms_that_disagree_on_the_tag_are_refused(promoted):
     amd, arm = planned_pair(m)
     other = dataclasses.replace(arm, tags=("2.15.0-py3.11-cuda13.0-cudnn9-slim",))
     with pytest.raises(ConfigError, match="different tags"):
-        multiarch.publish_group(m, [amd, other], allow_cpu_smoke=True, dry_run=False)
+        publish_flow.publish_group(m, [amd, other], allow_cpu_smoke=True, dry_run=False)
 
 
 def test_an_index_lists_only_manifests_already_in_the_repository():
@@ -348,8 +349,8 @@ def test_wheelhouse_takes_the_wheel_of_the_platform(tmp_path):
 
 def test_a_linux_amd64_only_variant_keeps_a_plain_manifest():
     m = matrix.load(ROOT / "matrix.yaml")
-    assert not multiarch.is_multi(m, m.variant("2.13.0-py3.11-cpu-runtime"))
-    assert multiarch.is_multi(m, m.variant("2.15.0-py3.11-cuda-slim"))
+    assert not publish_flow.is_multi(m, m.variant("2.13.0-py3.11-cpu-runtime"))
+    assert publish_flow.is_multi(m, m.variant("2.15.0-py3.11-cuda-slim"))
 
 
 def test_lock_refuses_a_cpu_only_resolution_for_a_cuda_platform():

@@ -1,0 +1,256 @@
+"""`builder publish`: every selected variant, gated and promoted by digest, then tagged.
+
+One path for every variant: its platform images are a group (a linux/amd64-only variant is a
+group of one), and each group goes through the same steps, in this order (each idempotent; what
+users and `builder plan` read comes last):
+  same tags  every platform resolved to the same CUDA/cuDNN tag
+  gate       each platform's staged (else local) image and its evidence (stages.publish.gate);
+             one refused or unselected platform refuses the variant (no partial index)
+  promote    each platform's manifest into the vetted repository by digest, with SBOM, smoke
+             report and provenance attached, and signed
+  index      several platforms (or one off linux/amd64): an OCI image index of those manifests,
+             pushed by digest and signed; a linux/amd64-only variant keeps its plain manifest
+  tags       `<floating>-YYYYMMDD` (never overwritten), the content tag `build-<hash20>`, the
+             floating tag, then the aliases: on the manifest, or on the index
+  record     published.json, as soon as the tags moved
+A run stopped at any step leaves no tag on an image without its evidence; run it again to
+complete it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from builder.core import engine, oci, sign
+from builder.core.errors import ConfigError
+from builder.core.output import step
+from builder.model import platforms, publication
+from builder.model.matrix import Matrix, Variant
+from builder.model.publication import Artifact, PlatformEntry, Publication
+from builder.stages import plan, publish
+from builder.stages.evidence import Staged
+from builder.stages.publish import Candidate
+
+# What a platform's entry keeps of its own publication (the rest is the variant's).
+PLATFORM_ENTRY_FIELDS = {f.name for f in fields(PlatformEntry)}
+
+
+@dataclass(frozen=True)
+class Promoted:
+    """One platform's image in the vetted repository: where, its evidence, its signature."""
+
+    cand: Candidate
+    vetted: Staged
+    refs: dict[str, dict[str, str]]
+    signed: dict[str, Any]
+
+
+# ---- all selected variants --------------------------------------------------------------------
+
+
+def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
+                     allow_cpu_smoke: bool, dry_run: bool = False,
+                     manifest: Path = publication.MANIFEST,
+                     locks_dir: Path = Path("locks"),
+                     trust: sign.Trust = sign.UNSIGNED) -> list[dict[str, Any]]:
+    """Gate and publish each variant. Returns one result per variant (`status`: published,
+    refused, would-publish). Records what was published even when a later variant fails.
+    Every tag of the whole matrix is checked for collisions before anything is pushed."""
+    publication.check(manifest)  # a record that cannot be written stops us before a push
+    plan.check_tags(matrix, locks_dir)
+    engine.ensure_engine()
+    results: list[dict[str, Any]] = []
+    try:
+        for group in groups(planned):
+            out = publish_group(matrix, group, allow_cpu_smoke=allow_cpu_smoke,
+                                dry_run=dry_run, trust=trust)
+            # Recorded as soon as its tags moved; a run stopped before this line is recorded by
+            # the next one, which finds the tags in place (each step is idempotent).
+            publication.record(manifest, {
+                r["id"]: Publication.from_json({k: v for k, v in r.items()
+                                                if k not in ("id", "status")})
+                for r in out if r["status"] == "published"})
+            results += out
+    except oci.RegistryError as exc:
+        exc.hint = ((exc.hint or "") + "\n\nno tag points at an image without its SBOM and "
+                    "smoke report; run `builder publish` again to finish")
+        raise
+    return results
+
+
+def publish_group(matrix: Matrix, group: list[plan.PlannedVariant], *, allow_cpu_smoke: bool,
+                  dry_run: bool, trust: sign.Trust = sign.UNSIGNED) -> list[dict[str, Any]]:
+    """The steps of one variant (see the module's docstring). Returns one result for the
+    variant, one refusal per refused platform, or one would-publish entry per platform."""
+    multi = is_multi(matrix, group[0].variant)
+    check_same_tags(group)
+    cands, refused = gate_all(matrix, group, allow_cpu_smoke, trust)
+    if refused:
+        return refused
+    if dry_run:
+        return [would_publish(matrix, c, multi) for c in cands]
+    order = list(platforms.KNOWN)
+    cands.sort(key=lambda c: order.index(c.planned.variant.platform))
+    promoted = [promote_platform(matrix, c, multi) for c in cands]
+    top, signed = push_index(matrix, promoted) if multi else (promoted[0].vetted,
+                                                               promoted[0].signed)
+    first = cands[0].planned
+    dated = publish.write_tags(top, first.floating_tag,
+                               [*([] if multi else [first.hash_tag]), *first.tags])
+    if multi:
+        step(f"  [{first.variant.id}] index {top.digest[:19]} "
+             f"({', '.join(p.cand.planned.variant.platform for p in promoted)}) → {dated}, "
+             f"{first.floating_tag}")
+    pub = publication_of(matrix, cands[0], top.digest, dated,
+                      [dated, *(c.planned.hash_tag for c in cands), *first.tags],
+                      promoted[0].refs, signed)
+    if multi:
+        pub = replace(pub, platforms=tuple(platform_entry(matrix, p) for p in promoted))
+    return [{"id": first.variant.id, "status": "published", **pub.to_json()}]
+
+
+# ---- the steps --------------------------------------------------------------------------------
+
+
+def declared(matrix: Matrix, variant_id: str) -> list[str]:
+    """The platforms the matrix declares for a variant id, in matrix order."""
+    return [v.platform for v in matrix.variants if v.id == variant_id]
+
+
+def is_multi(matrix: Matrix, variant: Variant) -> bool:
+    """Published as an index: several platforms, or one that is not linux/amd64."""
+    names = declared(matrix, variant.id)
+    return len(names) > 1 or names != [platforms.DEFAULT]
+
+
+def groups(planned: Iterable[plan.PlannedVariant]) -> list[list[plan.PlannedVariant]]:
+    """The planned images by variant id (one list per variant), in plan order."""
+    by_id: dict[str, list[plan.PlannedVariant]] = {}
+    for p in planned:
+        by_id.setdefault(p.variant.id, []).append(p)
+    return list(by_id.values())
+
+
+def check_same_tags(group: list[plan.PlannedVariant]) -> None:
+    """One tag names all platforms: they must resolve to the same CUDA/cuDNN tag."""
+    found = {p.tags for p in group}
+    if len(found) != 1:
+        raise ConfigError(f"{group[0].variant.id}: its platforms resolved to different tags "
+                          f"({' vs '.join(t[0] for t in sorted(found))}): one tag cannot name "
+                          "them all; make their locks agree or give them separate variants")
+
+
+def gate_all(matrix: Matrix, group: list[plan.PlannedVariant], allow_cpu_smoke: bool,
+             trust: sign.Trust = sign.UNSIGNED
+             ) -> tuple[list[Candidate], list[dict[str, Any]]]:
+    """Candidates, and refusals: one refused platform refuses the variant (no partial index)."""
+    vid = group[0].variant.id
+    cands = [publish.gate(matrix, p, allow_cpu_smoke=allow_cpu_smoke, trust=trust)
+             for p in group]
+    refused = [{"id": c.planned.variant.key, "status": "refused", "reason": c.reason,
+                "image_id": c.image_id} for c in cands if c.reason]
+    missing = sorted(set(declared(matrix, vid)) - {p.variant.platform for p in group})
+    if missing:
+        refused.append({"id": vid, "status": "refused", "image_id": "",
+                        "reason": f"not selected: {', '.join(missing)}; one index holds every "
+                        "declared platform (select them all, e.g. without platform=)"})
+    for entry in refused:
+        step(f"  [{entry['id']}] refused: {entry['reason']}")
+    return cands, refused
+
+
+def would_publish(matrix: Matrix, cand: Candidate, multi: bool) -> dict[str, Any]:
+    """--dry-run's entry of one platform (an index's also names its platform)."""
+    entry = publish.dry_run_entry(matrix, cand)
+    if multi:
+        entry |= {"id": cand.planned.variant.key, "platform": cand.planned.variant.platform}
+    return entry
+
+
+def promote_platform(matrix: Matrix, cand: Candidate, multi: bool) -> Promoted:
+    """One platform's manifest in the vetted repository with its evidence, signed; in an index,
+    also its own content tag (a plain manifest gets it with the variant's tags)."""
+    p = cand.planned
+    ref = cand.staged.reference if cand.staged else cand.image
+    step(f"  [{p.variant.key}] promoting {ref} by digest" if multi
+         else f"  [{p.variant.id}] publishing {ref}")
+    vetted, refs = promote_with_evidence(matrix, cand)
+    signed = publish.sign_digest(vetted, cand.trust)
+    if multi:
+        publish.tag_image(vetted, p.hash_tag)
+    return Promoted(cand, vetted, refs, signed)
+
+
+def promote_with_evidence(matrix: Matrix, cand: Candidate
+                          ) -> tuple[Staged, dict[str, dict[str, str]]]:
+    """The gated image in the vetted repository by digest, with SBOM, smoke report and
+    provenance attached to that digest and (with a key) their signed attestations; no tag
+    points at it yet (sign_digest signs it next)."""
+    trust = cand.trust
+    vetted = publish.promote(matrix, publish.stage(matrix, cand))
+    refs = {"sbom": publish.attach(vetted, "sbom", cand.evidence["sbom"], trust),
+            "smoke_report": publish.attach(vetted, "smoke", cand.evidence["smoke"], trust),
+            "provenance": publish.attach_provenance(vetted, trust)}
+    return vetted, refs
+
+
+def push_index(matrix: Matrix, promoted: list[Promoted]) -> tuple[Staged, dict[str, Any]]:
+    """The image index of one variant's platform manifests, stored by digest (no tag yet) and
+    signed; returns it and its signature's publication fields."""
+    reg = oci.Registry(matrix.registry)
+    vid = promoted[0].cand.planned.variant.id
+    doc = platforms.index_document(
+        [platforms.PlatformManifest(platforms.get(p.cand.planned.variant.platform),
+                                    p.vetted.descriptor) for p in promoted],
+        {"org.opencontainers.image.title": f"{matrix.repository}:{vid}"})
+    desc = reg.push_index(matrix.repository, doc)
+    index = Staged(matrix.registry, matrix.repository, desc, "")
+    return index, publish.sign_digest(index, promoted[0].cand.trust)
+
+
+def platform_entry(matrix: Matrix, promoted: Promoted) -> PlatformEntry:
+    """A platform's entry in its index's publication."""
+    p = promoted.cand.planned
+    own = publication_of(matrix, promoted.cand, promoted.vetted.digest, "", [p.hash_tag],
+                      promoted.refs).to_json()
+    entry = {k: v for k, v in own.items() if k in PLATFORM_ENTRY_FIELDS}
+    return PlatformEntry.from_json({**entry, "platform": p.variant.platform,
+                                    "smoke_emulated": smoke_emulated(promoted.cand)})
+
+
+def smoke_emulated(cand: Candidate) -> bool:
+    """Whether the platform's smoke report ran under emulation (recorded per platform)."""
+    try:
+        report = json.loads(cand.evidence.get("smoke", b"{}"))
+    except ValueError:
+        return False
+    return bool((report.get("runner") or {}).get("emulated"))
+
+
+def publication_of(matrix: Matrix, cand: Candidate, digest: str, dated: str,
+                tags: list[str], refs: dict[str, dict[str, str]],
+                signed: dict[str, Any] | None = None) -> Publication:
+    """The published.json record of one image (a manifest, or an index)."""
+    p = cand.planned
+    date = publish.today()
+    facts = p.rendered.facts
+    return Publication(
+        date=f"{date[:4]}-{date[4:6]}-{date[6:]}",
+        published_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        registry=matrix.registry, repository=matrix.repository,
+        digest=digest, reference=f"{matrix.image_name}@{digest}",
+        image_id=cand.image_id, content_hash=p.content_hash,
+        tags=tuple(tags), dated_tag=dated, hash_tag=p.hash_tag,
+        floating_tag=p.floating_tag, aliases=tuple(p.tags[1:]),
+        torch=facts.get("torch"), python=facts.get("python") or p.variant.python,
+        accelerator=p.variant.accelerator, cuda=facts.get("cuda"),
+        cudnn=facts.get("cudnn"), nccl=facts.get("nccl"),
+        min_driver=facts.get("min_driver"), flavor=p.variant.flavor,
+        **{kind: Artifact.from_json(ref) for kind, ref in refs.items()},
+        smoke_gpu=cand.smoke_gpu, allow_cpu_smoke=cand.allow_cpu_smoke, **(signed or {}),
+    )
