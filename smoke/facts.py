@@ -7,10 +7,6 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_FACTS = Path("/opt/torch-images/image.json")
-KEYS = (
-    "variant", "torch", "python", "accelerator", "cuda", "cudnn", "nccl", "triton",
-    "flavor", "min_driver", "dropped", "wheels",
-)
 
 
 def load_facts(path: Path) -> dict[str, Any]:

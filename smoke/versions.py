@@ -85,18 +85,6 @@ def nvidia_require_cuda(min_driver: str | None) -> str | None:
     return f"cuda>={cuda}"
 
 
-def requirement_met(require: str, cuda: str, driver: str) -> bool:
-    """Whether a driver (its version and the CUDA it reports) meets an `NVIDIA_REQUIRE_CUDA`
-    expression of `cuda>=` / `driver>=` terms, as libnvidia-container evaluates it."""
-    have = {"cuda": numeric(cuda), "driver": numeric(driver)}
-
-    def term_ok(term: str) -> bool:
-        key, _, want = term.partition(">=")
-        return key in have and have[key] >= numeric(want)
-
-    return any(all(term_ok(t) for t in alt.split(",")) for alt in require.split())
-
-
 def cudnn_version_str(value: int | None) -> str | None:
     """cuDNN's integer version: 9.x encodes M*10000+m*100+p (92600), 8.x M*1000+m*100+p (8902)."""
     if value is None:

@@ -96,12 +96,6 @@ def image_labels(ref: str) -> dict[str, str]:
     return info["Config"].get("Labels") or {}
 
 
-def images_with_label(key: str, value: str) -> list[str]:
-    """Ids of local images whose label `key` equals `value`."""
-    result = docker("images", "-q", "--no-trunc", "--filter", f"label={key}={value}")
-    return sorted(set(result.stdout.split()))
-
-
 def run_container(name: str, run_args: Sequence[str], **kwargs: Any
                   ) -> subprocess.CompletedProcess[str]:
     """`docker RUN_ARGS` (a `run … --name NAME …` command line); on SIGINT/SIGTERM the container

@@ -1,7 +1,7 @@
 """The contract between the build and later stages: label keys and the in-image facts file.
 
 Every image carries its facts twice: as OCI/project labels (readable without running it) and in
-`FACTS_PATH` inside the image (readable by the smoke suite from within).
+`HOME`/image.json inside the image (smoke.facts.DEFAULT_FACTS: the smoke suite reads it within).
 """
 
 PREFIX = "io.torch-images."
@@ -25,7 +25,6 @@ OCI = "org.opencontainers.image."
 
 # Inside every image.
 HOME = "/opt/torch-images"
-FACTS_PATH = HOME + "/image.json"  # JSON: see builder.render.image_facts()
 SMOKE_DIR = HOME  # the smoke package lives at /opt/torch-images/smoke; run with -w HOME
 VENV = "/opt/venv"
 USER_UID = 1000

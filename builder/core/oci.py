@@ -503,11 +503,6 @@ class Registry:
 
     # ---- composite operations -----------------------------------------------------------------
 
-    def copy(self, source: str, repository: str, digest: str) -> Descriptor:
-        """Copy the manifest `source@digest` (and its blobs) into `repository`, by digest only:
-        nothing a user reads by tag changes."""
-        return promote(self, source, self, repository, digest)
-
     def tag(self, repository: str, digest: str, tag: str) -> None:
         """Point `tag` at the manifest `digest` already in `repository` (byte-identical PUT)."""
         found = self.manifest(repository, digest)

@@ -16,7 +16,6 @@ import os
 import re
 import tempfile
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -54,12 +53,6 @@ def installable(wheel: str, python: str | None, platform: str = platforms.DEFAUL
     return not tags.isdisjoint(supported_tags(python, platform))
 
 
-@dataclass
-class Stats:
-    downloaded_bytes: int = 0
-    reused_bytes: int = 0
-
-
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
@@ -75,7 +68,6 @@ class Wheelhouse:
         self.index_path = self.root / "index.json"
         self.index: dict[str, str] = (
             json.loads(self.index_path.read_text()) if self.index_path.exists() else {})
-        self.stats = Stats()
 
     def _save(self) -> None:
         state.atomic_write(self.index_path, json.dumps(self.index, indent=1, sort_keys=True))
@@ -104,11 +96,6 @@ class Wheelhouse:
             if path is None:
                 raise BuilderError(f"no wheel matching the lock's hashes for {variant.id} "
                                    f"({hashes[0][:12]}…) after download")
-            size = path.stat().st_size
-            if hashes in missing:
-                self.stats.downloaded_bytes += size
-            else:
-                self.stats.reused_bytes += size
             paths.append(path)
         return paths
 

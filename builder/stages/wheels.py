@@ -105,11 +105,6 @@ def candidates(variant: Variant, names: list[str]) -> list[str]:
     return [n for n in names if re.match(rf"torch-{version}-{tag}-", n.replace("%2B", "+"))]
 
 
-def has_wheel(variant: Variant, names: list[str]) -> bool:
-    platform = platforms.get(variant.platform)
-    return any(platforms.wheel_matches(n, platform) for n in candidates(variant, names))
-
-
 def missing_wheel_problems(variants: list[Variant]) -> tuple[list[str], list[str]]:
     """(problems, notes): a python with no torch wheel is a problem; an unreadable index a note."""
     problems, notes = [], []

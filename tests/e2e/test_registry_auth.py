@@ -152,7 +152,7 @@ def test_tls_registry_with_credentials_from_docker_config_auths(
     assert reg.head("team/app", "v1").digest == digest  # type: ignore[union-attr]
     assert reg.labels("team/app", json.loads(reg.manifest("team/app", digest)[0])  # type: ignore[index]
                       ["config"]["digest"]) == {"i22": "yes"}
-    assert reg.copy("team/app", "team/copy", digest).digest == digest
+    assert oci.promote(reg, "team/app", reg, "team/copy", digest).digest == digest
 
     wrong = base64.b64encode(f"{USER}:nope".encode()).decode()
     docker_config(isolated_client, {"auths": {addr: {"auth": wrong}}})
@@ -285,7 +285,7 @@ def test_token_auth_scopes_mount_and_promotion_across_registries(
                                               tls_registry: {"auth": auth}}})
     reg = oci.Registry(addr)
     digest = push_image(reg, "team/src")
-    assert reg.copy("team/src", "team/dst", digest).digest == digest  # a cross-repo mount
+    assert oci.promote(reg, "team/src", reg, "team/dst", digest).digest == digest  # a cross-repo mount
     assert ["repository:team/dst:pull,push", "repository:team/src:pull"] in tokens.asked
     with pytest.raises(RegistryError, match="outside the granted scope"):
         reg.head("secret/repo", "v1")

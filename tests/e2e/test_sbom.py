@@ -258,7 +258,9 @@ def cpu_runtime_image(tmp_path_factory: pytest.TempPathFactory):
     from builder.core import engine
 
     def find() -> list[str]:
-        return engine.images_with_label("io.torch-images.variant", CPU_RUNTIME)
+        result = engine.docker("images", "-q", "--no-trunc", "--filter",
+                               f"label=io.torch-images.variant={CPU_RUNTIME}")
+        return sorted(set(result.stdout.split()))
 
     if find():
         yield find()[0]

@@ -300,7 +300,7 @@ def test_an_index_with_too_many_children_is_refused(fake: Server) -> None:
     store.serve(fake)
     start = time.monotonic()
     with pytest.raises(RegistryError) as exc:
-        reg(fake).copy("repo", "other", fat)
+        oci.promote(reg(fake), "repo", reg(fake), "other", fat)
     one_line(exc, "3000 manifests", f"limit of {oci.MAX_INDEX_CHILDREN}")
     assert time.monotonic() - start < 3 and len(fake.seen) < 10
 
@@ -314,7 +314,7 @@ def test_nested_indexes_are_bounded(fake: Server) -> None:
     fake.ping_ok()
     store.serve(fake)
     with pytest.raises(RegistryError, match="nests deeper than 2"):
-        reg(fake).copy("repo", "other", ref)
+        oci.promote(reg(fake), "repo", reg(fake), "other", ref)
 
 
 def test_429_retry_after_is_honoured(fake: Server) -> None:

@@ -203,7 +203,7 @@ default:
     assert "default[0]: selects no variant" in text
 
 
-def test_python_without_a_torch_wheel_is_refused():
+def test_python_without_a_torch_wheel_is_refused(monkeypatch):
     from builder.stages import wheels
 
     base = matrix.Base("mmdebstrap:bookworm")
@@ -212,8 +212,11 @@ def test_python_without_a_torch_wheel_is_refused():
     ok = matrix.Variant("2.5.1", "3.11", "cuda", "runtime", base)
     missing = matrix.Variant("2.5.1", "3.14", "cuda", "runtime", base)
     cpu = matrix.Variant("2.13.0+cpu", "3.11", "cpu", "runtime", base)
-    assert wheels.has_wheel(ok, names) and wheels.has_wheel(cpu, names)
-    assert not wheels.has_wheel(missing, names)
+    monkeypatch.setattr(wheels, "filenames", lambda variant: names)
+    monkeypatch.setattr(wheels, "is_cuda_build", lambda variant, name: None)
+    problems, notes = wheels.missing_wheel_problems([ok, missing, cpu])
+    assert notes == [] and len(problems) == 1
+    assert problems[0].startswith(f"{missing.key}: torch 2.5.1 has no wheel for python 3.14")
 
 
 def test_staging_is_a_full_reference_on_any_registry(write_matrix):

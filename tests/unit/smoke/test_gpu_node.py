@@ -32,7 +32,6 @@ from smoke.versions import (
     driver_problem,
     numeric,
     nvidia_require_cuda,
-    requirement_met,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -41,6 +40,18 @@ R580 = "580.95.05"
 
 
 # ---- fakes ----------------------------------------------------------------------------------
+
+
+def requirement_met(require: str, cuda: str, driver: str) -> bool:
+    """libnvidia-container's side, faked: whether a driver (its version and the CUDA it
+    reports) meets an `NVIDIA_REQUIRE_CUDA` expression of `cuda>=` / `driver>=` terms."""
+    have = {"cuda": numeric(cuda), "driver": numeric(driver)}
+
+    def term_ok(term: str) -> bool:
+        key, _, want = term.partition(">=")
+        return key in have and have[key] >= numeric(want)
+
+    return any(all(term_ok(t) for t in alt.split(",")) for alt in require.split())
 
 
 class FakeCuda:
