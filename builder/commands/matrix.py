@@ -44,7 +44,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                        "(`build`, or `up-to-date` when an image with that hash exists locally or "
                        "in the registry). --json output is the CI job matrix.")
     add_locks_option(p)
-    p.add_argument("--offline", action="store_true", help="do not ask the registry")
+    p.add_argument("--offline", action="store_true",
+                   help="do not ask the registry: a variant not up to date locally is `unknown`")
     p.set_defaults(func=cmd_plan)
 
 
@@ -114,7 +115,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     m, variants = load_selected(args)
     planned = plan.make_plan(m, variants, args.locks, base.known_digests(variants, m),
-                             check_registry=not args.offline)
+                             check_registry=not args.offline, unasked="unknown")
     if args.json:
         emit_json({"include": [p.as_json(m) for p in planned]})
         return 0
@@ -122,5 +123,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
           [(p.variant.id, ", ".join(p.tags), p.content_hash[:12],
             p.state + (f" ({p.where})" if p.where else "")) for p in planned])
     todo = sum(p.state == "build" for p in planned)
-    step(f"{todo} of {len(planned)} variants to build")
+    unknown = sum(p.state == "unknown" for p in planned)
+    step(f"{todo} of {len(planned)} variants to build" + (
+        f"; {unknown} `unknown` (--offline: the registry was not asked)" if unknown else ""))
     return 0

@@ -35,7 +35,7 @@ class PlannedVariant:
     base_digest: str | None
     tags: tuple[str, ...]
     local_image: str  # the engine's name for the built image: <image_name>:<local_tag>
-    state: str = "build"  # "build" | "up-to-date"
+    state: str = "build"  # "build" | "up-to-date" | "unknown" (plan --offline)
     where: str = ""  # "local" | "registry" when up-to-date
 
     @property
@@ -138,9 +138,13 @@ def plan_variant(matrix: Matrix, variant: Variant, locks_dir: Path, base_digest:
 
 
 def make_plan(matrix: Matrix, variants: Iterable[Variant], locks_dir: Path,
-              base_digests: Mapping[str, str | None], *, check_registry: bool = True
-              ) -> list[PlannedVariant]:
-    """Plan the variants; `base_digests` maps base image refs to digests (None: unknown)."""
+              base_digests: Mapping[str, str | None], *, check_registry: bool = True,
+              unasked: str = "build") -> list[PlannedVariant]:
+    """Plan the variants; `base_digests` maps base image refs to digests (None: unknown).
+    With `check_registry` a registry that cannot be asked stops the plan (BuilderError): a
+    plan that silently said `build` for everything would rebuild what is published. Without
+    it, a variant not up to date locally gets the state `unasked` (`plan --offline`:
+    `unknown`)."""
     from builder.core import engine
 
     smoke_hash = smoke_files_hash()
@@ -157,7 +161,9 @@ def make_plan(matrix: Matrix, variants: Iterable[Variant], locks_dir: Path,
                          smoke_hash)
         if p.local_image in local.get(p.content_hash, ()):
             p = _with_state(p, "up-to-date", "local")
-        elif check_registry and registry_has(matrix.registry, matrix.repository, p.hash_tag):
+        elif not check_registry:
+            p = replace(p, state=unasked)
+        elif ask_registry(matrix.registry, matrix.repository, p.hash_tag):
             p = _with_state(p, "up-to-date", "registry")
         planned.append(p)
     return planned
@@ -191,11 +197,23 @@ def local_content_hashes(engine) -> dict[str, set[str]]:
     return names
 
 
-def registry_has(registry: str, repository: str, tag: str, timeout: float = 3.0) -> bool:
-    """One manifest HEAD, no retries; an unreachable registry counts as `no` (the plan says
-    build)."""
+def ask_registry(registry: str, repository: str, tag: str, timeout: float = 3.0) -> bool:
+    """One manifest HEAD, no retries: whether `repository:tag` exists; BuilderError (one line,
+    exit 2) when the registry cannot be asked."""
     try:
         return oci.Registry(registry, timeout=timeout, backoff=(),
                             deadline=4 * timeout).head(repository, tag) is not None
-    except (BuilderError, OSError, ValueError, KeyError):
+    except (BuilderError, OSError, ValueError, KeyError) as exc:
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        raise BuilderError(
+            f"cannot ask the registry `{registry}` which images it holds: {why[:300]}",
+            hint="start it (`builder registry start`), log in, or plan without it: "
+            "`builder plan --offline` (states it cannot know are `unknown`)") from None
+
+
+def registry_has(registry: str, repository: str, tag: str, timeout: float = 3.0) -> bool:
+    """ask_registry where an unreachable registry counts as `no`."""
+    try:
+        return ask_registry(registry, repository, tag, timeout)
+    except BuilderError:
         return False
