@@ -1,0 +1,160 @@
+"""A gzip layer recompressed to zstd as a stream: the same input always gives the same bytes.
+
+Why: Kubernetes nodes pull with containerd (≥ 1.5), which unpacks `tar+zstd` layers several
+times faster than gzip ones (inflate is single-threaded); Docker 20.10 cannot unpack zstd at
+all, so zstd layers are published beside the gzip ones (builder.stages.twin), never instead.
+
+Determinism: libzstd's multi-threaded streaming mode (workers ≥ 1) cuts its input into jobs
+of JOB_SIZE whatever the number of workers or the size of the pieces it is fed, so the output
+depends only on the input, the parameters below and the libzstd version, which
+requirements.lock pins and ENCODER names (the twin's manifest records it).
+
+Memory: inflate is asked for at most INFLATE_PIECE bytes at a time (a small gzip chunk cannot
+expand into gigabytes in memory); zstd holds its window and a few jobs (tens of MB at LEVEL);
+`background` keeps at most `depth` pieces between the producing and the consuming thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import threading
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import zstandard
+
+from builder.core.errors import FINDINGS
+from builder.core.registry_http import RegistryError
+
+MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+zstd"
+GZIP_TYPES = ("application/vnd.oci.image.layer.v1.tar+gzip",
+              "application/vnd.docker.image.rootfs.diff.tar.gzip")
+TAR_TYPES = ("application/vnd.oci.image.layer.v1.tar",)
+LEVEL = 3  # zstd's default; higher levels shrink NVIDIA binaries ~1.5% more for 3-10 times the CPU
+JOB_SIZE = 8 << 20  # libzstd's own choice at LEVEL, fixed here so a new default changes nothing
+INFLATE_PIECE = 4 << 20
+MAX_THREADS = 8
+ENCODER = (f"zstandard {zstandard.__version__} (libzstd "
+           f"{'.'.join(map(str, zstandard.ZSTD_VERSION))}), level {LEVEL}, "
+           f"multi-threaded jobs of {JOB_SIZE >> 20} MiB, content checksum")
+
+
+class LayerMismatch(RegistryError):
+    """The uncompressed bytes are not the layer the image config names (its diff id)."""
+
+    exit_code = FINDINGS
+
+
+def threads() -> int:
+    """zstd workers: the cores this process may use (the output does not depend on it)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(n, MAX_THREADS))
+
+
+def compressor(workers: int | None = None) -> Any:
+    """A fresh streaming compressor with the fixed parameters (workers ≥ 1: the job-cut mode)."""
+    params = zstandard.ZstdCompressionParameters.from_level(
+        LEVEL, threads=max(1, workers or threads()), job_size=JOB_SIZE,
+        write_checksum=True, write_content_size=False, write_dict_id=False)
+    return zstandard.ZstdCompressor(compression_params=params).compressobj()
+
+
+def inflate(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The uncompressed bytes of a gzip stream (several members in a row allowed), in pieces
+    of at most INFLATE_PIECE; raises zlib.error when the stream is corrupt or cut short."""
+    member, fed = zlib.decompressobj(wbits=31), False
+    for chunk in chunks:
+        data = chunk
+        while data:
+            fed = True
+            if out := member.decompress(data, INFLATE_PIECE):
+                yield out
+            data = member.unconsumed_tail
+            if member.eof:  # the next member, if any, starts in what is left
+                data = member.unused_data + data
+                member, fed = zlib.decompressobj(wbits=31), False
+    while out := member.decompress(b"", INFLATE_PIECE):  # output still held back
+        yield out
+    if fed and not member.eof:
+        raise zlib.error("the gzip stream ends in the middle of a member")
+
+
+@dataclass
+class Counted:
+    """What a recompression saw: the uncompressed bytes' digest and size, the output size."""
+
+    diff_id: str = ""
+    tar_bytes: int = 0
+    zstd_bytes: int = 0
+
+    def reset(self) -> None:
+        """Counting again from zero (an upload tried again from the start)."""
+        self.diff_id, self.tar_bytes, self.zstd_bytes = "", 0, 0
+
+
+def recompress(tar_pieces: Iterable[bytes], counted: Counted, *, expect_diff_id: str = "",
+               workers: int | None = None, where: str = "layer") -> Iterator[bytes]:
+    """zstd of `tar_pieces` (uncompressed layer bytes); `counted` is filled as it goes. With
+    `expect_diff_id`, raises LayerMismatch at the end (before the last piece) unless the
+    uncompressed bytes hash to it: nothing different from the image config is ever stored."""
+    hasher, zc = hashlib.sha256(), compressor(workers)
+    for piece in tar_pieces:
+        hasher.update(piece)
+        counted.tar_bytes += len(piece)
+        if out := zc.compress(piece):
+            counted.zstd_bytes += len(out)
+            yield out
+    counted.diff_id = "sha256:" + hasher.hexdigest()
+    if expect_diff_id and counted.diff_id != expect_diff_id:
+        raise LayerMismatch(f"{where}: its uncompressed bytes hash to {counted.diff_id}, not "
+                            f"to the config's diff id {expect_diff_id}: refused")
+    last = zc.flush()
+    counted.zstd_bytes += len(last)
+    yield last
+
+
+_DONE = object()
+
+
+def background(make: Callable[[], Iterable[bytes]], depth: int = 4) -> Iterator[bytes]:
+    """The pieces of `make()`, produced in another thread so that producing (download,
+    inflate, compress) and consuming (upload) overlap; at most `depth` pieces wait between
+    them. An exception on either side stops both and is raised here."""
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for piece in make():
+                if not put(piece):
+                    return
+            put(_DONE)
+        except BaseException as exc:  # handed to the consumer, raised there
+            put(exc)
+
+    worker = threading.Thread(target=produce, name="zstd-recompress", daemon=True)
+    worker.start()
+    try:
+        while (item := q.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        worker.join()

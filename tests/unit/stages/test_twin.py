@@ -1,0 +1,152 @@
+"""builder.stages.twin: the zstd twin of an image or index has only tar+zstd layers, the same
+config blob, the same digest in two empty registries, and refuses a layer that is not its diff id."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import zstandard
+
+from builder.core import oci, zstd
+from builder.stages import twin
+
+GZIP_DOCKER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+
+
+class MemoryRegistry:
+    """The part of oci.Registry that twin.py uses, in memory (one repository)."""
+
+    def __init__(self) -> None:
+        self.registry = "mem.example:5000"
+        self.blobs: dict[str, bytes] = {}
+        self.manifests: dict[str, tuple[bytes, str]] = {}
+
+    def manifest(self, repository: str, ref: str) -> tuple[bytes, oci.Descriptor] | None:
+        if ref not in self.manifests:
+            return None
+        body, media_type = self.manifests[ref]
+        return body, oci.Descriptor(oci.sha256(body), media_type, len(body))
+
+    def put_manifest(self, repository: str, ref: str, body: bytes, media_type: str) -> str:
+        for name in {ref, oci.sha256(body)}:
+            self.manifests[name] = (body, media_type)
+        return oci.sha256(body)
+
+    def config(self, repository: str, digest: str) -> dict[str, Any]:
+        return json.loads(self.blobs[digest])
+
+    def stream_blob(self, repository: str, digest: str, size: int) -> Iterator[bytes]:
+        data = self.blobs[digest]
+        assert len(data) == size
+        yield from (data[i:i + 1000] for i in range(0, len(data), 1000))
+
+    def upload(self, repository: str, digest: str | None, size: int,
+               chunks: Iterator[bytes], location: str | None = None) -> str:
+        data = b"".join(chunks)
+        self.blobs[oci.sha256(data)] = data
+        return oci.sha256(data)
+
+    def add(self, data: bytes) -> dict[str, Any]:
+        self.blobs[oci.sha256(data)] = data
+        return {"digest": oci.sha256(data), "size": len(data)}
+
+
+def diff_id(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+TARS = [b"base layer " * 5000, b"torch layer " * 20000, b"tiny"]
+
+
+def push_image(reg: MemoryRegistry, arch: str = "amd64", wrong: int | None = None) -> str:
+    """A docker-pushed image: Docker media types, gzip layers (mtime 0, as Docker writes)."""
+    layers = [{"mediaType": GZIP_DOCKER, **reg.add(gzip.compress(t, mtime=0))} for t in TARS]
+    diff_ids = [diff_id(t + (b"!" if n == wrong else b"")) for n, t in enumerate(TARS)]
+    config = reg.add(json.dumps({"architecture": arch, "os": "linux", "config": {"Labels": {}},
+                                 "rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode())
+    doc = {"schemaVersion": 2, "mediaType": oci.DOCKER_MANIFEST, "layers": layers,
+           "config": {"mediaType": twin.DOCKER_CONFIG, **config}}
+    return reg.put_manifest("torch", "gz", json.dumps(doc).encode(), oci.DOCKER_MANIFEST)
+
+
+def doc_of(reg: MemoryRegistry, ref: str) -> dict[str, Any]:
+    return json.loads(reg.manifests[ref][0])
+
+
+def test_the_twin_has_zstd_layers_and_the_same_config() -> None:
+    reg = MemoryRegistry()
+    source = push_image(reg)
+    report = twin.Report()
+    desc = twin.make(reg, "torch", source, report=report)  # type: ignore[arg-type]
+    doc, gz = doc_of(reg, desc.digest), doc_of(reg, source)
+    assert desc.media_type == doc["mediaType"] == oci.OCI_MANIFEST
+    assert {layer["mediaType"] for layer in doc["layers"]} == {zstd.MEDIA_TYPE}
+    assert doc["config"]["digest"] == gz["config"]["digest"]
+    assert doc["config"]["mediaType"] == oci.OCI_CONFIG
+    assert doc["annotations"] == {twin.SOURCE_ANNOTATION: source,
+                                  twin.ENCODER_ANNOTATION: zstd.ENCODER}
+    for layer, gz_layer, tar in zip(doc["layers"], gz["layers"], TARS, strict=True):
+        data = reg.blobs[layer["digest"]]
+        assert len(data) == layer["size"]
+        assert zstandard.ZstdDecompressor().decompressobj().decompress(data) == tar
+        assert layer["annotations"] == {twin.LAYER_ANNOTATION: gz_layer["digest"]}
+    assert (report.layers, report.tar_bytes) == (3, sum(map(len, TARS)))
+    assert report.zstd_bytes == sum(layer["size"] for layer in doc["layers"])
+
+
+def test_the_same_image_gives_the_same_twin_in_two_registries() -> None:
+    one, two = MemoryRegistry(), MemoryRegistry()
+    a = twin.make(one, "torch", push_image(one), workers=1)  # type: ignore[arg-type]
+    b = twin.make(two, "torch", push_image(two), workers=2)  # type: ignore[arg-type]
+    assert a == b
+
+
+def test_an_index_twins_each_platform() -> None:
+    reg = MemoryRegistry()
+    amd, arm = push_image(reg, "amd64"), push_image(reg, "arm64")
+    entries = [{"mediaType": oci.DOCKER_MANIFEST, "digest": d, "size": len(reg.manifests[d][0]),
+                "platform": {"os": "linux", "architecture": a}}
+               for d, a in ((amd, "amd64"), (arm, "arm64"))]
+    index = reg.put_manifest("torch", "multi", json.dumps(
+        {"schemaVersion": 2, "mediaType": oci.OCI_INDEX, "manifests": entries}).encode(),
+        oci.OCI_INDEX)
+    desc = twin.make(reg, "torch", index)  # type: ignore[arg-type]
+    doc = doc_of(reg, desc.digest)
+    assert desc.media_type == oci.OCI_INDEX
+    assert [e["platform"]["architecture"] for e in doc["manifests"]] == ["amd64", "arm64"]
+    for entry, source in zip(doc["manifests"], (amd, arm), strict=True):
+        child = doc_of(reg, entry["digest"])
+        assert entry["mediaType"] == oci.OCI_MANIFEST
+        assert child["annotations"][twin.SOURCE_ANNOTATION] == source
+    assert doc["annotations"][twin.SOURCE_ANNOTATION] == index
+
+
+def test_a_layer_that_is_not_its_diff_id_is_refused() -> None:
+    reg = MemoryRegistry()
+    source = push_image(reg, wrong=1)
+    before = set(reg.blobs)
+    with pytest.raises(zstd.LayerMismatch, match=r"not to the config's diff id"):
+        twin.make(reg, "torch", source)  # type: ignore[arg-type]
+    assert len(set(reg.blobs) - before) == 1  # the first layer only; no manifest
+    assert all(json.loads(body).get("annotations") is None
+               for body, _ in reg.manifests.values())
+
+
+def test_a_twin_already_under_its_tag_is_reused() -> None:
+    reg = MemoryRegistry()
+    source = push_image(reg)
+    first = twin.make(reg, "torch", source)  # type: ignore[arg-type]
+    reg.put_manifest("torch", "t-zstd", reg.manifests[first.digest][0], first.media_type)
+    report = twin.Report()
+    assert twin.make(reg, "torch", source, known="t-zstd", report=report) == first  # type: ignore[arg-type]
+    assert report.reused and report.layers == 0
+    other = twin.Report()
+    twin.make(reg, "torch", source, known="missing-zstd", report=other)  # type: ignore[arg-type]
+    assert not other.reused and other.layers == 3
+    assert twin.tag_of("2.15.0-py3.11-cuda13.2-cudnn9-slim") == \
+        "2.15.0-py3.11-cuda13.2-cudnn9-slim-zstd"
