@@ -1,7 +1,8 @@
 """`builder` / `python -m builder`: one subcommand per pipeline stage.
 
-Each stage module exposes `register(subparsers, common)`; it adds its parser and sets
-`func(args) -> int` as the handler. `common` is the parent parser holding the shared options.
+Each command module exposes `register(subparsers)`; it adds its parsers (with the shared
+option groups each uses, commands/options.py) and sets `func(args) -> int` as the handler.
+The run's settings are resolved once from the parsed arguments and applied around the handler.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import sys
 import traceback
 
 from builder import __version__
-from builder.commands.options import common_parser
-from builder.core import output, proc, registry_http
-from builder.core.errors import COULD_NOT_RUN, BuilderError
+from builder.commands.options import resolve
+from builder.core import output, proc, settings
+from builder.core.errors import COULD_NOT_RUN, UNEXPECTED_HINT, BuilderError, causes
 
 EXIT_CODES = """exit status (every command):
   0        ok, or nothing to do
@@ -24,7 +25,7 @@ EXIT_CODES = """exit status (every command):
   2        could not run: engine, registry, network, unreachable source, bad usage or path
   130/143  stopped by SIGINT/SIGTERM"""
 
-# Command → its module in `builder.commands` (`register(subparsers, common)`), in pipeline order.
+# Command → its module in `builder.commands` (`register(subparsers)`), in pipeline order.
 # Only the module of the command being run is imported: `builder sbom` need not load jinja2.
 COMMANDS = {
     "validate": "matrix", "lock": "matrix", "render": "matrix", "plan": "matrix",
@@ -45,10 +46,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    common = common_parser()
     modules = [COMMANDS[command]] if command in COMMANDS else dict.fromkeys(COMMANDS.values())
     for name in modules:
-        importlib.import_module(f"builder.commands.{name}").register(sub, common)
+        importlib.import_module(f"builder.commands.{name}").register(sub)
     return parser
 
 
@@ -56,7 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command).parse_args(argv)
-    registry_http.add_insecure(getattr(args, "insecure_registry", []))
     proc.install_signal_handlers()
     try:
         code = run(args)
@@ -71,13 +70,16 @@ SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a Unix tool whose reader went away exi
 
 
 def run(args: argparse.Namespace) -> int:
-    """The command, with every error as one message (and an exit code) instead of a traceback."""
+    """The command under its settings (resolved once, here), with every error as one message
+    (and an exit code) instead of a traceback."""
     try:
-        return int(args.func(args) or 0)
+        with settings.applied(resolve(args)):
+            return int(args.func(args) or 0)
     except BuilderError as exc:
         if args.debug:
             traceback.print_exc()
-        return report_error(args, str(exc), exc.hint, exc.exit_code)
+        return report_error(args, str(exc), exc.hint or exc.default_hint, exc.exit_code,
+                            caused_by=causes(exc), printed=exc.printed)
     except KeyboardInterrupt as exc:  # proc.Interrupted for SIGTERM too: 130 or 143
         print(f"interrupted ({exc or 'SIGINT'}); child processes were stopped", file=sys.stderr)
         return getattr(exc, "exit_code", 130)
@@ -86,9 +88,8 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # a bug, or a case without its own message: still no traceback
         if args.debug:
             traceback.print_exc()
-        return report_error(args, f"unexpected {type(exc).__name__}: {exc}",
-                            "run again with --debug for the traceback, and please report it",
-                            COULD_NOT_RUN)
+        return report_error(args, f"unexpected {type(exc).__name__}: {exc}", UNEXPECTED_HINT,
+                            COULD_NOT_RUN, caused_by=causes(exc))
 
 
 def _drop_stdout() -> None:
@@ -98,13 +99,17 @@ def _drop_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
-def report_error(args: argparse.Namespace, message: str, hint: str | None, code: int) -> int:
-    """The error on stderr; with --json also as an object on stdout, so a script that parses
-    stdout never mistakes an error for a result, unless the command already printed its
-    document (its results carry what was refused): stdout holds exactly one JSON document."""
+def report_error(args: argparse.Namespace, message: str, hint: str, code: int, *,
+                 caused_by: list[str] | None = None, printed: bool = False) -> int:
+    """The error on stderr in uv's style (`error:`, `Caused by:`, `hint:`); with --json also as
+    an object on stdout, so a script that parses stdout never mistakes an error for a result,
+    unless the command already printed its document (`printed`: its results carry what was
+    refused): stdout holds exactly one JSON document."""
     print(f"error: {message}", file=sys.stderr)
-    if hint:
-        print(f"\n{hint}", file=sys.stderr)
-    if getattr(args, "json", False) and not output.printed_json:  # one document in every case
-        output.emit_json({"error": message, "hint": hint, "exit_code": code})
+    for cause in caused_by or ():
+        print(f"  Caused by: {cause}", file=sys.stderr)
+    print(f"\nhint: {hint}", file=sys.stderr)
+    if getattr(args, "json", False) and not printed:  # one document in every case
+        output.emit_json({"error": message, "hint": hint, "caused_by": caused_by or [],
+                          "exit_code": code})
     return code

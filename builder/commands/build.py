@@ -6,27 +6,27 @@ import argparse
 
 from builder.commands.options import (
     add_ca_bundle_option,
+    add_command,
     add_key_option,
     add_locks_option,
     load_selected,
 )
-from builder.core import proc, sign
+from builder.core import sign
 from builder.core.output import emit_json, human_bytes, step, table
 from builder.model import platforms
 from builder.stages import base, render
 from builder.stages.build import BuildOptions, Outcome, build_images, build_lock
 
 
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "base", parents=[common], help="make the selected variants' base images available",
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "base", cmd_base, shared=("matrix", "select", "json", "registries"),
+        help="make the selected variants' base images available",
         description="Pull each base image ref, or bootstrap `mmdebstrap:<suite>` into a local "
         "image (reused while suite, packages and day are unchanged). Prints each base's digest, "
         "which is part of every variant's content hash.")
-    p.set_defaults(func=cmd_base)
 
-    p = sub.add_parser(
-        "build", parents=[common], help="build images for the selected variants",
+    p = add_command(sub, "build", cmd_build, shared=("matrix", "select", "json", "registries"),
+        help="build images for the selected variants",
         description="Build the plan's `build` variants (default selection: the matrix's "
         "`default`) with BuildKit, skip up-to-date ones, then smoke-test and write an SBOM for "
         "each new image. Logs: .state/logs/<variant>.log.")
@@ -53,7 +53,6 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    "`<repository>-staging:cache-<tag>` image, pushed by --stage)")
     p.add_argument("--apt-refresh", default="", metavar="TOKEN",
                    help="re-run the apt upgrade step (security rebuilds pass a new token)")
-    p.set_defaults(func=cmd_build)
 
 
 def cmd_base(args: argparse.Namespace) -> int:
@@ -73,7 +72,6 @@ def cmd_base(args: argparse.Namespace) -> int:
 def cmd_build(args: argparse.Namespace) -> int:
     if not args.select:
         args.select = ["default=true"]
-    proc.use_ca_bundle(args.ca_bundle)
     with build_lock():
         outcomes = run_build(args)
     if args.json:

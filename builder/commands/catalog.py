@@ -6,15 +6,16 @@ import argparse
 import time
 from pathlib import Path
 
+from builder.commands.options import add_command
 from builder.core import sign, state
 from builder.core.output import emit_json, step
 from builder.model import matrix
 from builder.stages import catalog, catalog_site
 
 
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "catalog", parents=[common], help="write the static catalog site from the registry",
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "catalog", cmd_catalog, shared=("matrix", "json", "registries"),
+        help="write the static catalog site from the registry",
         description="Read one vetted repository — its tags, manifests, image indexes, configs "
         "and the SBOM, smoke report, provenance, audit, rebuild reason and signature attached to "
         "each digest — and write a static site: index.html (a chooser by driver, GPU, platform, "
@@ -30,7 +31,6 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    "(repeatable; without it, pages say what is signed, unverified)")
     p.add_argument("--cache", type=Path, metavar="FILE",
                    help="the digest cache (default: DIR/.cache/catalog.json)")
-    p.set_defaults(func=cmd_catalog)
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
@@ -39,7 +39,8 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise state.path_error(args.out, exc, folder=True) from None
+        raise state.path_error(args.out, exc, folder=True,
+                               hint="pass --out a folder this user can write") from exc
     cache = args.cache or args.out / ".cache" / "catalog.json"
     keys = [sign.load_public(path) for path in args.key]
     doc, fetched = catalog.collect(source, args.out, cache, keys=keys, progress=step)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from builder.commands.options import add_command
 from builder.core import sign
 from builder.core.output import emit_json, step
 
 
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "keygen", parents=[common], help="write a cosign key pair (cosign.key, cosign.pub)",
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "keygen", cmd_keygen, shared=("json",),
+        help="write a cosign key pair (cosign.key, cosign.pub)",
         description="Write `cosign.key` (ECDSA P-256, encrypted: scrypt + nacl/secretbox, as "
         "`cosign generate-key-pair` writes it; mode 600) and `cosign.pub` into the current "
         "folder (or --out). The password comes from COSIGN_PASSWORD (may be empty) or a prompt. "
@@ -20,7 +21,6 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "are never overwritten.")
     p.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
                    help="folder to write the pair into (default: the current folder)")
-    p.set_defaults(func=cmd_keygen)
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:

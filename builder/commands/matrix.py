@@ -6,47 +6,47 @@ import argparse
 import time
 from pathlib import Path
 
-from builder.commands.options import add_locks_option, load_selected
+from builder.commands.options import add_command, add_locks_option, load_selected
 from builder.core.output import emit_json, step, table
 from builder.model import matrix
 from builder.stages import base, locks, plan, render, wheels
 
 
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("validate", parents=[common], help="check matrix.yaml and list its variants",
-                       description="Validate the matrix against its JSON schema and the semantic "
-                       "rules (duplicates, YAML number traps, impossible combinations, missing "
-                       "locks' CUDA toolkit). Lists every problem as FILE:LINE: FIELD: reason; "
-                       "exit 1 when there is any.")
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "validate", cmd_validate, shared=("matrix", "select", "json"),
+        help="check matrix.yaml and list its variants",
+        description="Validate the matrix against its JSON schema and the semantic "
+        "rules (duplicates, YAML number traps, impossible combinations, missing "
+        "locks' CUDA toolkit). Lists every problem as FILE:LINE: FIELD: reason; "
+        "exit 1 when there is any.")
     p.add_argument("--offline", action="store_true",
                    help="skip the check that each torch release has a wheel for its python")
     add_locks_option(p)
-    p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("lock", parents=[common], help="resolve variants into hash-pinned locks",
-                       description="Resolve each selected variant for its own python and platform "
-                       "into locks/<id>.txt (every pin == with --hash) and locks/<id>.json (facts "
-                       "derived from the resolved wheels). Only variants whose inputs changed are "
-                       "resolved again.")
+    p = add_command(sub, "lock", cmd_lock, shared=("matrix", "select", "json"),
+        help="resolve variants into hash-pinned locks",
+        description="Resolve each selected variant for its own python and platform "
+        "into locks/<id>.txt (every pin == with --hash) and locks/<id>.json (facts "
+        "derived from the resolved wheels). Only variants whose inputs changed are "
+        "resolved again.")
     add_locks_option(p)
     p.add_argument("--upgrade", action="store_true", help="re-resolve to the newest allowed pins")
-    p.set_defaults(func=cmd_lock)
 
-    p = sub.add_parser("render", parents=[common], help="write each variant's Dockerfile",
-                       description="Render templates/ into DIR/<id>/Dockerfile with the lock it "
-                       "installs (pure and offline; byte-for-byte deterministic).")
+    p = add_command(sub, "render", cmd_render, shared=("matrix", "select", "json"),
+        help="write each variant's Dockerfile",
+        description="Render templates/ into DIR/<id>/Dockerfile with the lock it "
+        "installs (pure and offline; byte-for-byte deterministic).")
     p.add_argument("--out", default="out", type=Path, help="output folder (default: out)")
     add_locks_option(p)
-    p.set_defaults(func=cmd_render)
 
-    p = sub.add_parser("plan", parents=[common], help="tags, content hash and build state",
-                       description="For each selected variant: tags, content hash and state "
-                       "(`build`, or `up-to-date` when an image with that hash exists locally or "
-                       "in the registry). --json output is the CI job matrix.")
+    p = add_command(sub, "plan", cmd_plan, shared=("matrix", "select", "json", "registries"),
+        help="tags, content hash and build state",
+        description="For each selected variant: tags, content hash and state "
+        "(`build`, or `up-to-date` when an image with that hash exists locally or "
+        "in the registry). --json output is the CI job matrix.")
     add_locks_option(p)
     p.add_argument("--offline", action="store_true",
                    help="do not ask the registry: a variant not up to date locally is `unknown`")
-    p.set_defaults(func=cmd_plan)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

@@ -1,24 +1,41 @@
-"""The options every command shares, and the selection they all start from: the CLI layer's
-own helpers (command modules import this, never `builder.cli` or each other)."""
+"""The option groups commands share (each command takes only those it uses), the run's
+settings resolved once from them, and the selection: the CLI layer's own helpers (command
+modules import this, never `builder.cli` or each other)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from builder.core import proc
 from builder.core.errors import ConfigError
+from builder.core.settings import CA_BUNDLE_ENV, Settings
 from builder.model import matrix
 
+SHARED = ("matrix", "select", "json", "registries")  # the option groups a command may take
 
-def common_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--matrix", default=os.environ.get("BUILDER_MATRIX", "matrix.yaml"), metavar="FILE",
-        help="the version matrix (default: %(default)s)",
-    )
-    common.add_argument(
+
+def add_command(sub: argparse._SubParsersAction, name: str, func: Callable[..., int], *,
+                shared: Iterable[str], **parser: Any) -> argparse.ArgumentParser:
+    """A command's parser with `func` as its handler and those of the shared options it uses
+    (`SHARED`), so its --help lists nothing it ignores."""
+    p = sub.add_parser(name, **parser)
+    for group in shared:
+        _ADD[group](p)
+    p.set_defaults(func=func)
+    return p
+
+
+def _add_matrix(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--matrix", default=os.environ.get("BUILDER_MATRIX", "matrix.yaml"),
+                   metavar="FILE", help="the version matrix (default: %(default)s)")
+
+
+def _add_select(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
         "--select", action="append", default=[], metavar="KEY=VALUE",
         help="only variants whose KEY equals VALUE (repeatable: different keys must all match, "
         "a repeated key matches any of its values), e.g. --select flavor=slim --select "
@@ -26,14 +43,37 @@ def common_parser() -> argparse.ArgumentParser:
         "accelerator, flavor, platform, id or default (default=true picks the matrix's default "
         "selection)",
     )
-    common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    common.add_argument(
+
+
+def _add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+
+
+def _add_registries(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
         "--insecure-registry", action="append", default=[], metavar="HOST[:PORT]|CIDR",
         help="a registry that may answer over plain HTTP when HTTPS fails, as Docker's "
         "insecure-registries (repeatable; 127.0.0.0/8 always is; the matrix's "
         "`insecure_registries` and $BUILDER_INSECURE_REGISTRIES add more)",
     )
-    return common
+
+
+_ADD = {"matrix": _add_matrix, "select": _add_select, "json": _add_json,
+        "registries": _add_registries}
+
+
+def resolve(args: argparse.Namespace) -> Settings:
+    """The run's settings, made once from the parsed arguments, the matrix's
+    `insecure_registries` and the environment (the command line wins), before the command
+    runs; nothing changes them afterwards."""
+    from_env = Settings.from_env()
+    insecure = [*from_env.insecure_registries, *getattr(args, "insecure_registry", [])]
+    if (path := getattr(args, "matrix", None)) is not None:
+        insecure += matrix.declared_insecure_registries(path)
+    ca_bundle = getattr(args, "ca_bundle", None)
+    return replace(from_env, insecure_registries=tuple(dict.fromkeys(insecure)),
+                   json=bool(getattr(args, "json", False)),
+                   ca_bundle=str(ca_bundle) if ca_bundle else from_env.ca_bundle)
 
 
 def readable_file(text: str) -> Path:
@@ -51,7 +91,7 @@ REGISTRY_CA_HELP = ("CA bundle the registries' TLS certificates are checked agai
 
 def add_ca_bundle_option(parser: argparse.ArgumentParser, help: str) -> None:
     parser.add_argument("--ca-bundle", type=readable_file, metavar="FILE", help=help,
-                        default=os.environ.get(proc.CA_BUNDLE_ENV) or proc.host_ca_bundle())
+                        default=os.environ.get(CA_BUNDLE_ENV))
 
 
 def add_locks_option(parser: argparse.ArgumentParser) -> None:
@@ -82,5 +122,7 @@ def load_selected(args: argparse.Namespace) -> tuple[matrix.Matrix, list[matrix.
     m = matrix.load(args.matrix)
     variants = m.select(args.select)
     if not variants:
-        raise ConfigError(f"--select {' '.join(args.select)} matches no variant in {args.matrix}")
+        raise ConfigError(f"--select {' '.join(args.select)} matches no variant in {args.matrix}",
+                          hint=f"`builder validate --offline --matrix {args.matrix}` lists "
+                          "its variants")
     return m, variants

@@ -8,20 +8,20 @@ from pathlib import Path
 from builder.commands.options import (
     REGISTRY_CA_HELP,
     add_ca_bundle_option,
+    add_command,
     add_locks_option,
     add_trust_options,
     load_selected,
 )
-from builder.core import proc, sign
+from builder.core import sign
 from builder.core.errors import GateRefused
 from builder.core.output import emit_json, table
 from builder.flows.publish import publish_variants
 from builder.stages import base, plan
 
 
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "publish", parents=[common],
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "publish", cmd_publish, shared=("matrix", "select", "json", "registries"),
         help="promote gated images from staging under dated tags; write published.json",
         description="Promote each selected variant (default: the matrix's default selection): "
         "find its staged image by content hash (staging a local image first), check that its "
@@ -40,11 +40,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--manifest", default=Path("published.json"), type=Path, metavar="FILE",
                    help="publication record (default: %(default)s)")
     add_ca_bundle_option(p, REGISTRY_CA_HELP)
-    p.set_defaults(func=cmd_publish)
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    proc.use_ca_bundle(args.ca_bundle)
     if not args.select:
         args.select = ["default=true"]
     matrix, variants = load_selected(args)
@@ -64,5 +62,6 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if refused:
         reasons = "; ".join(f"{r['id']}: {r['reason']}" for r in refused)
         raise GateRefused(f"{len(refused)} of {len(results)} images refused: {reasons}",
-                          hint="nothing of them was pushed; see the reasons above")
+                          hint="nothing of them was pushed; see the reasons above",
+                          printed=args.json)
     return 0

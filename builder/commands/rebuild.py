@@ -10,11 +10,12 @@ from typing import Any
 
 from builder.commands.options import (
     add_ca_bundle_option,
+    add_command,
     add_locks_option,
     add_trust_options,
     load_selected,
 )
-from builder.core import proc, sign
+from builder.core import sign
 from builder.core.errors import BuilderError
 from builder.core.output import emit_json, human_bytes, table
 from builder.flows.rebuild import Action, plan_actions, rebuild
@@ -30,9 +31,9 @@ from builder.flows.rebuild_check import (
 from builder.model.matrix import Matrix, Variant
 
 
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "rebuild", parents=[common], help="rebuild published images whose sources moved",
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "rebuild", cmd_rebuild, shared=("matrix", "select", "json", "registries"),
+        help="rebuild published images whose sources moved",
         description="For each published variant (published.json; narrow with --select) ask: "
         "Debian updates inside the image, Python vulnerabilities with a fix (pip-audit on the "
         "lock), a moved base digest, changed inputs. --check only reports (exit 0 nothing to do, "
@@ -54,7 +55,6 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    metavar="NAME", dest="skip_source",
                    help="do not ask this source (repeatable; one of: %(choices)s); it is "
                    "reported as skipped, never as clean")
-    p.set_defaults(func=cmd_rebuild)
 
 
 def _selected(args: argparse.Namespace) -> tuple[Matrix, list[Variant]]:
@@ -92,7 +92,6 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     if not args.manifest.exists():
         raise BuilderError(f"no {args.manifest}: nothing has been published",
                           hint="publish first: builder publish")
-    proc.use_ca_bundle(args.ca_bundle)
     matrix, variants = _selected(args)
     skip = sorted(set(getattr(args, "skip_source", None) or ()))
     if not variants:

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import argparse
 
+from builder.commands.options import add_command
 from builder.core import registry
 from builder.core.errors import BuilderError
 from builder.core.output import emit_json, step
 from builder.model import matrix
 
 
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "registry", parents=[common], help="run a local registry (start|stop|status)",
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "registry", cmd_registry, shared=("matrix", "json"),
+        help="run a local registry (start|stop|status)",
         description="Run Debian's `docker-registry` on the matrix's `registry` address (plain "
         "http on loopback) with its storage, config, pid file and log in .state/registry/.")
     p.add_argument("action", choices=("start", "stop", "status"))
     p.add_argument("--addr", default=None, help="listen address (default: the matrix's registry)")
-    p.set_defaults(func=cmd_registry)
 
 
 def cmd_registry(args: argparse.Namespace) -> int:

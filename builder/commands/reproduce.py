@@ -6,14 +6,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from builder.commands.options import add_command
 from builder.core.errors import FINDINGS
 from builder.core.output import emit_json, human_bytes, step, table
 from builder.flows.reproduce import Result, reproduce
 
 
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "reproduce", parents=[common],
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "reproduce", cmd_reproduce, shared=("matrix", "json", "registries"),
         help="rebuild a published image from its provenance and compare digests",
         description="Read the provenance attached to REF@sha256:… (commit, lock and its hash, "
         "base digest), check that commit out into a temporary worktree, make the recorded base "
@@ -22,7 +22,6 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "one, the first paths that differ; 2: could not run.")
     p.add_argument("reference", metavar="REF@sha256:DIGEST",
                    help="a published image by digest (published.json `reference`)")
-    p.set_defaults(func=cmd_reproduce)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:

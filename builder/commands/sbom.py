@@ -15,30 +15,40 @@ import time
 from pathlib import Path
 from typing import Any
 
-from builder.commands.options import add_key_option
+from builder.commands.options import add_command, add_key_option
 from builder.core import limits, sign, state
-from builder.core.errors import COULD_NOT_RUN, BuilderError
+from builder.core.errors import COULD_NOT_RUN, BuilderError, UsageError
+
+SBOM_FILE_HINT = "pass a CycloneDX JSON file, as `builder sbom IMAGE -o FILE` writes it"
+REATTACH_HINT = "attach a new one: builder sbom REGISTRY/REPOSITORY@sha256:DIGEST"
+OUTPUT_HINT = "pass -o a file path in a folder this user can write, or - for stdout"
+
+SBOM_USAGE = """%(prog)s IMAGE [-o FILE] [--format {json,xml}] [--key FILE] [--reproducible]
+                    [--insecure-registry HOST[:PORT]|CIDR] [--json]
+       %(prog)s diff OLD NEW [--json]"""
 
 
-def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
-    p = subparsers.add_parser(
-        "sbom", parents=[common], help="write an image's CycloneDX 1.6 SBOM, or diff two SBOMs",
+def register(subparsers: Any) -> None:
+    p = add_command(subparsers, "sbom", run_sbom, shared=("json", "registries"),
+        help="write an image's CycloneDX 1.6 SBOM, or diff two SBOMs",
+        usage=SBOM_USAGE,
         description="Read the image's filesystem (dpkg, Python dist-info, bundled native "
         "libraries) into a validated CycloneDX 1.6 SBOM. `builder sbom diff OLD NEW` compares "
         "two SBOM files. IMAGE may be REGISTRY/REPOSITORY@sha256:DIGEST (a staged image): it is "
         "pulled, and the SBOM is attached to that digest in the registry for `builder publish`.",
     )
-    p.add_argument("target", nargs="+", metavar="IMAGE | diff OLD NEW")
+    p.add_argument("target", nargs="+", metavar="IMAGE",
+                   help="an image (id, tag or REGISTRY/REPOSITORY@sha256:DIGEST), or `diff` and "
+                   "two SBOM files")
     p.add_argument("-o", "--output", metavar="FILE", help="SBOM file (default: stdout)")
     p.add_argument("--format", choices=("json", "xml"), default="json")
     add_key_option(p, "the SBOM attached to a staged image (its attestation)")
     p.add_argument("--reproducible", action="store_true",
                    help="serial number from the image id, timestamp from its created label "
                    "(also on when SOURCE_DATE_EPOCH is set)")
-    p.set_defaults(func=run_sbom)
 
-    a = subparsers.add_parser(
-        "audit", parents=[common], help="known vulnerabilities of an image or SBOM",
+    a = add_command(subparsers, "audit", run_audit, shared=("json", "registries"),
+        help="known vulnerabilities of an image or SBOM",
         description="Check Python packages with pip-audit and Debian packages against the "
         "security suite. Exit 0: all sources answered, nothing found; 1: vulnerabilities; "
         "2: a source was unreachable or failed (its packages are unknown, not clean).",
@@ -53,14 +63,13 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
                    help="IMAGE is REGISTRY/REPOSITORY@sha256:DIGEST: audit the SBOM attached to "
                    "that digest and attach the report to it (`sha256-<hex>.audit`, what "
                    "`builder catalog` shows as the latest audit)")
-    a.set_defaults(func=run_audit)
 
 
 def run_sbom(args: argparse.Namespace) -> int:
     if args.target[0] == "diff":
         return _run_diff(args)
     if len(args.target) != 1:
-        raise BuilderError("`builder sbom` takes one image", hint="or: builder sbom diff OLD NEW")
+        raise UsageError("`builder sbom` takes one image", hint="or: builder sbom diff OLD NEW")
     import sbom
     from builder.stages import evidence
 
@@ -81,7 +90,7 @@ def run_sbom(args: argparse.Namespace) -> int:
         try:
             sbom.write(doc, Path(args.output), args.format)
         except OSError as exc:
-            raise state.path_error(Path(args.output), exc) from None
+            raise state.path_error(Path(args.output), exc) from exc
     count = sum(1 for _ in _iter(doc))
     print(f"sbom: {args.target[0]} → {args.output or 'stdout'} ({count} components, "
           f"{time.monotonic() - start:.1f} s)", file=sys.stderr)
@@ -92,12 +101,13 @@ def check_writable(target: Path) -> None:
     """Fail now, with a message, when `target` cannot be written (a folder, an unwritable or
     missing parent that cannot be made)."""
     if target.is_dir():
-        raise BuilderError(f"cannot write {target}: it is a folder")
+        raise BuilderError(f"cannot write {target}: it is a folder", hint=OUTPUT_HINT)
     parent = next((p for p in target.parents if p.exists()), Path("."))
     if not parent.is_dir():
-        raise BuilderError(f"cannot write {target}: {parent} is a file, not a folder")
+        raise BuilderError(f"cannot write {target}: {parent} is a file, not a folder",
+                           hint=OUTPUT_HINT)
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise BuilderError(f"cannot write {target}: {parent} is not writable")
+        raise BuilderError(f"cannot write {target}: {parent} is not writable", hint=OUTPUT_HINT)
 
 
 def _iter(doc: dict[str, Any]) -> Any:
@@ -110,7 +120,8 @@ def _run_diff(args: argparse.Namespace) -> int:
     from sbom.diff import diff_sboms, format_diff
 
     if len(args.target) != 3:
-        raise BuilderError("usage: builder sbom diff OLD NEW (two SBOM files)")
+        raise UsageError("`builder sbom diff` takes two SBOM files",
+                         hint="builder sbom diff OLD NEW")
     result = diff_sboms(_load(Path(args.target[1])), _load(Path(args.target[2])))
     print(json.dumps(result, indent=2) if args.json else format_diff(result))
     return 0
@@ -121,16 +132,16 @@ def _load(path: Path) -> dict[str, Any]:
     try:
         doc = limits.parse_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise BuilderError(f"no SBOM file `{path}`") from None
+        raise BuilderError(f"no SBOM file `{path}`", hint=SBOM_FILE_HINT) from None
     except IsADirectoryError:
-        raise BuilderError(f"`{path}` is a folder, not an SBOM file") from None
+        raise BuilderError(f"`{path}` is a folder, not an SBOM file", hint=SBOM_FILE_HINT) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise BuilderError(f"cannot read `{path}`: {exc}") from None
+        raise BuilderError(f"cannot read `{path}`: {exc}", hint=SBOM_FILE_HINT) from exc
     except ValueError as exc:  # invalid, or nested too deep
-        raise BuilderError(f"`{path}` is not JSON: {exc}") from None
+        raise BuilderError(f"`{path}` is not JSON: {exc}", hint=SBOM_FILE_HINT) from exc
     if not isinstance(doc, dict) or doc.get("bomFormat") != "CycloneDX":
         raise BuilderError(f"`{path}` is not a CycloneDX document (no \"bomFormat\": "
-                           "\"CycloneDX\" at its top)")
+                           "\"CycloneDX\" at its top)", hint=SBOM_FILE_HINT)
     return doc
 
 
@@ -185,10 +196,12 @@ def attached_sbom(staged: Any) -> dict[str, Any]:
                            hint="builder sbom REF@DIGEST attaches one (publish does it too)")
     try:
         doc = json.loads(data)
-    except ValueError:
-        raise BuilderError(f"the SBOM attached to `{staged.reference}` is not JSON") from None
+    except ValueError as exc:
+        raise BuilderError(f"the SBOM attached to `{staged.reference}` is not JSON",
+                           hint=REATTACH_HINT) from exc
     if not isinstance(doc, dict):
-        raise BuilderError(f"the SBOM attached to `{staged.reference}` is not a JSON object")
+        raise BuilderError(f"the SBOM attached to `{staged.reference}` is not a JSON object",
+                           hint=REATTACH_HINT)
     return doc
 
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from builder.commands.options import add_key_option
+from builder.commands.options import add_command, add_key_option
 from builder.core import sign
 from builder.stages.smoketest import report_passed, run_smoke
 from smoke.checks import CHECKS
@@ -32,9 +32,9 @@ does not, 2 when it could not run.
 """
 
 
-def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
-    p = subparsers.add_parser(
-        "smoke", parents=[common], help="run the smoke suite inside an image",
+def register(subparsers: Any) -> None:
+    p = add_command(subparsers, "smoke", _cmd, shared=("json", "registries"),
+        help="run the smoke suite inside an image",
         description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("image", metavar="IMAGE", help="image reference or id")
@@ -48,7 +48,6 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout-scale", type=positive_float, default=1.0, metavar="X",
                    help="multiply every per-check timeout, e.g. 3 on a slow machine "
                    "(default %(default)s)")
-    p.set_defaults(func=_cmd)
 
 
 def positive_float(text: str) -> float:

@@ -6,16 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from builder.commands.options import REGISTRY_CA_HELP, add_ca_bundle_option
-from builder.core import proc, sign
+from builder.commands.options import REGISTRY_CA_HELP, add_ca_bundle_option, add_command
+from builder.core import sign
 from builder.core.errors import FINDINGS
 from builder.core.output import emit_json, table
 from builder.flows.verify import PASSING, Policy, Reference, verify
 
 
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "verify", parents=[common], help="check a published image: signature, attestations, "
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "verify", cmd_verify, shared=("json", "registries"),
+        help="check a published image: signature, attestations, "
         "evidence",
         description="Resolve REF (a tag or a digest) to a digest and check, by that digest: "
         "with --key, its cosign signature and the signature and subject of each attestation "
@@ -31,11 +31,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--require-gpu", action="store_true",
                    help="fail a CUDA image whose GPU smoke checks ran only as CPU stand-ins")
     add_ca_bundle_option(p, REGISTRY_CA_HELP)
-    p.set_defaults(func=cmd_verify)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    proc.use_ca_bundle(args.ca_bundle)
     reference = Reference.parse(args.reference)
     policy = Policy(tuple(sign.load_public(path) for path in args.key), args.require_gpu)
     digest, rows = verify(reference, policy)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import re
 import time
 import urllib.parse
@@ -28,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from builder.core import registry_http
+from builder.core import registry_http, settings
 from builder.core.errors import FINDINGS
 from builder.core.registry_http import Answer, Deadline, RegistryError, Transient
 
@@ -46,8 +45,6 @@ REF_NAME = "org.opencontainers.image.ref.name"
 SUBJECT_ANNOTATION = "io.torch-images.subject"
 
 TIMEOUT_S = 30.0  # one read
-# One operation (a manifest, a tag, a small blob); $BUILDER_REGISTRY_DEADLINE_S for slow links.
-DEADLINE_S = float(os.environ.get("BUILDER_REGISTRY_DEADLINE_S") or 30)
 MIN_RATE = 1 << 20  # a streamed blob's deadline grows by one second per MiB
 SMALL_RATE = 4 << 20  # a small blob read whole (config, evidence): 1 s more per 4 MiB of cap
 BACKOFF_S: tuple[float, ...] = (1, 2, 4)  # 4 tries in all
@@ -159,7 +156,7 @@ def parse_manifest(body: bytes, where: str) -> dict[str, Any]:
 
 def blob_deadline(size: int) -> float:
     """A streamed blob's overall deadline: the operation's, plus a second per MiB."""
-    return DEADLINE_S + max(size, 0) / MIN_RATE
+    return settings.current().registry_deadline_s + max(size, 0) / MIN_RATE
 
 
 def pull_scope(repository: str) -> str:
@@ -174,11 +171,13 @@ class Registry:
     """One registry host; every method names the repository it works on."""
 
     def __init__(self, registry: str, timeout: float = TIMEOUT_S,
-                 backoff: tuple[float, ...] = BACKOFF_S, deadline: float = DEADLINE_S) -> None:
+                 backoff: tuple[float, ...] = BACKOFF_S, deadline: float | None = None) -> None:
         self.registry = registry
         self.timeout = timeout  # one read
         self.backoff = backoff  # () for a question that must not wait (the plan's)
-        self.deadline = deadline  # one operation
+        # One operation (a manifest, a tag, a small blob); $BUILDER_REGISTRY_DEADLINE_S for slow
+        # links (settings.current()).
+        self.deadline = deadline or settings.current().registry_deadline_s
         self.session = registry_http.session(registry)
 
     # ---- HTTP ---------------------------------------------------------------------------------

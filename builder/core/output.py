@@ -8,14 +8,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-printed_json = False  # whether this run printed its one JSON document (cli.report_error)
-
 
 def emit_json(data: Any) -> None:
-    global printed_json
+    """The command's one JSON document on stdout (an error after it says `printed=True`)."""
     json.dump(data, sys.stdout, indent=2, sort_keys=True, default=str)
     sys.stdout.write("\n")
-    printed_json = True
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:

@@ -15,9 +15,8 @@ from io import BufferedReader
 from pathlib import Path
 from typing import Any
 
+from builder.core import settings
 from builder.core.errors import BuilderError, CommandFailed
-
-VERBOSE = os.environ.get("BUILDER_VERBOSE", "") not in ("", "0")
 
 
 def which(name: str, hint: str | None = None) -> str:
@@ -40,7 +39,7 @@ def stream(argv: Sequence[str | os.PathLike[str]], *,
     killed."""
     args = [str(a) for a in argv]
     args[0] = which(args[0])
-    if VERBOSE:
+    if settings.current().verbose:
         print(f"$ {shlex.join(args)}", file=sys.stderr)
     full_env = {**os.environ, **env} if env else None
     with tempfile.TemporaryFile() as err:
@@ -85,7 +84,7 @@ def run(
     """
     args = [str(a) for a in argv]
     args[0] = which(args[0])
-    if VERBOSE:
+    if settings.current().verbose:
         print(f"$ {shlex.join(args)}", file=sys.stderr)
     full_env = {**os.environ, **env} if env else None
     try:
@@ -186,18 +185,10 @@ def _tail(result: subprocess.CompletedProcess[str], log: Path | None, lines: int
     return where + "\n".join(text.strip().splitlines()[-lines:])
 
 
-HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-CA_BUNDLE_ENV = "BUILDER_CA_BUNDLE"  # `builder build --ca-bundle FILE` sets it
-
-
-def use_ca_bundle(path: Path | None) -> None:
-    """Make `path` the CA bundle of every download of this run, host side and in builds."""
-    if path:
-        os.environ[CA_BUNDLE_ENV] = str(path)
+CA_BUNDLE_ENV = settings.CA_BUNDLE_ENV  # what `--ca-bundle` defaults to
 
 
 def host_ca_bundle() -> str | None:
-    """The CA bundle for host-side HTTPS clients (pip, uv, urllib): $BUILDER_CA_BUNDLE, else
-    the system's."""
-    chosen = os.environ.get(CA_BUNDLE_ENV) or HOST_CA_BUNDLE
-    return chosen if os.path.exists(chosen) else None
+    """The CA bundle for host-side HTTPS clients (pip, uv, urllib) and builds: --ca-bundle or
+    $BUILDER_CA_BUNDLE, else the system's (settings.current())."""
+    return settings.current().host_ca_bundle()

@@ -33,7 +33,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from builder.core import registry_auth
+from builder.core import registry_auth, settings
 from builder.core.errors import CommandFailed
 
 READ_TIMEOUT_S = 30.0
@@ -55,7 +55,6 @@ MAX_RETRY_AFTER = 5  # 429s in a row before giving up
 DEFAULT_TOKEN_S = 60  # the distribution spec's default `expires_in`
 CERTS_D = "/etc/docker/certs.d"
 DAEMON_JSON = "/etc/docker/daemon.json"
-INSECURE_ENV = "BUILDER_INSECURE_REGISTRIES"
 DOCKER_HUB_API = "registry-1.docker.io"
 
 
@@ -161,17 +160,10 @@ def is_loopback(netloc: str) -> bool:
         return False
 
 
-_INSECURE: set[str] = set()  # from --insecure-registry and the matrix's insecure_registries
-
-
-def add_insecure(entries: Iterable[str]) -> None:
-    """Treat these registries (host[:port] or CIDR) as Docker treats its insecure-registries."""
-    _INSECURE.update(entries)
-
-
 def _insecure_setting() -> list[str]:
-    listed = [s.strip() for s in os.environ.get(INSECURE_ENV, "").split(",") if s.strip()]
-    listed += sorted(_INSECURE)
+    """--insecure-registry, the matrix's `insecure_registries` and $BUILDER_INSECURE_REGISTRIES
+    (settings.current()), then the daemon's own list."""
+    listed = list(settings.current().insecure_registries)
     with contextlib.suppress(OSError, ValueError, AttributeError):
         listed += list(json.loads(Path(DAEMON_JSON).read_text()).get("insecure-registries", []))
     return listed
@@ -198,7 +190,7 @@ def certs_dir(netloc: str) -> Path:
 def tls_context(netloc: str) -> ssl.SSLContext:
     """The system store + `$BUILDER_CA_BUNDLE` + Docker's certs.d folder of `netloc`."""
     context = ssl.create_default_context()
-    if (bundle := os.environ.get("BUILDER_CA_BUNDLE")) and os.path.isfile(bundle):
+    if (bundle := settings.current().ca_bundle) and os.path.isfile(bundle):
         context.load_verify_locations(cafile=bundle)
     folder = certs_dir(netloc)
     if folder.is_dir():

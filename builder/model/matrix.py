@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import json
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -20,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from builder.core import limits, registry_http
-from builder.core.errors import ConfigError, UsageError
+from builder.core import limits
+from builder.core.errors import BuilderError, ConfigError, UsageError
 from builder.model import tags
 from builder.model.platforms import DEFAULT as DEFAULT_PLATFORM
 
@@ -140,6 +141,7 @@ class Matrix:
     lines: Mapping[Path_, int] = field(default_factory=dict, repr=False)
     staging: str = ""  # registry/repository; "" is <registry>/<repository>-staging
     trust_keys: tuple[Path, ...] = ()  # cosign.pub files staged evidence must be signed by
+    insecure_registries: tuple[str, ...] = ()  # plain HTTP allowed, as Docker's daemon setting
 
     @property
     def image_name(self) -> str:
@@ -529,6 +531,23 @@ def _hashable(value: Any) -> Any:
 # ---------------------------------------------------------------- semantic checks and build
 
 
+def declared_insecure_registries(path: str | Path) -> tuple[str, ...]:
+    """The matrix's `insecure_registries`, read before a command starts so that they are part
+    of its settings (core/settings.py); a missing or broken matrix gives none here, and the
+    command's own `load` reports it."""
+    try:
+        data, _ = load_yaml(Path(path))
+    except (BuilderError, OSError, ValueError):
+        return ()
+    listed = data.get("insecure_registries") if isinstance(data, dict) else None
+    if not isinstance(listed, list):
+        return ()
+    return tuple(s for s in listed if isinstance(s, str) and _REGISTRY_ENTRY.fullmatch(s))
+
+
+_REGISTRY_ENTRY = re.compile(r"[a-z0-9.:/-]+")  # the schema's pattern of `insecure_registries`
+
+
 def load(path: str | Path = "matrix.yaml") -> Matrix:
     """Parse, validate and expand a matrix file, or raise MatrixError listing every problem."""
     path = Path(path)
@@ -612,8 +631,8 @@ def _build(path: Path, data: dict[str, Any],
         toolkits=data.get("toolkits", {}), variants=tuple(variants), aliases=aliases, lines=lines,
         staging=data.get("staging", ""),
         trust_keys=tuple(path.parent / key for key in data.get("trust_keys", [])),
+        insecure_registries=tuple(data.get("insecure_registries", [])),
     )
-    registry_http.add_insecure(data.get("insecure_registries", []))  # as Docker's daemon setting
     return matrix, problems
 
 

@@ -231,12 +231,11 @@ def test_no_secret_or_host_path_in_sbom(images, tmp_path):
 def test_cli_sbom_and_diff(images, tmp_path, capsys):
     import argparse
 
-    from builder.commands import options
     from builder.commands import sbom as cmd
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
-    cmd.register(sub, options.common_parser())
+    cmd.register(sub)
     out_a, out_b = tmp_path / "a.json", tmp_path / "b.json"
     for variant, out in (("a", out_a), ("b", out_b)):
         args = parser.parse_args(["sbom", images["tags"][variant], "-o", str(out)])

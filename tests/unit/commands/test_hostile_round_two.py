@@ -108,11 +108,10 @@ def test_a_variant_is_recorded_as_soon_as_it_is_published(tmp_path, shipped_plan
 def test_json_prints_one_document_when_the_command_fails_after_its_results(monkeypatch, capsys):
     """`publish --dry-run --json` with nothing staged: the results (with the refusals), then the
     GateRefused; stdout is still one document."""
-    monkeypatch.setattr(output, "printed_json", False)
 
     def refuse(_args: argparse.Namespace) -> int:
         output.emit_json([{"id": CPU, "status": "refused", "reason": "not staged"}])
-        raise GateRefused("1 of 1 images refused: " + CPU)
+        raise GateRefused("1 of 1 images refused: " + CPU, printed=True)
 
     args = argparse.Namespace(func=refuse, json=True, debug=False)
     assert cli.run(args) == 1

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from fakeregistry import Request, Server, Store, basic, digest, serving
 
-from builder.commands.options import common_parser
-from builder.core import oci, registry_auth, registry_http
+from builder import cli
+from builder.commands.options import resolve
+from builder.core import oci, registry_auth, registry_http, settings
 from builder.core.oci import RegistryError
 from builder.flows import verify
 from builder.stages import plan
@@ -618,10 +619,10 @@ def test_docker_push_sees_the_environment_credentials(tmp_path: Path,
 
 
 def test_insecure_registry_option_of_every_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registry_http, "_INSECURE", set())
-    args = common_parser().parse_args(["--insecure-registry", "10.9.0.0/16"])
-    registry_http.add_insecure(args.insecure_registry)  # what cli.main does with it
-    assert registry_http.is_insecure("10.9.8.7:5000")
+    args = cli.build_parser("plan").parse_args(["plan", "--insecure-registry", "10.9.0.0/16"])
+    assert not registry_http.is_insecure("10.9.8.7:5000")
+    with settings.applied(resolve(args)):  # what cli.run does with it
+        assert registry_http.is_insecure("10.9.8.7:5000")
 
 
 def test_plan_asks_a_trickling_registry_within_its_short_deadline(fake: Server) -> None:

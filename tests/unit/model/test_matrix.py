@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
-from builder.core import registry_http
+from builder.commands import options
+from builder.core import registry_http, settings
 from builder.model import matrix
 from builder.model.matrix import MatrixError, expand
 
@@ -231,10 +233,14 @@ def test_staging_is_a_full_reference_on_any_registry(write_matrix):
     assert "staging" in problems(write_matrix(bad))
 
 
-def test_insecure_registries_of_the_matrix_are_dockers_setting(write_matrix, monkeypatch):
-    monkeypatch.setattr(registry_http, "_INSECURE", set())
+def test_insecure_registries_of_the_matrix_are_dockers_setting(write_matrix):
+    """Read into the run's settings before the command starts; loading changes nothing."""
     shipped = (Path(__file__).resolve().parents[3] / "matrix.yaml").read_text()
-    assert not registry_http.is_insecure("lab.example:5000")
-    matrix.load(write_matrix(shipped.replace(
-        "repository: torch\n", "repository: torch\ninsecure_registries: [lab.example:5000]\n", 1)))
-    assert registry_http.is_insecure("lab.example:5000")
+    path = write_matrix(shipped.replace(
+        "repository: torch\n", "repository: torch\ninsecure_registries: [lab.example:5000]\n", 1))
+    assert matrix.load(path).insecure_registries == ("lab.example:5000",)
+    assert not registry_http.is_insecure("lab.example:5000")  # no hidden side effect
+    args = argparse.Namespace(matrix=str(path))
+    with settings.applied(options.resolve(args)):
+        assert registry_http.is_insecure("lab.example:5000")
+    assert matrix.declared_insecure_registries(path.parent / "missing.yaml") == ()

@@ -16,7 +16,6 @@ import jsonschema
 import pytest
 
 from builder.commands import smoke as smoke_cmd
-from builder.commands.options import common_parser
 from builder.core import engine, labels
 from builder.core.errors import CommandFailed, EngineError
 from builder.model import gpuhost, platforms
@@ -244,7 +243,7 @@ def test_load_report_absent_and_corrupt(monkeypatch: pytest.MonkeyPatch, tmp_pat
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="builder")
-    smoke_cmd.register(parser.add_subparsers(dest="command"), common_parser())
+    smoke_cmd.register(parser.add_subparsers(dest="command"))
     return parser.parse_args(argv)
 
 

@@ -1,0 +1,44 @@
+"""Each command's --help lists only the options it uses (commands/options.add_command)."""
+
+from __future__ import annotations
+
+import pytest
+
+from builder import cli
+
+NO_SELECTION = ("keygen", "registry", "verify", "catalog", "reproduce", "smoke", "sbom", "audit")
+
+
+def help_of(command: str, capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as done:
+        cli.main([command, "--help"])
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", NO_SELECTION)
+def test_commands_without_a_selection_offer_no_select(command, capsys):
+    assert "--select" not in help_of(command, capsys)
+
+
+@pytest.mark.parametrize("command", ["keygen", "verify", "smoke", "sbom", "audit"])
+def test_commands_that_read_no_matrix_offer_no_matrix(command, capsys):
+    assert "--matrix" not in help_of(command, capsys)
+
+
+@pytest.mark.parametrize("command", ["keygen", "registry", "validate", "lock", "render"])
+def test_commands_that_ask_no_registry_offer_no_insecure_registry(command, capsys):
+    assert "--insecure-registry" not in help_of(command, capsys)
+
+
+@pytest.mark.parametrize("command", sorted(set(cli.COMMANDS) - set(NO_SELECTION)))
+def test_commands_over_the_matrix_keep_select_and_matrix(command, capsys):
+    text = help_of(command, capsys)
+    assert "--select" in text and "--matrix" in text and "--json" in text
+
+
+def test_sbom_usage_is_one_line_per_form(capsys):
+    usage = help_of("sbom", capsys).split("\n\n")[0]
+    assert "usage: builder sbom IMAGE " in usage
+    assert "\n       builder sbom diff OLD NEW [--json]" in usage
+    assert "|" not in usage.replace("HOST[:PORT]|CIDR", "")
