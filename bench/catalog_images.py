@@ -4,10 +4,10 @@ and bench: pushed straight through the registry client (no engine, so 200 tags t
 Each image has one layer per layer group with the `created_by` of the Dockerfile template's step
 (so the catalog groups them as it groups a real image), the pipeline's labels, and an SBOM
 (CycloneDX 1.6), a smoke report (the suite's schema) and SLSA provenance
-(`builder.provenance.statement`) attached to each platform manifest; a multi-platform image is
-an OCI index of them. Then the dated tag, the `build-<hash>` tag and the floating tag point at
-it, as `builder publish` does. Optional: an audit report, a rebuild reason, a cosign signature
-and a signed SBOM attestation (builder.core.sign).
+(`builder.stages.provenance.statement`) attached to each platform manifest; a multi-platform
+image is an OCI index of them. Then the dated tag, the `build-<hash>` tag and the floating tag
+point at it, as `builder publish` does. Optional: an audit report, a rebuild reason, a cosign
+signature and a signed SBOM attestation (builder.core.sign).
 """
 
 from __future__ import annotations

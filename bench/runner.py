@@ -5,7 +5,7 @@ runtime, slim, devel) and times the CUDA runtime's cold build instead of the CPU
 
 Writes bench/results.json and bench/RESULTS.md and prints each figure as one line
 `name: value unit (baseline value, ratio)`. Every image built for the naive baseline is removed.
-Builds run through `python -m builder` (as a user would); Docker only via builder.engine.
+Builds run through `python -m builder` (as a user would); Docker only via builder.core.engine.
 """
 
 from __future__ import annotations

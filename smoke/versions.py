@@ -6,7 +6,7 @@ import re
 
 # Minimum Linux driver per CUDA release (NVIDIA's CUDA toolkit release notes, table 3), and the
 # floor of each major under minor-version compatibility for minors not listed. The one copy:
-# builder.locks writes `min_driver` into the facts from it; the suite falls back on it.
+# builder.stages.locks writes `min_driver` into the facts from it; the suite falls back on it.
 MIN_DRIVER = {
     "11.8": "520.61.05", "12.0": "525.60.13", "12.1": "530.30.02", "12.2": "535.54.03",
     "12.3": "545.23.06", "12.4": "550.54.14", "12.5": "555.42.02", "12.6": "560.28.03",

@@ -511,7 +511,7 @@ class Registry:
         self.put_manifest(repository, tag, body, desc.media_type)
 
     def push_index(self, repository: str, index: dict[str, Any]) -> Descriptor:
-        """Store an image index (see builder.platforms.index_document) by its digest; every
+        """Store an image index (see builder.model.platforms.index_document) by its digest; every
         manifest it lists must already be in `repository`. `tag` then points tags at it."""
         for entry in index["manifests"]:
             if self.head(repository, entry["digest"]) is None:

@@ -29,7 +29,8 @@ from typing import Any
 from builder.core import engine, labels
 from builder.core.errors import BuilderError
 
-SOURCE_DATE_EPOCH = 1704067200  # the layers' fixed file time (builder.base.SOURCE_DATE_EPOCH)
+# The layers' fixed file time (builder.stages.base.SOURCE_DATE_EPOCH).
+SOURCE_DATE_EPOCH = 1704067200
 METHOD = ("config and history `created` set to the image's org.opencontainers.image.created "
           "label (the lock's commit time) and the config loaded again with `docker load`; layer "
           f"file times clamped to SOURCE_DATE_EPOCH={SOURCE_DATE_EPOCH} by the templates")

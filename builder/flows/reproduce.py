@@ -45,7 +45,7 @@ class Recorded:
 
 
 def recorded(doc: dict[str, Any]) -> Recorded:
-    """Read the SLSA provenance statement (builder.provenance) of an image."""
+    """Read the SLSA provenance statement (builder.stages.provenance) of an image."""
     definition = (doc.get("predicate") or {}).get("buildDefinition") or {}
     params = definition.get("externalParameters") or {}
     roles = provenance.dependencies_by_role(doc)

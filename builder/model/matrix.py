@@ -90,7 +90,7 @@ class Variant:
     index_url: str | None = None
     cuda: str | None = None  # declared CUDA (with an index); otherwise what the wheel brings
     default: bool = False
-    platform: str = DEFAULT_PLATFORM  # one variant per (id, platform); see builder.platforms
+    platform: str = DEFAULT_PLATFORM  # one variant per (id, platform); see builder.model.platforms
 
     @property
     def key(self) -> str:
@@ -685,7 +685,7 @@ def _variant(combo: dict[str, Any], data: dict[str, Any], bases: Mapping[str, Ba
 
 def _alias_problems(aliases: Sequence[Mapping[str, Any]],
                     lines: Mapping[Path_, int]) -> list[Problem]:
-    """Alias names that repeat or take a generated tag's shape (see builder.tags). Whether one
+    """Alias names that repeat or take a generated tag's shape (see builder.model.tags). Whether one
     equals a variant's floating tag needs the locks: plan.tag_problems checks that."""
     problems = []
     first: dict[str, int] = {}

@@ -178,11 +178,11 @@ def base_repository(repository: str) -> str:
 
 
 def base_tag(suite: str, platform: Platform) -> str:
-    return f"{suite}-slim-{platform.arch}"  # the slim bootstrap (builder.base.SLIM_OPTIONS)
+    return f"{suite}-slim-{platform.arch}"  # the slim bootstrap (builder.stages.base.SLIM_OPTIONS)
 
 
 def layers_digest(diff_ids: Sequence[str]) -> str:
-    """The same base digest `builder.base.digest_of` computes for a local image: over its
+    """The same base digest `builder.stages.base.digest_of` computes for a local image: over its
     filesystem layers, so a re-bootstrap with the same packages changes nothing."""
     return oci.sha256("\n".join(diff_ids).encode())
 

@@ -27,7 +27,7 @@ from smoke.versions import MIN_DRIVER, MINOR_COMPAT_FLOOR
 
 LOCK_FORMAT = 1
 # Each target platform resolves for its own machine and glibc 2.28 (the cuDNN wheels need
-# ≥ 2.27; Debian 12 and Ubuntu 22.04+ have newer): builder.platforms.Platform.uv.
+# ≥ 2.27; Debian 12 and Ubuntu 22.04+ have newer): builder.model.platforms.Platform.uv.
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 

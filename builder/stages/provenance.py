@@ -26,7 +26,7 @@ def statement(image_name: str, digest: str, image_labels: Mapping[str, str],
               normalisation: Mapping[str, Any] | None = None,
               environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The statement for the image `image_name@digest` with these labels; `normalisation` says
-    how its config was made reproducible (builder.reproducible.record), when it was. Every
+    how its config was made reproducible (builder.core.reproducible.record), when it was. Every
     dependency and the builder are named by URI: the source as `git+<repository URL>@<commit>`,
     the lock inside it by sha256, the base by package URL and digest, the builder as the CI
     workflow (`environ`: GitHub Actions' variables) or the tool's package URL."""

@@ -368,7 +368,7 @@ def uv_source(platform: str = platforms.DEFAULT) -> str:
 
 def write(rendered: Rendered, out_dir: Path) -> Path:
     """Write DIR/<id>/ atomically: stage a private sibling folder, then exchange it with the old
-    output in one step (builder.swap), so DIR/<id> is always the old output or the new one,
+    output in one step (builder.core.swap), so DIR/<id> is always the old output or the new one,
     never half-written, half-deleted or missing, even under SIGKILL."""
     target = out_dir / rendered.variant.key
     staging: Path | None = None

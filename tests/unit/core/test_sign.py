@@ -1,4 +1,4 @@
-"""builder.sign: cosign key files, simple signing against a signature made by stock cosign
+"""builder.core.sign: cosign key files, simple signing against a signature made by stock cosign
 (tests/fixtures/cosign: containers/image's fixture, Apache-2.0 — see its README), DSSE
 attestations, and the `.sig`/`.att` layout read back from an in-memory registry."""
 

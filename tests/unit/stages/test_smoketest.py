@@ -1,6 +1,6 @@
-"""`builder.smoketest`: the publish gate (`report_passed`) and `run_smoke` with a faked engine.
+"""`builder.stages.smoketest`: the publish gate (`report_passed`) and `run_smoke` with a faked engine.
 
-Nothing here touches Docker: `builder.engine`'s calls are replaced by fakes.
+Nothing here touches Docker: `builder.core.engine`'s calls are replaced by fakes.
 """
 
 from __future__ import annotations
