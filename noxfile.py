@@ -27,7 +27,8 @@ BUILDER = [PYTHON, "-m", "builder"]
 
 @nox.session
 def build(session: nox.Session) -> None:
-    """Build, smoke-test and SBOM the matrix's default selection (only what changed)."""
+    """Build, smoke-test and SBOM the matrix's default selection (only what changed; its
+    platforms of another architecture are named and left to a runner of theirs)."""
     session.run(*BUILDER, "build", *session.posargs)
 
 

@@ -14,6 +14,7 @@ from builder.commands.options import (
 from builder.core import sign
 from builder.core.output import emit_json, human_bytes, step, table
 from builder.model import platforms
+from builder.model.matrix import Variant
 from builder.stages import base, render
 from builder.stages.build import BuildOptions, Outcome, build_images, build_lock
 
@@ -70,10 +71,11 @@ def cmd_base(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    if not args.select:
+    by_default = not args.select
+    if by_default:
         args.select = ["default=true"]
     with build_lock():
-        outcomes = run_build(args)
+        outcomes = run_build(args, leave_foreign=by_default)
     if args.json:
         emit_json([o.as_json() for o in outcomes])
     else:
@@ -93,9 +95,28 @@ def exit_status(outcomes: list[Outcome]) -> int:
     return 2 if "skipped" in states else 0
 
 
-def run_build(args: argparse.Namespace) -> list[Outcome]:
+def run_build(args: argparse.Namespace, leave_foreign: bool = False) -> list[Outcome]:
+    """The selected variants built; with `leave_foreign` (the default selection) only this
+    host's own platform: the others are named and left to a runner of theirs."""
     matrix, variants = load_selected(args)
+    if leave_foreign:
+        variants = left_to_other_runners(variants)
     return build_images(matrix, variants, build_options(args))
+
+
+def left_to_other_runners(variants: list[Variant]) -> list[Variant]:
+    """The variants of this host's platform; one line names each platform left to another
+    runner (or to an explicit emulated build) and what it holds."""
+    here = platforms.host()
+    native = [v for v in variants if here is not None and v.platform == here.name]
+    foreign: dict[str, list[str]] = {}
+    for v in variants:
+        if v not in native:
+            foreign.setdefault(v.platform, []).append(v.id)
+    for name, ids in sorted(foreign.items()):
+        step(f"{name}: left to a {name} runner: {', '.join(ids)} (here, emulated: builder build "
+             f"--select platform={name})")
+    return native
 
 
 def build_options(args: argparse.Namespace) -> BuildOptions:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from builder.commands.options import (
@@ -61,7 +62,17 @@ def cmd_publish(args: argparse.Namespace) -> int:
     refused = [r for r in results if r["status"] == "refused"]
     if refused:
         reasons = "; ".join(f"{r['id']}: {r['reason']}" for r in refused)
-        raise GateRefused(f"{len(refused)} of {len(results)} images refused: {reasons}",
-                          hint="nothing of them was pushed; see the reasons above",
-                          printed=args.json)
+        total = len({re.sub(r"\.linux-\w+$", "", r["id"]) for r in results})  # once each
+        raise GateRefused(f"{len(refused)} of {total} variants refused: {reasons}",
+                          hint=refusal_hint(args.select, refused), printed=args.json)
     return 0
+
+
+def refusal_hint(typed: list[str], refused: list[dict[str, object]]) -> str:
+    """What to do, naming only what the user typed (a `--select platform=` they gave)."""
+    narrowed = [s for s in typed if s.startswith("platform=")]
+    if narrowed and any(r.get("missing_platforms") for r in refused):
+        return (f"one index holds every declared platform: drop "
+                f"{' '.join('`--select ' + s + '`' for s in narrowed)} once every platform "
+                "is staged; nothing of them was pushed")
+    return "nothing of them was pushed; see the reasons above"

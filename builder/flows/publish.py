@@ -148,20 +148,25 @@ def check_same_tags(group: list[plan.PlannedVariant]) -> None:
 def gate_all(matrix: Matrix, group: list[plan.PlannedVariant], allow_cpu_smoke: bool,
              trust: sign.Trust = sign.UNSIGNED
              ) -> tuple[list[Candidate], list[dict[str, Any]]]:
-    """Candidates, and refusals: one refused platform refuses the variant (no partial index)."""
+    """Candidates, and the variant's refusal (at most one: a variant is counted once): one
+    refused or unselected platform refuses the variant (no partial index)."""
     vid = group[0].variant.id
+    names = declared(matrix, vid)
     cands = [publish.gate(matrix, p, allow_cpu_smoke=allow_cpu_smoke, trust=trust)
              for p in group]
-    refused = [{"id": c.planned.variant.key, "status": "refused", "reason": c.reason,
-                "image_id": c.image_id} for c in cands if c.reason]
-    missing = sorted(set(declared(matrix, vid)) - {p.variant.platform for p in group})
+    problems = [(f"{c.planned.variant.platform}: " if len(names) > 1 else "") + c.reason
+                for c in cands if c.reason]
+    missing = [name for name in names if name not in {p.variant.platform for p in group}]
     if missing:
-        refused.append({"id": vid, "status": "refused", "image_id": "",
-                        "reason": f"not selected: {', '.join(missing)}; one index holds every "
-                        "declared platform (select them all, e.g. without platform=)"})
-    for entry in refused:
-        step(f"  [{entry['id']}] refused: {entry['reason']}")
-    return cands, refused
+        problems.append(f"{', '.join(missing)} not selected (one index holds every declared "
+                        "platform of the variant)")
+    if not problems:
+        return cands, []
+    image_id = next((c.image_id for c in cands if c.reason), "")
+    refusal = {"id": vid, "status": "refused", "reason": "; ".join(problems),
+               "image_id": image_id, "missing_platforms": missing}
+    step(f"  [{vid}] refused: {refusal['reason']}")
+    return cands, [refusal]
 
 
 def would_publish(matrix: Matrix, cand: Candidate, multi: bool) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -621,6 +621,7 @@ def _build(path: Path, data: dict[str, Any],
             continue
         seen[variant.key] = where
         variants.append(variant)
+    variants = whole_defaults(variants)
     problems += _selector_problems(data, lines, variants)
     problems += _alias_problems(data.get("aliases", []), lines)
     aliases = tuple(
@@ -676,11 +677,17 @@ def _variant(combo: dict[str, Any], data: dict[str, Any], bases: Mapping[str, Ba
         find_links=tuple(combo.get("find_links", [])), index_url=combo.get("index_url"),
         cuda=combo.get("cuda"), platform=combo["platform"],
     )
-    # A default entry without `platform` means the variant's first platform: `nox -s build`
-    # does not start emulated builds unless asked to.
-    is_default = any(variant.matches(s) and ("platform" in s or combo["primary_platform"])
-                     for s in defaults)
+    # Marked per platform here; whole_defaults then extends it to every platform of the id.
+    is_default = any(variant.matches(s) for s in defaults)
     return Variant(**{**variant.__dict__, "default": is_default}), []
+
+
+def whole_defaults(variants: list[Variant]) -> list[Variant]:
+    """`default` selects whole variants: every declared platform of a variant an entry names
+    (one index holds them all, so half a variant could never be published)."""
+    ids = {v.id for v in variants if v.default}
+    return [v if v.default == (v.id in ids) else replace(v, default=v.id in ids)
+            for v in variants]
 
 
 def _alias_problems(aliases: Sequence[Mapping[str, Any]],
@@ -727,16 +734,13 @@ def expand_platforms(combos: Sequence[dict[str, Any]], origin: Sequence[int],
     axis, else its own `platforms` (an include entry), else the top-level `platforms`, else
     linux/amd64. `exclude` entries naming a platform then remove single platforms."""
     default = data.get("platforms") or [DEFAULT_PLATFORM]
-    first_axis = (data["axes"].get("platform") or [None])[0]
     dropped = _exclude_matcher([e for e in data.get("exclude", []) if "platform" in e])
     out: list[dict[str, Any]] = []
     out_origin: list[int] = []
     for combo, index in zip(combos, origin, strict=True):
         names = [combo["platform"]] if "platform" in combo else combo.get("platforms", default)
-        for n, name in enumerate(names):
-            single = {k: v for k, v in combo.items() if k != "platforms"}
-            primary = name == first_axis if "platform" in combo else n == 0
-            single |= {"platform": name, "primary_platform": primary}
+        for name in names:
+            single = {k: v for k, v in combo.items() if k != "platforms"} | {"platform": name}
             if not dropped(single):
                 out.append(single)
                 out_origin.append(index)

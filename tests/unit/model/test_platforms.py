@@ -49,7 +49,7 @@ def test_default_platform_is_amd64_and_keys_are_the_ids(tmp_path):
         ("2.15.0-py3.11-cuda-slim", "linux/amd64")]
 
 
-def test_include_entry_sets_platforms_per_variant_and_default_takes_the_first(tmp_path):
+def test_include_entry_sets_platforms_per_variant_and_default_takes_them_all(tmp_path):
     m = load(tmp_path, """\
 axes: {torch: ['2.15.0', '2.9.1'], python: ['3.11'], accelerator: [cuda], flavor: [slim]}
 include:
@@ -61,8 +61,10 @@ aliases:
 """)
     assert keys(m) == ["2.15.0-py3.11-cuda-slim", "2.15.0-py3.11-cuda-slim.linux-arm64",
                        "2.9.1-py3.11-cuda-slim"]
-    # `default` without a platform means the first one: no emulated build by accident.
-    assert [v.key for v in m.variants if v.default] == ["2.15.0-py3.11-cuda-slim"]
+    # `default` selects whole variants: one index holds every platform, so half of one could
+    # never be published (`nox -s build` leaves the foreign platforms to their runners).
+    assert [v.key for v in m.variants if v.default] == [
+        "2.15.0-py3.11-cuda-slim", "2.15.0-py3.11-cuda-slim.linux-arm64"]
     assert [v.key for v in m.select(["platform=linux/arm64"])] == [
         "2.15.0-py3.11-cuda-slim.linux-arm64"]
     assert m.variant("2.15.0-py3.11-cuda-slim").platform == "linux/amd64"
@@ -101,7 +103,9 @@ def test_shipped_matrix_declares_arm64_only_for_2_15_0_cuda():
     m = matrix.load(ROOT / "matrix.yaml")
     arm = [v for v in m.variants if v.platform == "linux/arm64"]
     assert arm and all(v.torch == "2.15.0" and v.accelerator == "cuda" for v in arm)
-    assert all(v.platform == "linux/amd64" for v in m.variants if v.default)
+    default_ids = {v.id for v in m.variants if v.default}
+    assert {v.key for v in m.variants if v.default} == {
+        v.key for v in m.variants if v.id in default_ids}  # every platform of each
     for v in arm:  # committed, current locks for every declared platform
         assert locks.is_current(ROOT / "locks", v), v.key
 
@@ -310,9 +314,11 @@ def test_one_refused_or_unselected_platform_refuses_the_variant(promoted):
     amd, arm = planned_pair(m)
     refuse[arm.variant.key] = "the smoke report failed"
     results = publish_flow.publish_group(m, [amd, arm], allow_cpu_smoke=True, dry_run=False)
-    assert [(r["id"], r["status"]) for r in results] == [(arm.variant.key, "refused")]
+    assert [(r["id"], r["status"]) for r in results] == [(arm.variant.id, "refused")]
+    assert results[0]["reason"] == "linux/arm64: the smoke report failed"
     [alone] = publish_flow.publish_group(m, [amd], allow_cpu_smoke=True, dry_run=False)
-    assert alone["status"] == "refused" and "linux/arm64" in alone["reason"]
+    assert alone["status"] == "refused" and alone["missing_platforms"] == ["linux/arm64"]
+    assert "platform=" not in alone["reason"]  # a hint names only what the user typed
     assert reg.tags == {} and done == []
 
 
