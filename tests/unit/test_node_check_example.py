@@ -29,6 +29,14 @@ def test_the_job_asks_for_the_given_gpus(gpus: str, resource: str) -> None:
     assert container["command"] == ["torch-smoke", "--require-gpu"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     assert pod["restartPolicy"] == "Never" and job["spec"]["backoffLimit"] == 0
+    assert job["metadata"]["name"] == "torch-node-check-gpu-7"  # one Job per node
+
+
+def test_the_comments_give_the_failure_mode_nodename_really_has() -> None:
+    # nodeName skips the scheduler: the kubelet rejects a pod it cannot admit, the Job fails.
+    text = " ".join(EXAMPLE.read_text().split())
+    assert "WITHOUT the scheduler" in text and "kubelet reject" in text
+    assert "BackoffLimitExceeded" in text and "Pending (unschedulable)" not in text
 
 
 def test_every_placeholder_is_documented() -> None:
