@@ -17,6 +17,27 @@ def iter_components(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
         stack.extend(comp.get("components") or [])
 
 
+# What every count of an SBOM's components means (build table, verify, catalog): the one rule.
+COUNTED = "components, nested ones (libraries bundled in a wheel) included"
+
+
+def component_counts(doc: dict[str, Any]) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """(components per purl type, sorted by type; the components): every report counts the
+    same set, `iter_components` (nested ones included), so their numbers agree."""
+    counts: dict[str, int] = {}
+    found = list(iter_components(doc))
+    for comp in found:
+        kind = (comp.get("purl") or "pkg:other/").split("/")[0].removeprefix("pkg:")
+        counts[kind] = counts.get(kind, 0) + 1
+    return dict(sorted(counts.items())), found
+
+
+def count_line(counts: dict[str, int]) -> str:
+    """`195 components (150 deb, 45 pypi)`: the total first, as every report prints it."""
+    parts = ", ".join(f"{n} {kind}" for kind, n in counts.items())
+    return f"{sum(counts.values())} components" + (f" ({parts})" if parts else "")
+
+
 def identity(comp: dict[str, Any]) -> tuple[str, str, str]:
     """(type, namespace, name) from the purl when there is one, qualifiers and version ignored."""
     purl = comp.get("purl")

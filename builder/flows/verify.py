@@ -226,7 +226,7 @@ def smoke_rows(report: Any, config_digest: str, image_labels: dict[str, str],
 
 def sbom_row(doc: Any) -> Row:
     import sbom
-    from sbom.diff import iter_components
+    from sbom.diff import component_counts, count_line
 
     if doc is None:
         return Row("sbom", MISSING, "no SBOM attached (builder sbom, then publish)")
@@ -236,12 +236,8 @@ def sbom_row(doc: Any) -> Row:
         sbom.validate(doc)
     except sbom.SbomInvalid as exc:
         return Row("sbom", BAD, f"not valid CycloneDX 1.6: {exc}")
-    counts: dict[str, int] = {}
-    for comp in iter_components(doc):
-        kind = (comp.get("purl") or "pkg:other/").split("/")[0].removeprefix("pkg:")
-        counts[kind] = counts.get(kind, 0) + 1
-    summary = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
-    return Row("sbom", OK, f"CycloneDX {doc.get('specVersion')}: {summary}")
+    return Row("sbom", OK, f"CycloneDX {doc.get('specVersion')}: "
+               f"{count_line(component_counts(doc)[0])}")
 
 
 def provenance_row(doc: Any, digest: str, image_labels: dict[str, str]) -> Row:

@@ -357,6 +357,7 @@ def summarized(outcome: Outcome) -> Outcome:
     """The outcome with its smoke summary and SBOM component count for the table and --json,
     from this run's evidence or the stored one."""
     from builder.stages import smoketest
+    from sbom.diff import component_counts  # the count verify and the catalog give
 
     report, sbom_path = outcome.report, outcome.sbom_path
     if outcome.image_id:
@@ -365,7 +366,8 @@ def summarized(outcome: Outcome) -> Outcome:
     sbom_doc = _read_json(Path(sbom_path)) if sbom_path else None
     return replace(outcome, report=report, smoke=smoketest.summary(report),
                    sbom_path=sbom_path if sbom_doc else "",
-                   sbom_components=len(sbom_doc.get("components") or []) if sbom_doc else None)
+                   sbom_components=sum(component_counts(sbom_doc)[0].values()) if sbom_doc
+                   else None)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

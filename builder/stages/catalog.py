@@ -25,12 +25,13 @@ from builder.core import labels, oci, sign, state
 from builder.core.errors import BuilderError
 from builder.model import publication
 from builder.stages import provenance
-from sbom.diff import diff_sboms, iter_components
+from builder.stages.catalog_page import key_href, key_name
+from sbom.diff import component_counts, diff_sboms
 from smoke.host import host_summary
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schema" / "catalog.schema.json"
 SCHEMA_VERSION = 1
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 WORKERS = 8  # parallel registry requests; loopback and remote registries both serve this many
 
 ARTIFACT_TAG = re.compile(r"^sha256-([0-9a-f]{64})\.([a-z]+)$")
@@ -41,11 +42,15 @@ EVIDENCE_KINDS = ("sbom", "smoke", "provenance", "audit", "rebuild")
 # read once per image digest, so a run with nothing new does not even ask for their tags. An
 # audit, a rebuild reason and signatures may be added later: their tags are asked every run.
 ATTACHED_ONCE = ("sbom", "smoke", "provenance")
+# cosign's annotation of a keyless (Fulcio certificate) signature.
+CERTIFICATE_ANNOTATION = "dev.sigstore.cosign/certificate"
 # What a page offers for download, by kind (the others are summarised only).
 DOWNLOADS = ("sbom", "smoke", "provenance")
 
 # Layer groups, from the `created_by` of each layer in the image config's history (the
 # Dockerfile templates' steps); the order is the stack's order.
+# Debian packages that give an image a shell (`docker exec … sh` works).
+SHELLS = ("dash", "bash", "busybox", "zsh")
 GROUPS = ("base", "python", "nvidia", "torch", "packages", "toolchain")
 _TOOLCHAIN_MARKS = ("torch-images-compiler", "build-essential", "/usr/local/cuda",
                     "cuda-arch-list", "nvcc")
@@ -172,6 +177,7 @@ class Reader:
         return {"media_type": desc.media_type, "platform": platform_name(config),
                 "labels": (config.get("config") or {}).get("Labels") or {},
                 "created": config.get("created"),
+                "config": run_config(config.get("config") or {}),
                 "config_size": config_desc.get("size", 0),
                 "layers": [{"digest": layer["digest"], "size": layer.get("size", 0),
                             "media_type": layer.get("mediaType", "")}
@@ -235,6 +241,14 @@ def platform_name(doc: dict[str, Any]) -> str:
     return f"{doc.get('os', 'linux')}/{arch}" + (f"/{variant}" if variant and not implied else "")
 
 
+def run_config(config: dict[str, Any]) -> dict[str, Any]:
+    """What `docker run` starts with, from the image config: user, entrypoint, command, working
+    folder and environment (the page's specifications)."""
+    return {"user": config.get("User") or None, "entrypoint": config.get("Entrypoint") or None,
+            "cmd": config.get("Cmd") or None, "workdir": config.get("WorkingDir") or None,
+            "env": [str(e) for e in config.get("Env") or []]}
+
+
 def layer_groups(history: list[str], count: int) -> list[str]:
     """The group of each of `count` layers, from the history of the non-empty layers (an image
     without a history, or with one of another length, is one `base` group)."""
@@ -280,17 +294,15 @@ def summarise(kind: str, data: bytes, subject: str) -> dict[str, Any]:
 
 
 def sbom_summary(doc: dict[str, Any]) -> dict[str, Any]:
-    counts: dict[str, int] = {}
-    components = []
-    for comp in iter_components(doc):
-        kind = (comp.get("purl") or "pkg:other/").split("/")[0].removeprefix("pkg:")
-        counts[kind] = counts.get(kind, 0) + 1
-        components.append({k: comp[k] for k in ("type", "group", "name", "version", "purl")
-                           if comp.get(k)})
+    counts, found = component_counts(doc)
+    components = [{k: comp[k] for k in ("type", "group", "name", "version", "purl")
+                   if comp.get(k)} for comp in found]
+    shells = sorted(f"{c['name']} {c.get('version', '')}".strip() for c in components
+                    if c.get("name") in SHELLS and "pkg:deb/" in c.get("purl", ""))
     props = {p.get("name"): p.get("value") for p in doc.get("properties") or []}
     audited = any(str(k).startswith("torch-images:audit") for k in props)
-    return {"spec_version": doc.get("specVersion"), "counts": dict(sorted(counts.items())),
-            "components": components,
+    return {"spec_version": doc.get("specVersion"), "counts": counts,
+            "total": sum(counts.values()), "shells": shells, "components": components,
             "vulnerabilities": len(doc.get("vulnerabilities") or []) if audited else None,
             "timestamp": (doc.get("metadata") or {}).get("timestamp")}
 
@@ -351,7 +363,7 @@ def signature_summary(doc: dict[str, Any]) -> dict[str, Any]:
     """A cosign `.sig` or `.att` manifest: how many signatures or attestations (of which
     predicate types) it holds; checking them takes a key (`signature_status`)."""
     notes = [layer.get("annotations") or {} for layer in doc.get("layers") or []]
-    return {"count": len(notes),
+    return {"count": len(notes), "keyless": any(CERTIFICATE_ANNOTATION in n for n in notes),
             "predicate_types": sorted({n[sign.PREDICATE_ANNOTATION] for n in notes
                                        if n.get(sign.PREDICATE_ANNOTATION)})}
 
@@ -363,6 +375,7 @@ def signature_status(reader: Reader, digest: str, tags: TagSet, digests: dict[st
     found = {kind: evidence(reader, digest, kind, tags, digests) for kind in ("sig", "att")}
     out: dict[str, Any] = {"present": found["sig"].get("present", False),
                            "signatures": found["sig"].get("count", 0),
+                           "keyless": found["sig"].get("keyless", False),
                            "attestations": found["att"].get("predicate_types", []),
                            "verified": None, "detail": None}
     if not keys or not out["present"]:
@@ -417,11 +430,19 @@ def collect(source: Source, site: Path, cache_path: Path | None, *, keys: list[A
         "tags": dict(sorted(by_tag.items())),
         "images": dict(sorted(images.items())),
         "variants": variants(by_tag, images),
+        "public_keys": public_keys(keys or []),
     }
     for image in images.values():  # the changelogs are made: the SBOM itself is downloadable
         for platform in image["platforms"]:
             platform["evidence"]["sbom"].pop("components", None)
     return doc, cache.fetched
+
+
+def public_keys(keys: list[Any]) -> list[dict[str, str]]:
+    """The keys the catalog verified with, as the site offers them for download."""
+    names = [key_name(i, len(keys)) for i in range(len(keys))]
+    return [{"name": name, "href": key_href(name), "key_id": sign.key_id(key),
+             "pem": sign.public_pem(key).decode()} for name, key in zip(names, keys, strict=True)]
 
 
 def image_facts(reader: Reader, digest: str, tags: TagSet,
@@ -443,14 +464,14 @@ def platform_facts(reader: Reader, digest: str, tags: TagSet,
     layers = [{**layer, "group": group, "uncompressed": reader.uncompressed(layer)}
               for layer, group in zip(facts["layers"], groups, strict=True)]
     unknown = any(layer["uncompressed"] is None for layer in layers)
+    found = {kind: evidence(reader, digest, kind, tags, digests) for kind in EVIDENCE_KINDS}
     return {"digest": digest, "platform": facts["platform"], "labels": facts["labels"],
-            "created": facts["created"],
+            "created": facts["created"], "config": facts["config"], "audit": audit_state(found),
             "size": sum(layer["size"] for layer in layers) + facts["config_size"],
             "uncompressed_size": None if unknown else sum(la["uncompressed"] for la in layers),
             "layers": [{"digest": la["digest"], "size": la["size"], "group": la["group"],
                         "uncompressed": la["uncompressed"]} for la in layers],
-            "evidence": {kind: evidence(reader, digest, kind, tags, digests)
-                         for kind in EVIDENCE_KINDS}}
+            "evidence": found}
 
 
 def evidence(reader: Reader, subject: str, kind: str, tags: TagSet,
@@ -492,6 +513,8 @@ def variants(by_tag: dict[str, str], images: dict[str, dict[str, Any]]) -> list[
             dated.setdefault(key[0], []).append((key[1], key[2], tag))
     floating = sorted(set(dated) | {t for t in by_tag if not dated_key(t)})
     out = []
+    for date, _, tag in sorted(d for entries in dated.values() for d in entries):
+        images[by_tag[tag]].setdefault("published", f"{date[:4]}-{date[4:6]}-{date[6:]}")
     for name in floating:
         if name not in by_tag and name not in dated:
             continue
@@ -513,19 +536,37 @@ def history_entry(tag: str, date: str, digest: str,
     first = image["platforms"][0] if image["platforms"] else {}
     ev = first.get("evidence") or {}
     rebuild = ev.get("rebuild") or {}
+    audit = first.get("audit") or audit_state(ev)
     return {"tag": tag, "date": f"{date[:4]}-{date[4:6]}-{date[6:]}", "digest": digest,
             "size": first.get("size"), "vulnerabilities": vulnerabilities(ev),
+            "audit": audit["state"],
             "reasons": rebuild.get("reasons") or [], "reason_detail": rebuild.get("detail"),
             "changes": None}
 
 
-def vulnerabilities(ev: dict[str, Any]) -> int | None:
-    """The newest audit's count: an attached audit report, else one written into the SBOM."""
+def audit_state(ev: dict[str, Any]) -> dict[str, Any]:
+    """The newest audit of one platform: an attached audit report, else one written into the
+    SBOM. The latest-audit block, the history chart and table and the index all show this one
+    answer, so they agree. `state`: clean, vulnerable, inconclusive (a source could not be
+    asked and nothing was found: not a clean bill) or not audited."""
     audit, sbom = ev.get("audit") or {}, ev.get("sbom") or {}
     if audit.get("present") and audit.get("vulnerabilities") is not None:
-        found = int(audit["vulnerabilities"])
-        return None if audit.get("incomplete") and not found else found  # not a clean bill
-    return sbom.get("vulnerabilities")
+        found, incomplete = int(audit["vulnerabilities"]), list(audit.get("incomplete") or [])
+        state = "vulnerable" if found else "inconclusive" if incomplete else "clean"
+        return {"state": state, "vulnerabilities": found, "date": audit.get("date"),
+                "from": "audit", "incomplete": incomplete}
+    if sbom.get("present") and sbom.get("vulnerabilities") is not None:
+        found = int(sbom["vulnerabilities"])
+        return {"state": "vulnerable" if found else "clean", "vulnerabilities": found,
+                "date": None, "from": "sbom", "incomplete": []}
+    return {"state": "not audited", "vulnerabilities": None, "date": None, "from": None,
+            "incomplete": []}
+
+
+def vulnerabilities(ev: dict[str, Any]) -> int | None:
+    """The newest audit's count; None when not audited or not conclusive (never a clean 0)."""
+    audit = audit_state(ev)
+    return None if audit["state"] in ("inconclusive", "not audited") else audit["vulnerabilities"]
 
 
 def changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:

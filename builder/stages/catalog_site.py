@@ -21,7 +21,9 @@ from markupsafe import Markup, escape
 from builder import __version__
 from builder.core import state
 from builder.core.output import human_bytes
+from builder.stages import catalog_page as howto
 from builder.stages.catalog import GROUPS
+from sbom.diff import COUNTED
 
 ASSETS = Path(__file__).resolve().parents[1] / "site"
 COPIED = ("style.css", "chooser.js")
@@ -69,6 +71,7 @@ def index_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         first = image["platforms"][0] if image["platforms"] else {}
         smoke = (first.get("evidence") or {}).get("smoke") or {}
+        verdict = howto.smoke_verdict(smoke, image["accelerator"])
         last = variant["history"][-1] if variant["history"] else {}
         rows.append({
             "tag": variant["tag"], "href": page_name(variant["tag"]),
@@ -78,23 +81,36 @@ def index_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             "flavor": image["flavor"], "min_driver": image["min_driver"],
             "archs": " ".join(image["cuda_archs"]),
             "platforms": " ".join(p["platform"] for p in image["platforms"]),
-            "size": first.get("size"), "smoke": smoke_line(smoke),
+            "size": first.get("size"), "smoke": verdict,
+            "signature": signature_line(image["signature"]),
+            "audit": audit_line(first.get("audit") or {}),
         })
     return rows
 
 
-def smoke_line(smoke: dict[str, Any]) -> str:
-    if not smoke.get("present"):
-        return "no smoke report"
-    host = smoke.get("host") or {}
-    gpus = host.get("gpus") or []
-    if gpus:  # the devices CUDA used (smoke.host's line), else what the driver listed
-        where = host.get("summary") or \
-            f"{len(gpus)}× {gpus[0]['name']}, driver {host.get('driver') or '?'}"
-    else:
-        where = "CPU host: GPU checks substituted"
-    emulated = " (emulated)" if smoke.get("emulated") else ""
-    return f"{smoke.get('status')} on {where}{emulated}"
+def signature_line(sig: dict[str, Any]) -> tuple[str, str]:
+    """(the index's signature cell, its css class)."""
+    if not sig.get("present"):
+        return "not signed", "fail"
+    if sig.get("verified"):
+        return "signed, verified", "pass"
+    if sig.get("verified") is False:
+        return "does not verify", "fail"
+    return "signed" + (" (keyless)" if sig.get("keyless") else "") + ", not verified here", ""
+
+
+def audit_line(audit: dict[str, Any]) -> tuple[str, str]:
+    """(the latest audit in a few words, its css class): the same answer as the history's."""
+    state, date = audit.get("state") or "not audited", audit.get("date")
+    when = f" ({date})" if date else ""
+    if state == "vulnerable":
+        return f"{audit['vulnerabilities']} known vulnerabilities{when}", "fail"
+    if state == "clean":
+        return f"0 known vulnerabilities{when}", "pass"
+    if state == "inconclusive":
+        return f"not conclusive{when}: {', '.join(audit.get('incomplete') or [])} not asked", \
+            "standin"
+    return "not audited", ""
 
 
 def siblings(doc: dict[str, Any], image: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -168,7 +184,7 @@ def history_chart(entries: list[dict[str, Any]], width: int = 640) -> Markup:
         x = 10 + i * slot + (slot - bar_w) / 2
         y = height - bottom - h
         vulns = entry["vulnerabilities"]
-        mark = "not audited" if vulns is None else f"{vulns} vuln."
+        mark = entry.get("audit") or "not audited" if vulns is None else f"{vulns} vuln."
         parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{max(h, 1):.1f}"'
                      f' class="{"bar-vuln" if vulns else "bar"}"><title>{escape(entry["tag"])}:'
                      f' {human_bytes(entry["size"] or 0)}, {mark}</title></rect>')
@@ -204,7 +220,8 @@ def environment() -> jinja2.Environment:
                              lstrip_blocks=True)
     env.filters["bytes"] = lambda n: "unknown" if n is None else human_bytes(n)
     env.filters["short"] = lambda d: (d or "")[:19]
-    env.globals.update(smoke_line=smoke_line, page_name=page_name,
+    env.globals.update(page_name=page_name, howto=howto, audit_line=audit_line,
+                       counted=COUNTED,
                        unreadable=lambda ev: f" (unreadable: {ev['error']})" if "error" in ev
                        else "")
     return env
@@ -230,11 +247,14 @@ def write_site(doc: dict[str, Any], out: Path, *, same_facts: bool = False) -> i
     env = environment()
     files: dict[str, str] = {"catalog.json": json.dumps(doc, indent=1, sort_keys=True) + "\n"}
     files |= {name: (ASSETS / name).read_text() for name in COPIED}
+    files |= {key["href"]: key["pem"] for key in doc.get("public_keys") or []}
     rows = index_rows(doc)
+    counts = howto.smoke_counts([r["smoke"] for r in rows])
     columns = [(key, heading, sort_page(key)) for key, heading, _ in COLUMNS]
     for key, _, sort in COLUMNS:
         files[sort_page(key)] = env.get_template("index.html.j2").render(
-            doc=doc, rows=sorted(rows, key=sort), columns=columns, sorted_by=key, root="")
+            doc=doc, rows=sorted(rows, key=sort), columns=columns, sorted_by=key, root="",
+            counts=counts)
     for variant in doc["variants"]:
         files |= tag_pages(env, doc, variant)
     written = 0
@@ -263,10 +283,24 @@ def tag_pages(env: jinja2.Environment, doc: dict[str, Any],
         layers = layer_chart([(f"{other['flavor']}" + (" (this)" if other is image else ""),
                                group_sizes(other["platforms"][0]))
                               for _, other in family if other["platforms"]])
+        reference = f"{doc['registry']}/{doc['repository']}@{digest}"
         pages[page_name(tag)] = template.render(
             doc=doc, variant=variant, tag=tag, image=image, entry=entry, root="../",
-            reference=f"{doc['registry']}/{doc['repository']}@{digest}",
+            reference=reference, **usage(doc, image, reference),
             shared=[(name, other["flavor"], shared_bytes(image, other))
                     for name, other in family if other is not image],
             layer_chart=layers, history_chart=chart)
     return pages
+
+
+def usage(doc: dict[str, Any], image: dict[str, Any], reference: str) -> dict[str, Any]:
+    """How to run and verify the image, and its specifications (catalog_page's answers)."""
+    keys = doc.get("public_keys") or []
+    first = image["platforms"][0] if image["platforms"] else {}
+    return {"keys": keys,
+            "run": howto.run_commands(image, reference),
+            "pod": howto.pod_manifest(image, reference, first.get("config") or {}),
+            "specs": howto.specifications(image, first),
+            "verify": howto.verify_commands(reference, image["signature"],
+                                            keys[0]["name"] if keys else "cosign.pub",
+                                            image.get("source"))}

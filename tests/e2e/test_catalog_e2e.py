@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import jsonschema
 import pytest
+import yaml
 from helpers import ROOT, free_port, missing, run_builder
 
 from bench import catalog_images as ci
@@ -107,6 +108,17 @@ def test_with_the_key_the_signature_is_verified(site: Site, tmp_path: Path) -> N
     assert doc["images"][site.digests[CPU_SLIM.floating]]["signature"]["present"] is False
     page = (out / "tags" / f"{CPU_NEW.floating}.html").read_text()
     assert "verified</span>: cosign signature over" in page
+    # The key it verified with is in the site, linked from each page beside the commands.
+    assert (out / "keys" / "cosign.pub").read_bytes() == site.pub.read_bytes()
+    assert 'href="../keys/cosign.pub" download' in page
+    ref = f"{site.source}@{site.digests[CPU_NEW.floating]}"
+    for command in (f"builder verify --key cosign.pub {ref}",
+                    f"cosign verify --key cosign.pub --insecure-ignore-tlog=true {ref}",
+                    "cosign verify-attestation --key cosign.pub --insecure-ignore-tlog=true "
+                    f"--type https://cyclonedx.org/bom {ref}"):
+        assert f">{command}</code>" in page
+    index = (out / "index.html").read_text()
+    assert "signed, verified" in index and "not signed" in index  # the signature column
 
 
 def test_an_unknown_repository_is_one_error_line(registry_addr: str, tmp_path: Path) -> None:
@@ -192,6 +204,61 @@ def test_the_changelog_of_the_second_build_names_the_changed_package(
     assert "<svg" in floating and "g-toolchain" in floating  # the layer chart (runtime)
 
 
+def test_a_cpu_image_is_not_applicable_and_a_cuda_one_smoked_without_gpu_is_a_stand_in(
+        site: Site, tmp_path: Path) -> None:
+    cpu = dom(site, f"tags/{CPU_SLIM.floating}.html", tmp_path)
+    assert 'data-smoke="not-applicable"' in cpu and "GPU checks not applicable" in cpu
+    assert re.search(r'<td class="status-na">not applicable</td>', cpu)
+    assert "CPU stand-in" not in cpu and "substituted" not in cpu
+    for spec in (CUDA12, CUDA13_ARM):
+        page = dom(site, f"tags/{spec.floating}.html", tmp_path)
+        assert re.search(r'<p class="status-standin verdict" data-smoke="stand-in">CPU stand-in',
+                         page)
+        assert "pass on GPU" not in page and "not yet checked on a GPU" in page
+        assert 'class="status-standin">CPU stand-in</td>' in page
+    index = dom(site, "index.html", tmp_path)
+    summary = re.search(r'<p id="smoke-summary">(.*?)</p>', index, re.S)[1]
+    assert "0 passed on a GPU" in summary and "2 CUDA images only with a CPU stand-in" in summary
+    assert "2 CPU images (GPU checks not applicable)" in summary
+    cells = re.findall(r'<td class="status-(\w+)" data-smoke="([\w-]+)">', index)
+    assert sorted(cells) == [("pass", "not-applicable")] * 2 + [("standin", "stand-in")] * 2
+    # Amber in the browser: the stand-in's colour is neither the pass nor the fail colour.
+    css = (site.out / "style.css").read_text()
+    assert "--standin: #9a6700" in css and ".status-standin { color: var(--standin)" in css
+
+
+def test_an_image_page_says_how_to_run_and_verify_it_and_what_it_runs_as(
+        site: Site, tmp_path: Path) -> None:
+    digest = site.digests[CUDA12.floating]
+    ref = f"{site.source}@{digest}"
+    page = dom(site, f"tags/{CUDA12.floating}.html", tmp_path)
+    assert f">docker run --rm -it --gpus all --shm-size=8g {ref}</code>" in page
+    assert f"--ipc=host {ref}" in page
+    pod = yaml.safe_load(html.unescape(re.search(r'<pre id="pod">(.*?)</pre>', page, re.S)[1]))
+    [container] = pod["spec"]["containers"]
+    assert container["image"] == ref and container["resources"]["limits"] == {
+        "nvidia.com/gpu": 1}
+    assert pod["spec"]["volumes"][0]["emptyDir"]["medium"] == "Memory"
+    assert pod["spec"]["securityContext"]["runAsUser"] == 1000
+    specs = dict(re.findall(r"<tr><th>([\w ]+)</th><td>(.*?)</td></tr>",
+                            re.search(r'<table class="facts specs">(.*?)</table>', page, re.S)[1],
+                            re.S))
+    assert specs["user"] == "1000:1000 (uid 1000, not root)"
+    assert specs["command"] == "<code>python</code>" and specs["entrypoint"] == "<code>none</code>"
+    assert specs["working folder"] == "<code>/home/user</code>"
+    assert specs["shell"].startswith("yes: bash 5.2.15-2+b7, dash")
+    assert "/opt/venv/bin/python, first on PATH" in specs["python"]
+    assert "VIRTUAL_ENV=/opt/venv" in specs["environment"]
+    assert f">builder verify --key cosign.pub {ref}</code>" in page
+    assert 'id="public-key"' in page  # without --key: says to ask the publisher for it
+    assert "the build's fixed timestamp: the commit time of the lock" in page
+    assert "published 2026-12-04 (its first dated tag)" in page
+    # One component count, saying what it counts, and one SBOM per platform.
+    assert "CycloneDX 1.6: 7 components (4 deb, 3 pypi; counted: components, nested" in page
+    arm = dom(site, f"tags/{CUDA13_ARM.floating}.html", tmp_path)
+    assert "Download the linux/amd64 SBOM" in arm and "Download the linux/arm64 SBOM" in arm
+
+
 class Links(html.parser.HTMLParser):
     def __init__(self) -> None:
         super().__init__()
@@ -223,8 +290,9 @@ def test_screenshots_of_the_index_and_an_image_page(site: Site, tmp_path: Path) 
     dark = "--blink-settings=preferredColorScheme=0"  # prefers-color-scheme: dark
     shots = {"catalog-index.png": ("index.html", "", "1280,760", ()),
              "catalog-chooser.png": ("index.html", "?driver=575.51", "1280,640", ()),
-             "catalog-image.png": (f"tags/{CPU_NEW.floating}.html", "", "1280,2400", ()),
-             "catalog-image-dark.png": (f"tags/{CUDA13_ARM.floating}.html", "", "1280,1300",
+             "catalog-image.png": (f"tags/{CPU_NEW.floating}.html", "", "1280,3300", ()),
+             "catalog-image-cuda.png": (f"tags/{CUDA12.floating}.html", "", "1280,3300", ()),
+             "catalog-image-dark.png": (f"tags/{CUDA13_ARM.floating}.html", "", "1280,1800",
                                         (dark,))}
     keep = os.environ.get("CATALOG_SCREENSHOTS")
     for name, (page, query, size, extra) in shots.items():
@@ -249,3 +317,15 @@ def test_an_audit_attached_later_is_the_latest_audit_and_says_when_inconclusive(
     assert out["fetched"] >= 1  # the new audit artifact, nothing else
     page = (site.out / "tags" / f"{CPU_SLIM.floating}.html").read_text()
     assert "Not conclusive</strong>: debian-security" in page
+    # The history (chart and table) and the index give the same answer as the latest audit.
+    assert 'data-audit="inconclusive"' in page
+    row = re.search(r'<tr class="current">(.*?)</tr>', page.replace(
+        f"tags/{CPU_SLIM.floating}.html", ""), re.S)
+    table = re.search(r'<table id="history">(.*?)</table>', page, re.S)[1]
+    assert '<td class="audit">inconclusive</td>' in table and "not audited" not in table
+    chart = re.search(r"<svg[^>]*>.*?Size and vulnerabilities.*?</svg>", page, re.S)[0]
+    assert ">inconclusive</text>" in chart and "not audited" not in chart
+    assert row is None or "not audited" not in row[1]
+    index = (site.out / "index.html").read_text()
+    slim_row = re.search(rf'<tr data-tag="{re.escape(CPU_SLIM.floating)}".*?</tr>', index, re.S)[0]
+    assert "not conclusive" in slim_row

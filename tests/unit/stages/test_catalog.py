@@ -13,6 +13,7 @@ import pytest
 from bench.catalog_images import CREATED_BY, Spec, sbom_document, smoke_report
 from builder.core.errors import BuilderError
 from builder.stages import catalog, catalog_site
+from builder.stages import catalog_page as howto
 
 D1, D2, D3 = (f"sha256:{c * 64}" for c in "123")
 
@@ -54,15 +55,19 @@ def test_a_cpu_slim_image_has_no_nvidia_or_toolchain_group() -> None:
 def test_evidence_summaries_keep_what_a_page_shows() -> None:
     spec = Spec(torch="2.13.0+cpu", python="3.11", flavor="runtime")
     sbom = catalog.summarise("sbom", json.dumps(sbom_document(spec, D1)).encode(), D1)
-    assert sbom["counts"] == {"deb": 2, "pypi": 3} and sbom["vulnerabilities"] is None
+    assert sbom["counts"] == {"deb": 4, "pypi": 3} and sbom["vulnerabilities"] is None
+    assert sbom["total"] == 7 and sbom["shells"] == ["bash 5.2.15-2+b7", "dash 0.5.12-2"]
     smoke = catalog.summarise("smoke", json.dumps(smoke_report(spec, "linux/amd64", D2))
                               .encode(), D1)
     assert smoke["status"] == "pass" and smoke["host"]["gpus"] == []
-    assert catalog_site.smoke_line({"present": True, **smoke}) \
-        == "pass on CPU host: GPU checks substituted"
+    assert howto.smoke_verdict({"present": True, **smoke}, "cpu") == {
+        "state": "not-applicable", "css": "pass",
+        "line": "pass on CPU; GPU checks not applicable (CPU image)"}
     gpu = {"present": True, "status": "pass", "host": {"gpus": [{"name": "NVIDIA H100"}] * 2,
-                                                     "driver": "580.95.05"}}
-    assert catalog_site.smoke_line(gpu) == "pass on 2× NVIDIA H100, driver 580.95.05"
+                                                     "driver": "580.95.05"},
+           "checks": [{"name": "cuda", "status": "pass"}]}
+    assert howto.smoke_verdict(gpu, "cuda")["line"] == \
+        "pass on GPU: 2× NVIDIA H100, driver 580.95.05"
     assert catalog.summarise("audit", b"[]", D1) == {"error": "not a JSON object"}
     assert "unexpected content" in catalog.summarise("smoke", b'{"checks": [1]}', D1)["error"]
 
@@ -72,6 +77,7 @@ def image(digest: str, packages: dict[str, str], *, flavor: str = "runtime",
     comps = [{"type": "library", "name": n, "version": v, "purl": f"pkg:pypi/{n}@{v}"}
              for n, v in packages.items()]
     evidence = {"sbom": {"present": True, "components": comps, "counts": {"pypi": len(comps)},
+                         "total": len(comps), "shells": [],
                          "spec_version": "1.6", "href": "evidence/x.sbom.json",
                          "vulnerabilities": None},
                 "audit": {"present": True, "vulnerabilities": vulns, "sources": {}}
@@ -81,6 +87,7 @@ def image(digest: str, packages: dict[str, str], *, flavor: str = "runtime",
     return {"digest": digest, "torch": "2.13.0", "python": "3.11", "accelerator": "cpu",
             "cuda": None, "flavor": flavor, "min_driver": None, "cuda_archs": [],
             "platforms": [{"platform": "linux/amd64", "size": 100, "evidence": evidence,
+                           "audit": catalog.audit_state(evidence),
                            "layers": [{"digest": D3, "size": 60, "group": "base"},
                                       {"digest": digest, "size": 40, "group": "packages"}]}]}
 
@@ -166,6 +173,9 @@ def test_a_gpu_smoke_report_names_the_devices_cuda_used_and_the_driver() -> None
         {"index": i, "name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "memory": 81559,
          "mig": False} for i in range(2)]}
     smoke = catalog.summarise("smoke", json.dumps(report).encode(), D1)
-    line = catalog_site.smoke_line({"present": True, **smoke})
-    assert line.startswith("pass on CUDA used 2 × NVIDIA H100 80GB HBM3 (sm 9.0, 80 GiB)")
+    for check in report["checks"]:
+        check["status"] = "pass"
+    smoke = catalog.summarise("smoke", json.dumps(report).encode(), D1)
+    line = howto.smoke_verdict({"present": True, **smoke}, "cuda")["line"]
+    assert line.startswith("pass on GPU: CUDA used 2 × NVIDIA H100 80GB HBM3 (sm 9.0, 80 GiB)")
     assert line.endswith("driver 580.95.05 (CUDA 13.0)")

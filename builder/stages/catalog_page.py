@@ -1,0 +1,179 @@
+"""What an image page tells a platform team before it runs an image, as NGC's and Chainguard's
+pages do: how to run it (docker, a Kubernetes pod), its specifications (from the image config
+and the SBOM), the exact commands that verify it, and what its smoke tests proved (on a GPU, a
+CPU stand-in, or not applicable). Pure functions of catalog.json's facts: the templates print
+their results and hold no command strings of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import PurePosixPath
+from typing import Any
+
+from smoke.checks import GPU_CHECKS
+
+SHM = {"cuda": "8g", "cpu": "2g"}  # NCCL wants 512 MiB a GPU; DataLoader workers share /dev/shm
+GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
+STAND_IN = ("skip", "substituted", "degraded")  # a GPU check that did not fully run on a GPU
+
+
+# ---- smoke tests ------------------------------------------------------------------------------
+
+
+def smoke_verdict(smoke: dict[str, Any], accelerator: str) -> dict[str, str]:
+    """What a smoke report proved. `state`: gpu (every GPU check passed on a GPU), stand-in (a
+    CUDA image smoked without a GPU: its GPU checks ran on the CPU or not at all; amber, never
+    counted as GPU-smoked), not-applicable (a CPU image: there is no CUDA to check), fail,
+    missing. `css`: the status class the page colours it with."""
+    if not smoke.get("present"):
+        return {"state": "missing", "css": "fail", "line": "no smoke report"}
+    emulated = " (emulated)" if smoke.get("emulated") else ""
+    if smoke.get("status") != "pass":
+        return {"state": "fail", "css": "fail", "line": f"{smoke.get('status')}{emulated}"}
+    if accelerator != "cuda":
+        return {"state": "not-applicable", "css": "pass",
+                "line": f"pass on CPU{emulated}; GPU checks not applicable (CPU image)"}
+    host = smoke.get("host") or {}
+    gpus = host.get("gpus") or []
+    gpu_checks = [c for c in smoke.get("checks") or [] if c.get("name") in GPU_CHECKS]
+    if gpus and gpu_checks and all(c.get("status") == "pass" for c in gpu_checks):
+        where = host.get("summary") or \
+            f"{len(gpus)}× {gpus[0]['name']}, driver {host.get('driver') or '?'}"
+        return {"state": "gpu", "css": "pass", "line": f"pass on GPU: {where}{emulated}"}
+    return {"state": "stand-in", "css": "standin",
+            "line": f"CPU stand-in{emulated}: passed without a GPU (GPU checks ran on the CPU "
+                    "or were skipped); not yet checked on a GPU"}
+
+
+def check_status(check: dict[str, Any], accelerator: str) -> tuple[str, str]:
+    """(what a check's row says, its css class): a CPU image's GPU checks are `not applicable`,
+    a CUDA image's GPU checks that did not run on a GPU are `CPU stand-in`."""
+    status = str(check.get("status", "?"))
+    if check.get("name") not in GPU_CHECKS or status not in STAND_IN:
+        return status, status
+    if accelerator != "cuda":
+        return "not applicable", "na"
+    return {"skip": "not run: no GPU", "substituted": "CPU stand-in"}.get(
+        status, f"{status} (not fully on a GPU)"), "standin"
+
+
+def smoke_counts(verdicts: list[dict[str, str]]) -> dict[str, int]:
+    """How many images each verdict covers (the index's summary line)."""
+    out = {"gpu": 0, "stand-in": 0, "not-applicable": 0, "fail": 0, "missing": 0}
+    for verdict in verdicts:
+        out[verdict["state"]] += 1
+    return out
+
+
+# ---- how to run it ----------------------------------------------------------------------------
+
+
+def run_commands(image: dict[str, Any], reference: str) -> list[tuple[str, str]]:
+    """(what it does, the docker command) for this image."""
+    shm = SHM["cuda" if image["accelerator"] == "cuda" else "cpu"]
+    if image["accelerator"] != "cuda":
+        return [("a python shell", f"docker run --rm -it --shm-size={shm} {reference}"),
+                ("a script from this folder", f"docker run --rm --shm-size={shm} "
+                 f'-v "$PWD:/work" -w /work {reference} python train.py')]
+    return [("a python shell on every GPU",
+             f"docker run --rm -it --gpus all --shm-size={shm} {reference}"),
+            ("NCCL across GPUs: the host's IPC namespace instead of a sized /dev/shm",
+             f"docker run --rm -it --gpus all --ipc=host {reference}"),
+            ("check a GPU node (exit 0: every GPU check passed on a GPU)",
+             f"docker run --rm --gpus all --shm-size={shm} {reference} "
+             "torch-smoke --require-gpu")]
+
+
+def pod_manifest(image: dict[str, Any], reference: str, config: dict[str, Any]) -> str:
+    """A Kubernetes pod that runs the image as its config says: its user, a GPU limit for a
+    CUDA image, and a memory-backed /dev/shm (a pod's default is 64 MiB)."""
+    cuda = image["accelerator"] == "cuda"
+    name = f"torch-{image.get('flavor') or 'image'}"
+    uid = user_id(config.get("user"))
+    security = (f"  securityContext: {{runAsUser: {uid}, runAsGroup: {uid}, runAsNonRoot: true}}\n"
+                if uid else "")
+    command = ["python", "-c", "import torch; print(torch.__version__, "
+               + ("torch.cuda.device_count())" if cuda else "torch.get_num_threads())")]
+    limits = "nvidia.com/gpu: 1" if cuda else "cpu: \"4\", memory: 16Gi"
+    shm = "8Gi" if cuda else "2Gi"
+    return (f"apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n"
+            f"  restartPolicy: Never\n{security}  containers:\n"
+            f"    - name: torch\n      image: {reference}\n"
+            f"      command: {json.dumps(command)}\n"
+            f"      resources:\n        limits: {{{limits}}}\n"
+            "      volumeMounts:\n        - {name: dshm, mountPath: /dev/shm}\n"
+            "  volumes:\n    - name: dshm\n"
+            f"      emptyDir: {{medium: Memory, sizeLimit: {shm}}}\n")
+
+
+def user_id(user: str | None) -> int | None:
+    """The numeric uid of a config's `User` (`1000:1000` → 1000); None for root or a name."""
+    uid = (user or "").split(":")[0]
+    return int(uid) if uid.isdigit() and int(uid) != 0 else None
+
+
+# ---- specifications ---------------------------------------------------------------------------
+
+
+def specifications(image: dict[str, Any], platform: dict[str, Any]) -> list[tuple[str, str]]:
+    """(field, value) rows read from the image config and the SBOM, as Chainguard's
+    specifications view lists them."""
+    config = platform.get("config") or {}
+    env = dict(e.split("=", 1) for e in config.get("env") or [] if "=" in e)
+    uid = user_id(config.get("user"))
+    user = config.get("user") or "not set"
+    who = f"{user} (uid {uid}, not root)" if uid else f"{user} (root)"
+    sbom = (platform.get("evidence") or {}).get("sbom") or {}
+    shells = sbom.get("shells")
+    shell = ("no SBOM to tell" if not sbom.get("present") or shells is None else
+             f"yes: {', '.join(shells)} (/bin/sh)" if shells else "none in the SBOM")
+    venv = env.get("VIRTUAL_ENV")
+    python = f"python {image.get('python') or '?'}" + (
+        f": `python` is {venv}/bin/python, first on PATH" if venv else "")
+    return [("user", who), ("entrypoint", argv(config.get("entrypoint"))),
+            ("command", argv(config.get("cmd"))), ("working folder", config.get("workdir") or "/"),
+            ("shell", shell), ("python", python),
+            ("environment", "\n".join(config.get("env") or []) or "none")]
+
+
+def argv(args: list[str] | None) -> str:
+    return shlex.join(args) if args else "none"
+
+
+# ---- how to verify it -------------------------------------------------------------------------
+
+
+def verify_commands(reference: str, signature: dict[str, Any], key_file: str,
+                    source: str | None) -> list[tuple[str, str]]:
+    """(what it checks, the command): the one place the page's verify commands are written.
+    Key signatures carry no Rekor entry (builder signs offline), so stock cosign 2.x needs
+    `--insecure-ignore-tlog=true` for them; a keyless signature (CI's) is checked against the
+    workflow identity of the image's source repository."""
+    key = shlex.quote(key_file)
+    out = [("signature, smoke report, SBOM and provenance (builder)",
+            f"builder verify --key {key} {reference}")]
+    if signature.get("present"):
+        out.append(("the signature (stock cosign)",
+                    f"cosign verify --key {key} --insecure-ignore-tlog=true {reference}"))
+        out += [(f"the signed attestation {ptype}",
+                 f"cosign verify-attestation --key {key} --insecure-ignore-tlog=true "
+                 f"--type {shlex.quote(ptype)} {reference}")
+                for ptype in signature.get("attestations") or []]
+    if signature.get("keyless"):
+        repo = (source or "https://github.com/YOUR-ORG/torch-images").removesuffix(".git")
+        identity = f"{repo}/.github/workflows/build.yml@refs/heads/main"
+        out.append(("the keyless signature CI made (its workflow identity)",
+                    f"cosign verify --certificate-identity {shlex.quote(identity)} "
+                    f"--certificate-oidc-issuer {GITHUB_ISSUER} {reference}"))
+    return out
+
+
+def key_name(index: int, count: int) -> str:
+    """The file name a public key gets in the site (`keys/cosign.pub`, or one per key)."""
+    return "cosign.pub" if count == 1 else f"cosign-{index + 1}.pub"
+
+
+def key_href(name: str) -> str:
+    return str(PurePosixPath("keys") / name)
