@@ -8,7 +8,6 @@ from builder.commands.options import (
     add_ca_bundle_option,
     add_command,
     add_key_option,
-    add_locks_option,
     load_selected,
 )
 from builder.core import sign
@@ -20,18 +19,11 @@ from builder.stages.build import BuildOptions, Outcome, build_images, build_lock
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "base", cmd_base, shared=("matrix", "select", "json", "registries"),
-        help="make the selected variants' base images available",
-        description="Pull each base image ref, or bootstrap `mmdebstrap:<suite>` into a local "
-        "image (reused while suite, packages and day are unchanged). Prints each base's digest, "
-        "which is part of every variant's content hash.")
+    p = add_command(sub, "base", cmd_base, ("matrix", "select", "json", "registries"),
+                    "make the selected variants' base images available")
 
-    p = add_command(sub, "build", cmd_build, shared=("matrix", "select", "json", "registries"),
-        help="build images for the selected variants",
-        description="Build the plan's `build` variants (default selection: the matrix's "
-        "`default`) with BuildKit, skip up-to-date ones, then smoke-test and write an SBOM for "
-        "each new image. Logs: .state/logs/<variant>.log.")
-    add_locks_option(p)
+    p = add_command(sub, "build", cmd_build, ("matrix", "select", "json", "registries", "locks"),
+                    "build images for the selected variants")
     p.add_argument("--force", action="store_true", help="rebuild even up-to-date variants")
     p.add_argument("--relock", action="store_true",
                    help="re-lock variants whose lock is out of date (instead of refusing them)")
@@ -57,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_base(args: argparse.Namespace) -> int:
+    """Pull each base image ref, or bootstrap `mmdebstrap:<suite>` into a local image (reused
+    while suite, packages and day are unchanged). Prints each base's digest, which is part of
+    every variant's content hash."""
     matrix, variants = load_selected(args)
     # One per base and platform (keys: platforms.base_key); off linux/amd64 a bootstrapped base
     # is served from the registry, a pulled one is left to BuildKit (digest unknown: None).
@@ -71,6 +66,9 @@ def cmd_base(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    """Build the plan's `build` variants (default selection: the matrix's `default`) with
+    BuildKit, skip up-to-date ones, then smoke-test and write an SBOM for each new image. Logs:
+    .state/logs/<variant>.log."""
     by_default = not args.select
     if by_default:
         args.select = ["default=true"]

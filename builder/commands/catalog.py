@@ -14,15 +14,8 @@ from builder.stages import catalog, catalog_site
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "catalog", cmd_catalog, shared=("matrix", "json", "registries"),
-        help="write the static catalog site from the registry",
-        description="Read one vetted repository — its tags, manifests, image indexes, configs "
-        "and the SBOM, smoke report, provenance, audit, rebuild reason and signature attached to "
-        "each digest — and write a static site: index.html (a chooser by driver, GPU, platform, "
-        "python and flavor; a sortable table without JavaScript), one page per floating and "
-        "dated tag with its changelog (SBOM diff between consecutive dated builds), and "
-        "catalog.json (builder/schema/catalog.schema.json). Needs nothing but registry access; "
-        "a second run fetches only digests it has not seen (cache: DIR/.cache/catalog.json).")
+    p = add_command(sub, "catalog", cmd_catalog, ("matrix", "json", "registries"),
+                    "write the static catalog site from the registry")
     p.add_argument("source", nargs="?", metavar="REGISTRY/REPOSITORY",
                    help="the vetted repository (default: `registry`/`repository` of --matrix)")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="the site folder")
@@ -34,6 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
+    """Read one vetted repository — its tags, manifests, image indexes, configs and the SBOM,
+    smoke report, provenance, audit, rebuild reason and signature attached to each digest — and
+    write a static site: index.html (a chooser by driver, GPU, platform, python and flavor; a
+    sortable table without JavaScript), one page per floating and dated tag with its changelog
+    (SBOM diff between consecutive dated builds), and catalog.json
+    (builder/schema/catalog.schema.json). Needs nothing but registry access; a second run
+    fetches only digests it has not seen (cache: DIR/.cache/catalog.json)."""
     started = time.monotonic()
     source = catalog.Source.parse(args.source) if args.source else matrix_source(args.matrix)
     try:

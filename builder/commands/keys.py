@@ -11,19 +11,18 @@ from builder.core.output import emit_json, step
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "keygen", cmd_keygen, shared=("json",),
-        help="write a cosign key pair (cosign.key, cosign.pub)",
-        description="Write `cosign.key` (ECDSA P-256, encrypted: scrypt + nacl/secretbox, as "
-        "`cosign generate-key-pair` writes it; mode 600) and `cosign.pub` into the current "
-        "folder (or --out). The password comes from COSIGN_PASSWORD (may be empty) or a prompt. "
-        "Sign with `--key cosign.key` or COSIGN_PRIVATE_KEY=<its text>; verify with "
-        "`builder verify --key cosign.pub` or `cosign verify --key cosign.pub`. Existing files "
-        "are never overwritten.")
+    p = add_command(sub, "keygen", cmd_keygen, ("json",),
+                    "write a cosign key pair (cosign.key, cosign.pub)")
     p.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
                    help="folder to write the pair into (default: the current folder)")
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
+    """Write `cosign.key` (ECDSA P-256, encrypted: scrypt + nacl/secretbox, as `cosign
+    generate-key-pair` writes it; mode 600) and `cosign.pub` into the current folder (or
+    --out). The password comes from COSIGN_PASSWORD (may be empty) or a prompt. Sign with
+    `--key cosign.key` or COSIGN_PRIVATE_KEY=<its text>; verify with `builder verify --key
+    cosign.pub` or `cosign verify --key cosign.pub`. Existing files are never overwritten."""
     key_path, pub_path = sign.keygen(args.out)
     if args.json:
         emit_json({"private_key": str(key_path), "public_key": str(pub_path)})

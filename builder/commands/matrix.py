@@ -6,50 +6,36 @@ import argparse
 import time
 from pathlib import Path
 
-from builder.commands.options import add_command, add_locks_option, load_selected
+from builder.commands.options import add_command, load_selected
 from builder.core.output import emit_json, step, table
 from builder.model import matrix
 from builder.stages import base, locks, plan, render, wheels
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "validate", cmd_validate, shared=("matrix", "select", "json"),
-        help="check matrix.yaml and list its variants",
-        description="Validate the matrix against its JSON schema and the semantic "
-        "rules (duplicates, YAML number traps, impossible combinations, missing "
-        "locks' CUDA toolkit). Lists every problem as FILE:LINE: FIELD: reason; "
-        "exit 1 when there is any.")
+    p = add_command(sub, "validate", cmd_validate, ("matrix", "select", "json", "locks"),
+                    "check matrix.yaml and list its variants")
     p.add_argument("--offline", action="store_true",
                    help="skip the check that each torch release has a wheel for its python")
-    add_locks_option(p)
 
-    p = add_command(sub, "lock", cmd_lock, shared=("matrix", "select", "json"),
-        help="resolve variants into hash-pinned locks",
-        description="Resolve each selected variant for its own python and platform "
-        "into locks/<id>.txt (every pin == with --hash) and locks/<id>.json (facts "
-        "derived from the resolved wheels). Only variants whose inputs changed are "
-        "resolved again.")
-    add_locks_option(p)
+    p = add_command(sub, "lock", cmd_lock, ("matrix", "select", "json", "locks"),
+                    "resolve variants into hash-pinned locks")
     p.add_argument("--upgrade", action="store_true", help="re-resolve to the newest allowed pins")
 
-    p = add_command(sub, "render", cmd_render, shared=("matrix", "select", "json"),
-        help="write each variant's Dockerfile",
-        description="Render templates/ into DIR/<id>/Dockerfile with the lock it "
-        "installs (pure and offline; byte-for-byte deterministic).")
+    p = add_command(sub, "render", cmd_render, ("matrix", "select", "json", "locks"),
+                    "write each variant's Dockerfile")
     p.add_argument("--out", default="out", type=Path, help="output folder (default: out)")
-    add_locks_option(p)
 
-    p = add_command(sub, "plan", cmd_plan, shared=("matrix", "select", "json", "registries"),
-        help="tags, content hash and build state",
-        description="For each selected variant: tags, content hash and state "
-        "(`build`, or `up-to-date` when an image with that hash exists locally or "
-        "in the registry). --json output is the CI job matrix.")
-    add_locks_option(p)
+    p = add_command(sub, "plan", cmd_plan, ("matrix", "select", "json", "registries", "locks"),
+                    "tags, content hash and build state")
     p.add_argument("--offline", action="store_true",
                    help="do not ask the registry: a variant not up to date locally is `unknown`")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Validate the matrix against its JSON schema and the semantic rules (duplicates, YAML
+    number traps, impossible combinations, missing locks' CUDA toolkit). Lists every problem as
+    FILE:LINE: FIELD: reason; exit 1 when there is any."""
     try:
         m, variants = load_selected(args)
     except matrix.MatrixError as exc:
@@ -88,6 +74,9 @@ def lock_problems(m: matrix.Matrix, variants: list[matrix.Variant], locks_dir: P
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
+    """Resolve each selected variant for its own python and platform into locks/<id>.txt (every
+    pin == with --hash) and locks/<id>.json (facts derived from the resolved wheels). Only
+    variants whose inputs changed are resolved again."""
     m, variants = load_selected(args)
     start = time.monotonic()
     results = locks.lock_all(m, variants, args.locks, upgrade=args.upgrade, progress=step)
@@ -100,6 +89,8 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
+    """Render templates/ into DIR/<id>/Dockerfile with the lock it installs (pure and offline;
+    byte-for-byte deterministic)."""
     m, variants = load_selected(args)
     for v in variants:
         rendered = render.render(m, v, locks.require_lock(args.locks, v),
@@ -113,6 +104,9 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    """For each selected variant: tags, content hash and state (`build`, or `up-to-date` when
+    an image with that hash exists locally or in the registry). --json output is the CI job
+    matrix."""
     m, variants = load_selected(args)
     planned = plan.make_plan(m, variants, args.locks, base.known_digests(variants, m),
                              check_registry=not args.offline, unasked="unknown")

@@ -5,6 +5,7 @@ modules import this, never `builder.cli` or each other)."""
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -15,14 +16,16 @@ from builder.core.errors import ConfigError
 from builder.core.settings import CA_BUNDLE_ENV, Settings
 from builder.model import matrix
 
-SHARED = ("matrix", "select", "json", "registries")  # the option groups a command may take
+SHARED = ("matrix", "select", "json", "registries", "locks")  # groups a command may take
 
 
-def add_command(sub: argparse._SubParsersAction, name: str, func: Callable[..., int], *,
-                shared: Iterable[str], **parser: Any) -> argparse.ArgumentParser:
-    """A command's parser with `func` as its handler and those of the shared options it uses
-    (`SHARED`), so its --help lists nothing it ignores."""
-    p = sub.add_parser(name, **parser)
+def add_command(sub: argparse._SubParsersAction, name: str, func: Callable[..., int],
+                shared: Iterable[str], summary: str, **parser: Any) -> argparse.ArgumentParser:
+    """A command's parser: `func` handles it and its docstring is the --help description;
+    it takes those of the shared option groups it uses (`SHARED`), so its --help lists nothing
+    it ignores."""
+    parser.setdefault("description", inspect.getdoc(func))
+    p = sub.add_parser(name, help=summary, **parser)
     for group in shared:
         _ADD[group](p)
     p.set_defaults(func=func)
@@ -58,8 +61,13 @@ def _add_registries(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_locks(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--locks", default=Path("locks"), type=Path, metavar="DIR",
+                   help="the lock folder (default: locks)")
+
+
 _ADD = {"matrix": _add_matrix, "select": _add_select, "json": _add_json,
-        "registries": _add_registries}
+        "registries": _add_registries, "locks": _add_locks}
 
 
 def resolve(args: argparse.Namespace) -> Settings:
@@ -94,15 +102,21 @@ def add_ca_bundle_option(parser: argparse.ArgumentParser, help: str) -> None:
                         default=os.environ.get(CA_BUNDLE_ENV))
 
 
-def add_locks_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--locks", default=Path("locks"), type=Path, metavar="DIR",
-                        help="the lock folder (default: locks)")
-
-
 def add_key_option(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--key", type=Path, metavar="FILE",
                         help=f"cosign private key that signs {what} (default: the PEM in "
                         "COSIGN_PRIVATE_KEY, if set; password: COSIGN_PASSWORD or a prompt)")
+
+
+def add_publishing_options(parser: argparse.ArgumentParser, dry_run: str) -> None:
+    """What the commands that publish (publish, rebuild) share: the record, the CPU-smoke
+    waiver, the dry run (`dry_run`: what it does) and the keys."""
+    parser.add_argument("--manifest", default=Path("published.json"), type=Path, metavar="FILE",
+                        help="publication record (default: %(default)s)")
+    parser.add_argument("--allow-cpu-smoke", action="store_true",
+                        help="publish CUDA images whose smoke ran without a GPU (recorded)")
+    parser.add_argument("--dry-run", action="store_true", help=dry_run)
+    add_trust_options(parser)
 
 
 def add_trust_options(parser: argparse.ArgumentParser) -> None:

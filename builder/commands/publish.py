@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import argparse
 import re
-from pathlib import Path
 
 from builder.commands.options import (
     REGISTRY_CA_HELP,
     add_ca_bundle_option,
     add_command,
-    add_locks_option,
-    add_trust_options,
+    add_publishing_options,
     load_selected,
 )
 from builder.core import sign
@@ -20,30 +18,25 @@ from builder.core.output import emit_json, table
 from builder.flows.publish import publish_variants
 from builder.stages import base, plan
 
+GROUPS = ("matrix", "select", "json", "registries", "locks")
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "publish", cmd_publish, shared=("matrix", "select", "json", "registries"),
-        help="promote gated images from staging under dated tags; write published.json",
-        description="Promote each selected variant (default: the matrix's default selection): "
-        "find its staged image by content hash (staging a local image first), check that its "
-        "config is the plan's, that its smoke report (every check, on this image; CUDA: on a "
-        "GPU) and SBOM are signed by a trusted key (--trust-key) and valid, copy it into the "
-        "vetted repository by digest, attach SBOM, smoke report and provenance with their signed "
-        "attestations, sign the digest (cosign's format: --key or COSIGN_PRIVATE_KEY), then "
-        "tag `<tag>-YYYYMMDD` (never overwritten), `build-<hash>`, the floating tag and aliases. "
-        "Never builds; a stopped run is completed by the next. Exit 1 when any image was refused.")
-    add_locks_option(p)
-    p.add_argument("--allow-cpu-smoke", action="store_true",
-                   help="publish CUDA images whose smoke ran without a GPU (recorded)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print what would be pushed; push nothing")
-    add_trust_options(p)
-    p.add_argument("--manifest", default=Path("published.json"), type=Path, metavar="FILE",
-                   help="publication record (default: %(default)s)")
+    p = add_command(sub, "publish", cmd_publish, GROUPS,
+                    "promote gated images from staging under dated tags; write published.json")
+    add_publishing_options(p, "print what would be pushed; push nothing")
     add_ca_bundle_option(p, REGISTRY_CA_HELP)
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
+    """Promote each selected variant (default: the matrix's default selection): find its staged
+    image by content hash (staging a local image first), check that its config is the plan's,
+    that its smoke report (every check, on this image; CUDA: on a GPU) and SBOM are signed by a
+    trusted key (--trust-key) and valid, copy it into the vetted repository by digest, attach
+    SBOM, smoke report and provenance with their signed attestations, sign the digest (cosign's
+    format: --key or COSIGN_PRIVATE_KEY), then tag `<tag>-YYYYMMDD` (never overwritten),
+    `build-<hash>`, the floating tag and aliases. Never builds; a stopped run is completed by
+    the next. Exit 1 when any image was refused."""
     if not args.select:
         args.select = ["default=true"]
     matrix, variants = load_selected(args)

@@ -11,8 +11,7 @@ from typing import Any
 from builder.commands.options import (
     add_ca_bundle_option,
     add_command,
-    add_locks_option,
-    add_trust_options,
+    add_publishing_options,
     load_selected,
 )
 from builder.core import sign
@@ -32,23 +31,10 @@ from builder.model.matrix import Matrix, Variant
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "rebuild", cmd_rebuild, shared=("matrix", "select", "json", "registries"),
-        help="rebuild published images whose sources moved",
-        description="For each published variant (published.json; narrow with --select) ask: "
-        "Debian updates inside the image, Python vulnerabilities with a fix (pip-audit on the "
-        "lock), a moved base digest, changed inputs. --check only reports (exit 0 nothing to do, "
-        "1 something to rebuild, 2 a source unknown); otherwise rebuilds, publishes and prints "
-        "the SBOM diff of exactly those variants. --skip-source leaves a source unasked (reported "
-        "as skipped, never clean).")
+    p = add_command(sub, "rebuild", cmd_rebuild, ("matrix", "select", "json", "registries",
+                    "locks"), "rebuild published images whose sources moved")
     p.add_argument("--check", action="store_true", help="report only; build and push nothing")
-    add_locks_option(p)
-    p.add_argument("--manifest", default=Path("published.json"), type=Path, metavar="FILE",
-                   help="publication record (default: %(default)s)")
-    p.add_argument("--allow-cpu-smoke", action="store_true",
-                   help="publish CUDA images whose smoke ran without a GPU (recorded)")
-    add_trust_options(p)
-    p.add_argument("--dry-run", action="store_true",
-                   help="say what would be rebuilt and why; change, build and push nothing")
+    add_publishing_options(p, "say what would be rebuilt and why; change, build and push nothing")
     add_ca_bundle_option(p, "CA bundle for every download: the Debian and PyPI checks and "
                          "the builds (see builder build)")
     p.add_argument("--skip-source", action="append", default=[], choices=REASONS,
@@ -89,6 +75,11 @@ def trusted_keys(args: argparse.Namespace, matrix: Matrix | None) -> tuple[Any, 
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
+    """For each published variant (published.json; narrow with --select) ask: Debian updates
+    inside the image, Python vulnerabilities with a fix (pip-audit on the lock), a moved base
+    digest, changed inputs. --check only reports (exit 0 nothing to do, 1 something to rebuild,
+    2 a source unknown); otherwise rebuilds, publishes and prints the SBOM diff of exactly
+    those variants. --skip-source leaves a source unasked (reported as skipped, never clean)."""
     if not args.manifest.exists():
         raise BuilderError(f"no {args.manifest}: nothing has been published",
                           hint="publish first: builder publish")

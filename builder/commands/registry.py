@@ -12,15 +12,15 @@ from builder.model import matrix
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "registry", cmd_registry, shared=("matrix", "json"),
-        help="run a local registry (start|stop|status)",
-        description="Run Debian's `docker-registry` on the matrix's `registry` address (plain "
-        "http on loopback) with its storage, config, pid file and log in .state/registry/.")
+    p = add_command(sub, "registry", cmd_registry, ("matrix", "json"),
+                    "run a local registry (start|stop|status)")
     p.add_argument("action", choices=("start", "stop", "status"))
     p.add_argument("--addr", default=None, help="listen address (default: the matrix's registry)")
 
 
 def cmd_registry(args: argparse.Namespace) -> int:
+    """Run Debian's `docker-registry` on the matrix's `registry` address (plain http on
+    loopback) with its storage, config, pid file and log in .state/registry/."""
     addr = args.addr or matrix.load(args.matrix).registry
     if args.action == "start":
         if not registry.is_up(addr) and addr.split(":")[0] not in ("127.0.0.1", "localhost"):

@@ -13,18 +13,18 @@ from builder.flows.reproduce import Result, reproduce
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "reproduce", cmd_reproduce, shared=("matrix", "json", "registries"),
-        help="rebuild a published image from its provenance and compare digests",
-        description="Read the provenance attached to REF@sha256:… (commit, lock and its hash, "
-        "base digest), check that commit out into a temporary worktree, make the recorded base "
-        "present, rebuild the variant on this engine and compare. Exit 0: the same image "
-        "(config digest, so every layer); 1: a table of the layers and, for each differing "
-        "one, the first paths that differ; 2: could not run.")
+    p = add_command(sub, "reproduce", cmd_reproduce, ("matrix", "json", "registries"),
+                    "rebuild a published image from its provenance and compare digests")
     p.add_argument("reference", metavar="REF@sha256:DIGEST",
                    help="a published image by digest (published.json `reference`)")
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
+    """Read the provenance attached to REF@sha256:… (commit, lock and its hash, base digest),
+    check that commit out into a temporary worktree, make the recorded base present, rebuild
+    the variant on this engine and compare. Exit 0: the same image (config digest, so every
+    layer); 1: a table of the layers and, for each differing one, the first paths that differ;
+    2: could not run."""
     # The commit's own matrix unless another one is named (e.g. one naming another registry).
     matrix = None if args.matrix == "matrix.yaml" else Path(args.matrix)
     result = reproduce(args.reference, matrix)

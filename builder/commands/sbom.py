@@ -29,14 +29,8 @@ SBOM_USAGE = """%(prog)s IMAGE [-o FILE] [--format {json,xml}] [--key FILE] [--r
 
 
 def register(subparsers: Any) -> None:
-    p = add_command(subparsers, "sbom", run_sbom, shared=("json", "registries"),
-        help="write an image's CycloneDX 1.6 SBOM, or diff two SBOMs",
-        usage=SBOM_USAGE,
-        description="Read the image's filesystem (dpkg, Python dist-info, bundled native "
-        "libraries) into a validated CycloneDX 1.6 SBOM. `builder sbom diff OLD NEW` compares "
-        "two SBOM files. IMAGE may be REGISTRY/REPOSITORY@sha256:DIGEST (a staged image): it is "
-        "pulled, and the SBOM is attached to that digest in the registry for `builder publish`.",
-    )
+    p = add_command(subparsers, "sbom", run_sbom, ("json", "registries"),
+                    "write an image's CycloneDX 1.6 SBOM, or diff two SBOMs", usage=SBOM_USAGE)
     p.add_argument("target", nargs="+", metavar="IMAGE",
                    help="an image (id, tag or REGISTRY/REPOSITORY@sha256:DIGEST), or `diff` and "
                    "two SBOM files")
@@ -47,12 +41,8 @@ def register(subparsers: Any) -> None:
                    help="serial number from the image id, timestamp from its created label "
                    "(also on when SOURCE_DATE_EPOCH is set)")
 
-    a = add_command(subparsers, "audit", run_audit, shared=("json", "registries"),
-        help="known vulnerabilities of an image or SBOM",
-        description="Check Python packages with pip-audit and Debian packages against the "
-        "security suite. Exit 0: all sources answered, nothing found; 1: vulnerabilities; "
-        "2: a source was unreachable or failed (its packages are unknown, not clean).",
-    )
+    a = add_command(subparsers, "audit", run_audit, ("json", "registries"),
+                    "known vulnerabilities of an image or SBOM")
     a.add_argument("target", metavar="IMAGE|SBOM")
     a.add_argument("--write-into", metavar="SBOM", type=Path,
                    help="add the findings to this SBOM's `vulnerabilities` (re-validated)")
@@ -66,6 +56,10 @@ def register(subparsers: Any) -> None:
 
 
 def run_sbom(args: argparse.Namespace) -> int:
+    """Read the image's filesystem (dpkg, Python dist-info, bundled native libraries) into a
+    validated CycloneDX 1.6 SBOM. `builder sbom diff OLD NEW` compares two SBOM files. IMAGE
+    may be REGISTRY/REPOSITORY@sha256:DIGEST (a staged image): it is pulled, and the SBOM is
+    attached to that digest in the registry for `builder publish`."""
     if args.target[0] == "diff":
         return _run_diff(args)
     if len(args.target) != 1:
@@ -146,6 +140,9 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def run_audit(args: argparse.Namespace) -> int:
+    """Check Python packages with pip-audit and Debian packages against the security suite.
+    Exit 0: all sources answered, nothing found; 1: vulnerabilities; 2: a source was
+    unreachable or failed (its packages are unknown, not clean)."""
     import sbom
     from sbom.audit import DEBIAN_SECURITY_MIRROR, add_to_sbom
 

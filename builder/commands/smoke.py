@@ -33,10 +33,9 @@ does not, 2 when it could not run.
 
 
 def register(subparsers: Any) -> None:
-    p = add_command(subparsers, "smoke", _cmd, shared=("json", "registries"),
-        help="run the smoke suite inside an image",
-        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(subparsers, "smoke", _cmd, ("json", "registries"),
+                    "run the smoke suite inside an image",
+                    description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("image", metavar="IMAGE", help="image reference or id")
     p.add_argument("--require-gpu", action="store_true",
                    help="fail GPU checks that did not fully run on a GPU (needed to publish CUDA)")

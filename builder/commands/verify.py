@@ -14,16 +14,8 @@ from builder.flows.verify import PASSING, Policy, Reference, verify
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "verify", cmd_verify, shared=("json", "registries"),
-        help="check a published image: signature, attestations, "
-        "evidence",
-        description="Resolve REF (a tag or a digest) to a digest and check, by that digest: "
-        "with --key, its cosign signature and the signature and subject of each attestation "
-        "(SBOM, SLSA provenance, smoke report), whose documents are then the ones checked; "
-        "then the image's labels, smoke report, SBOM and provenance against each other. "
-        "Without --key the signature is not checked and says `unsigned: contents only`. "
-        "Needs no checkout. Exit 0 when all passes, 1 naming what failed, 2 when the registry "
-        "cannot be asked.")
+    p = add_command(sub, "verify", cmd_verify, ("json", "registries"),
+                    "check a published image: signature, attestations, evidence")
     p.add_argument("reference", metavar="REGISTRY/REPOSITORY[@sha256:DIGEST|:TAG]")
     p.add_argument("--key", action="append", type=Path, default=[], metavar="FILE",
                    help="trusted public key (cosign.pub; repeatable): the signature and every "
@@ -34,6 +26,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    """Resolve REF (a tag or a digest) to a digest and check, by that digest: with --key, its
+    cosign signature and the signature and subject of each attestation (SBOM, SLSA provenance,
+    smoke report), whose documents are then the ones checked; then the image's labels, smoke
+    report, SBOM and provenance against each other. Without --key the signature is not checked
+    and says `unsigned: contents only`. Needs no checkout. Exit 0 when all passes, 1 naming
+    what failed, 2 when the registry cannot be asked."""
     reference = Reference.parse(args.reference)
     policy = Policy(tuple(sign.load_public(path) for path in args.key), args.require_gpu)
     digest, rows = verify(reference, policy)
