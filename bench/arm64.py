@@ -85,7 +85,8 @@ def smoke_table(res: Results, image_id: str) -> dict[str, Any]:
 
 
 def _components(image_id: str) -> list[dict[str, Any]]:
-    stack, out = list(json.loads(state.sbom_path(image_id).read_text()).get("components", [])), []
+    doc = json.loads(state.evidence_path("sbom", image_id).read_text())
+    stack, out = list(doc.get("components", [])), []
     while stack:
         c = stack.pop()
         out.append(c)

@@ -25,10 +25,10 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from builder.core import labels, oci, sign
+from builder.core import labels, media, oci, sign
 from builder.flows import rebuild
 from builder.model import platforms
-from builder.stages import evidence, provenance
+from builder.stages import provenance
 from smoke.checks import CHECKS, GPU_CHECKS
 
 # The step of each layer group, as the image config's history shows it (BuildKit's form).
@@ -211,10 +211,10 @@ def push_platform(reg: oci.Registry, repo: str, spec: Spec, platform: str,
 
 def attach(reg: oci.Registry, repo: str, subject: oci.Descriptor, kind: str,
            doc: dict[str, Any]) -> None:
-    media = {"provenance": provenance.MEDIA_TYPE}.get(kind) or evidence.MEDIA_TYPES.get(
-        kind, f"application/vnd.torch-images.{kind}+json")
+    known = media.KINDS.get(kind)
+    media_type = known.media_type if known else f"application/vnd.torch-images.{kind}+json"
     data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
-    reg.push_artifact(repo, subject, media, data, kind=kind, title=f"{kind}.json")
+    reg.push_artifact(repo, subject, media_type, data, kind=kind, title=f"{kind}.json")
 
 
 def signing_key(seed: int = 1) -> sign.SigningKey:

@@ -159,8 +159,7 @@ def run_audit(args: argparse.Namespace) -> int:
         from builder.stages import evidence
 
         report["audited_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        evidence.attach(staged, "audit", (json.dumps(report, indent=2) + "\n").encode(),
-                        AUDIT_TYPE, "audit.json")
+        evidence.attach(staged, "audit", (json.dumps(report, indent=2) + "\n").encode())
     if args.write_into:
         base = _load(args.write_into) if args.write_into.exists() else doc
         sbom.write(add_to_sbom(base, report), args.write_into)
@@ -168,9 +167,6 @@ def run_audit(args: argparse.Namespace) -> int:
     if report["vulnerabilities"]:
         return 1
     return 0 if report["ok"] else COULD_NOT_RUN
-
-
-AUDIT_TYPE = "application/vnd.torch-images.audit+json"
 
 
 def attached_to(text: str) -> Any:

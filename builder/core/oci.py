@@ -27,19 +27,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from builder.core import registry_http, settings
+from builder.core import media, registry_http, settings
 from builder.core.errors import FINDINGS
 from builder.core.registry_http import Answer, Deadline, RegistryError, Transient
 
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
-DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
-DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
-MANIFEST_TYPES = (OCI_INDEX, OCI_MANIFEST, DOCKER_MANIFEST, DOCKER_LIST)
-INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
-EMPTY_CONFIG = "application/vnd.oci.empty.v1+json"
-OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
-OCI_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+# The registry's own types (defined with every other media type in builder.core.media).
+OCI_MANIFEST, OCI_INDEX, OCI_CONFIG = media.OCI_MANIFEST, media.OCI_INDEX, media.OCI_CONFIG
+DOCKER_MANIFEST, DOCKER_LIST = media.DOCKER_MANIFEST, media.DOCKER_LIST
+MANIFEST_TYPES, INDEX_TYPES = media.MANIFEST_TYPES, media.INDEX_TYPES
+EMPTY_CONFIG, OCI_LAYER_GZIP = media.EMPTY_CONFIG, media.OCI_LAYER_GZIP
 EMPTY_JSON = b"{}"
 REF_NAME = "org.opencontainers.image.ref.name"
 SUBJECT_ANNOTATION = "io.torch-images.subject"

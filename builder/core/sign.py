@@ -42,17 +42,17 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from securesystemslib.dsse import Envelope
 from securesystemslib.signer import Signature
 
-from builder.core import oci
+from builder.core import media, oci
 from builder.core.errors import BuilderError
 
 PRIVATE_PEM = "ENCRYPTED SIGSTORE PRIVATE KEY"
 PRIVATE_PEMS = (PRIVATE_PEM, "ENCRYPTED COSIGN PRIVATE KEY")  # cosign 1.x wrote the second
 SCRYPT = {"N": 32768, "r": 8, "p": 1}
-SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
+SIMPLE_SIGNING = media.SIMPLE_SIGNING
 SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
 SIGNATURE_TYPE = "cosign container image signature"
-DSSE_TYPE = "application/vnd.dsse.envelope.v1+json"
-INTOTO_PAYLOAD = "application/vnd.in-toto+json"
+DSSE_TYPE = media.DSSE_ENVELOPE
+INTOTO_PAYLOAD = media.IN_TOTO
 STATEMENT_V1 = "https://in-toto.io/Statement/v1"
 STATEMENTS = (STATEMENT_V1, "https://in-toto.io/Statement/v0.1")
 PREDICATE_ANNOTATION = "predicateType"

@@ -59,6 +59,9 @@ def _hex(image_id: str) -> str:
     return image_id.split(":", 1)[-1]
 
 
-def sbom_path(image_id: str) -> Path:
-    """Where `builder build` keeps the SBOM of a built image (by image id)."""
+def evidence_path(kind: str, image_id: str) -> Path:
+    """This machine's copy of an image's `smoke` report or `sbom`, by image id: what `builder
+    build` and `builder smoke` write and publish reads when the registry has none."""
+    if kind == "smoke":
+        return root() / "reports" / f"{_hex(image_id)}.json"
     return path("sbom") / f"{_hex(image_id)}.cdx.json"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.core import layerdiff, oci, sign, state
+from builder.core import layerdiff, media, oci, sign, state
 from builder.core.errors import BuilderError
 from builder.core.output import step
 from builder.flows import publish as publish_flow
@@ -22,7 +22,7 @@ from builder.flows.rebuild_check import REBUILD, Finding, check, latest_publicat
 from builder.model.matrix import Matrix, Variant
 from builder.model.publication import Publication
 from builder.stages import build as build_mod
-from builder.stages import locks, publish
+from builder.stages import locks
 
 # ---- re-locking one package -------------------------------------------------------------------
 
@@ -72,9 +72,9 @@ def old_sbom(pub: Publication) -> dict[str, Any] | None:
     """The published image's SBOM: local by image id, else its registry artifact."""
     image_id = pub.image_id
     if image_id:
-        for path in (state.sbom_path(image_id), publish.sbom_file(image_id)):
-            if path.is_file():
-                return json.loads(path.read_text())
+        path = state.evidence_path("sbom", image_id)
+        if path.is_file():
+            return json.loads(path.read_text())
     try:
         return fetch_artifact(pub.registry, pub.repository, pub.sbom.digest)
     except (BuilderError, OSError, ValueError, KeyError, IndexError) as exc:
@@ -178,9 +178,6 @@ def relocked(run: Run, a: Action, group: list[Variant]) -> bool:
 
 
 
-REBUILD_TYPE = "application/vnd.torch-images.rebuild+json"
-
-
 def record_reasons(result: dict[str, Any], action: Action, findings: list[Finding]) -> None:
     """Attach why this image was rebuilt to it (`sha256-<hex>.rebuild` on its first platform's
     manifest, beside its SBOM), so `builder catalog` shows the reason from the registry alone.
@@ -197,9 +194,9 @@ def record_reasons(result: dict[str, Any], action: Action, findings: list[Findin
         subject = reg.head(result["repository"], digests[0])
         if subject is None:
             raise BuilderError(f"{digests[0]} is not in `{result['repository']}`")
-        reg.push_artifact(result["repository"], subject, REBUILD_TYPE,
+        reg.push_artifact(result["repository"], subject, media.REBUILD,
                           (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(),
-                          kind="rebuild", title="rebuild.json")
+                          kind="rebuild", title=media.KINDS["rebuild"].title)
     except BuilderError as exc:
         step(f"  [{action.variant_id}] warning: the rebuild reason was not attached: {exc}")
 

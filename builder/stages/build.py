@@ -338,19 +338,13 @@ def complete_evidence(outcome: Outcome, options: BuildOptions) -> Outcome:
     if info is None:
         return outcome
     outcome = replace(outcome, image_id=info["Id"])
-    smoke = options.smoke and not evidence_file("smoke", outcome.image_id).is_file()
-    sbom = options.sbom and not evidence_file("sbom", outcome.image_id).is_file()
+    smoke = options.smoke and not state.evidence_path("smoke", outcome.image_id).is_file()
+    sbom = options.sbom and not state.evidence_path("sbom", outcome.image_id).is_file()
     if smoke or sbom:
         missing = " and ".join(k for k, m in (("smoke report", smoke), ("SBOM", sbom)) if m)
         step(f"  [{outcome.variant_id}] up to date, but no {missing} in {state.root()}: "
              "making it")
     return add_evidence(outcome, options, smoke=smoke, sbom=sbom)
-
-
-def evidence_file(kind: str, image_id: str) -> Path:
-    from builder.stages import evidence
-
-    return evidence.local_file(kind, image_id)
 
 
 def summarized(outcome: Outcome) -> Outcome:
@@ -361,8 +355,8 @@ def summarized(outcome: Outcome) -> Outcome:
 
     report, sbom_path = outcome.report, outcome.sbom_path
     if outcome.image_id:
-        report = report or _read_json(evidence_file("smoke", outcome.image_id))
-        sbom_path = sbom_path or str(evidence_file("sbom", outcome.image_id))
+        report = report or _read_json(state.evidence_path("smoke", outcome.image_id))
+        sbom_path = sbom_path or str(state.evidence_path("sbom", outcome.image_id))
     sbom_doc = _read_json(Path(sbom_path)) if sbom_path else None
     return replace(outcome, report=report, smoke=smoketest.summary(report),
                    sbom_path=sbom_path if sbom_doc else "",
@@ -391,7 +385,7 @@ def stage_outcome(matrix: Matrix, p: plan.PlannedVariant, outcome: Outcome,
     push_cache(matrix, p)
     base.push_to_registry(matrix, p.variant, p.base_digest)
     for kind in ("smoke", "sbom"):
-        path = evidence.local_file(kind, outcome.image_id)
+        path = state.evidence_path(kind, outcome.image_id)
         if path.is_file():
             evidence.attach(staged, kind, path.read_bytes(), key=key)
     return replace(outcome, message=staged.reference)
@@ -402,7 +396,7 @@ def write_image_sbom(image_id: str, image: str) -> Path:
     import sbom
 
     doc = sbom.generate(image, reproducible=True)
-    target = state.sbom_path(image_id)
+    target = state.evidence_path("sbom", image_id)
     sbom.write(doc, target)
     return target
 

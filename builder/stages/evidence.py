@@ -10,18 +10,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from builder.core import engine, oci, registry_auth, sign, state
+from builder.core import engine, media, oci, registry_auth, sign, state
 from builder.core.errors import CommandFailed
 from builder.model.matrix import Matrix
-from builder.stages import smoketest
-
-SBOM_TYPE = "application/vnd.cyclonedx+json"
-SMOKE_TYPE = "application/vnd.torch-images.smoke-report+json"
-MEDIA_TYPES = {"smoke": SMOKE_TYPE, "sbom": SBOM_TYPE}
-FILE_NAMES = {"smoke": "smoke-report.json", "sbom": "sbom.cdx.json"}
 
 
 @dataclass(frozen=True)
@@ -50,11 +43,6 @@ def staging_repository(matrix: Matrix) -> str:
 
 def staging_registry(matrix: Matrix) -> str:
     return matrix.staging_registry
-
-
-def local_file(kind: str, image_id: str) -> Path:
-    """The cached copy of an image's evidence on this machine."""
-    return smoketest.report_file(image_id) if kind == "smoke" else state.sbom_path(image_id)
 
 
 def find_staged(matrix: Matrix, hash_tag: str) -> Staged | None:
@@ -92,25 +80,26 @@ def stage(matrix: Matrix, image_id: str, hash_tag: str) -> Staged:
 def fetch(staged: Staged, kind: str) -> bytes | None:
     """The evidence attached to the staged digest, else this machine's cached copy."""
     reg = oci.Registry(staged.registry)
-    data = reg.fetch_artifact(staged.repository, staged.digest, kind, MEDIA_TYPES.get(kind))
+    data = reg.fetch_artifact(staged.repository, staged.digest, kind, media.KINDS[kind].media_type)
     if data is None:
-        path = local_file(kind, staged.image_id)
+        path = state.evidence_path(kind, staged.image_id)
         data = path.read_bytes() if path.is_file() else None
     return data
 
 
-def attach(staged: Staged, kind: str, data: bytes, media_type: str | None = None,
-           title: str | None = None, key: sign.SigningKey | None = None) -> dict[str, str]:
-    """Attach `data` to the staged digest (idempotent: the same bytes give the same digest)
-    and, with a key, its signed attestation (cosign's `.att`) whose subject is that digest."""
+def attach(staged: Staged, kind: str, data: bytes,
+           key: sign.SigningKey | None = None) -> dict[str, str]:
+    """Attach `data` to the staged digest as `kind` (its media type and file name:
+    media.KINDS; idempotent: the same bytes give the same digest) and, with a key, its signed
+    attestation (cosign's `.att`) whose subject is that digest."""
     reg = oci.Registry(staged.registry)
-    desc = reg.push_artifact(staged.repository, staged.descriptor,
-                             media_type or MEDIA_TYPES[kind], data, kind=kind,
-                             title=title or FILE_NAMES[kind])
+    media_type = media.KINDS[kind].media_type
+    desc = reg.push_artifact(staged.repository, staged.descriptor, media_type, data, kind=kind,
+                             title=media.KINDS[kind].title)
     if key is not None:
         sign.attest(reg, staged.repository, staged.digest, key, kind, predicate(kind, data))
     return {"tag": oci.artifact_tag(staged.digest, kind), "digest": desc.digest,
-            "media_type": media_type or MEDIA_TYPES[kind],
+            "media_type": media_type,
             "reference": f"{staged.registry}/{staged.repository}@{desc.digest}"}
 
 
@@ -171,5 +160,5 @@ def record(staged: Staged | None, kind: str, data: bytes,
     (signed with `key`, when given)."""
     if staged is None:
         return
-    state.atomic_write(local_file(kind, staged.image_id), data)
+    state.atomic_write(state.evidence_path(kind, staged.image_id), data)
     attach(staged, kind, data, key=key)

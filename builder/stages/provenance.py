@@ -18,7 +18,6 @@ from builder.core import labels
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
-MEDIA_TYPE = "application/vnd.in-toto+json"
 BUILD_TYPE = "https://github.com/torch-images/torch-images/buildtypes/buildkit-matrix@v1"
 
 

@@ -23,10 +23,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from builder.core import engine, labels, limits, oci, reproducible, sign
+from builder.core import engine, labels, limits, oci, reproducible, sign, state
 from builder.core.oci import RegistryError
 from builder.model.matrix import Matrix
 from builder.model.publication import Signed
@@ -52,11 +51,6 @@ class Candidate:
 
 
 # ---- the gate ---------------------------------------------------------------------------------
-
-
-def sbom_file(image_id: str) -> Path:
-    """Where `builder build` caches an image's SBOM on this machine."""
-    return evidence.local_file("sbom", image_id)
 
 
 def gate(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: bool,
@@ -143,7 +137,7 @@ def _parsed(data: bytes) -> Any:
 
 
 def _local_evidence(cand: Candidate, kind: str) -> bytes | None:
-    path = evidence.local_file(kind, cand.image_id)
+    path = state.evidence_path(kind, cand.image_id)
     return path.read_bytes() if path.is_file() else None
 
 
@@ -239,8 +233,7 @@ def attach_provenance(vetted: Staged, trust: sign.Trust) -> dict[str, str]:
     if trust.unsigned:
         doc["predicate"]["buildDefinition"]["internalParameters"]["unsigned_staging"] = True
     data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
-    return evidence.attach(vetted, "provenance", data, provenance.MEDIA_TYPE,
-                           "provenance.intoto.json", key=trust.key)
+    return evidence.attach(vetted, "provenance", data, key=trust.key)
 
 
 def sign_digest(vetted: Staged, trust: sign.Trust) -> dict[str, Any]:

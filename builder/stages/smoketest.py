@@ -36,10 +36,6 @@ STARTUP_S = 300
 TAIL_LINES = 40
 
 
-def report_file(image_id: str) -> Path:
-    return state.root() / "reports" / f"{image_id.removeprefix('sha256:')}.json"
-
-
 # ---- host side: which container options -------------------------------------------------------
 
 
@@ -162,7 +158,7 @@ def _atomic_write(path: Path, report: dict[str, Any]) -> None:
 
 
 def store_report(report: dict[str, Any], image_id: str, report_path: Path | None) -> Path:
-    path = report_file(image_id)
+    path = state.evidence_path("smoke", image_id)
     for target in (path, report_path):
         if target is None:
             continue
@@ -175,7 +171,7 @@ def store_report(report: dict[str, Any], image_id: str, report_path: Path | None
 
 def load_report(image_id: str) -> dict[str, Any] | None:
     """The stored report for an image id (`sha256:<hex>` or hex), or None if none was stored."""
-    path = report_file(image_id)
+    path = state.evidence_path("smoke", image_id)
     if not path.is_file():
         return None
     try:

@@ -203,13 +203,13 @@ def test_sboms_have_deb_pypi_and_cuda_components(built):
 
     for variant, image in built.items():
         image_id = engine.inspect_image(image)["Id"]
-        doc = json.loads(state.sbom_path(image_id).read_text())
+        doc = json.loads(state.evidence_path("sbom", image_id).read_text())
         purls = [c.get("purl", "") for c in _components(doc)]
         assert any(p.startswith("pkg:deb/debian/") for p in purls), variant
         assert any(p.startswith("pkg:pypi/torch@") for p in purls), variant
         if variant != CPU:
             assert any(p.startswith("pkg:generic/nvidia/") for p in purls), variant
-    cpu_doc = json.loads(state.sbom_path(engine.inspect_image(built[CPU])["Id"]).read_text())
+    cpu_doc = json.loads(state.evidence_path("sbom", engine.inspect_image(built[CPU])["Id"]).read_text())
     torch = next(c for c in _components(cpu_doc) if c.get("name") == "torch")
     assert torch["version"] == "2.13.0+cpu" and torch.get("licenses")
 

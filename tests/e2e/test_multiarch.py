@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_publish import SBOM_DOC, smoke_report, tags
 
-from builder.core import engine, labels, oci
+from builder.core import engine, labels, oci, state
 from builder.flows import publish as publish_flow
 from builder.flows import verify
 from builder.model import matrix, platforms
@@ -103,8 +103,8 @@ def test_publish_joins_a_variants_platforms_under_its_tags(tmp_path: Path, regis
     for variant in m.select([f"id={VARIANT}"]):
         p, image_id = scratch_variant(tmp_path, m, variant, made)
         smoketest.store_report(smoke_report(image_id, "cuda"), image_id, None)
-        publish.sbom_file(image_id).parent.mkdir(parents=True, exist_ok=True)
-        publish.sbom_file(image_id).write_text(json.dumps(SBOM_DOC))
+        state.evidence_path("sbom", image_id).parent.mkdir(parents=True, exist_ok=True)
+        state.evidence_path("sbom", image_id).write_text(json.dumps(SBOM_DOC))
         planned.append(p)
     assert [p.variant.platform for p in planned] == ["linux/amd64", "linux/arm64"]
 

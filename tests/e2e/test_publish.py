@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 from helpers import free_port
 
-from builder.core import engine, labels, oci, registry
+from builder.core import engine, labels, media, oci, registry, state
 from builder.core.oci import RegistryError
 from builder.flows import publish as publish_flow
 from builder.model import matrix, publication
@@ -128,7 +128,7 @@ class Images:
                                   status="pass" if smoke_ok else "fail", require_gpu=smoke_gpu)
             smoketest.store_report(report, image_id, None)
         if sbom_ok:
-            path = publish.sbom_file(image_id)
+            path = state.evidence_path("sbom", image_id)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(SBOM_DOC))
         return p, image_id
@@ -174,7 +174,7 @@ def test_refused_on_failed_smoke(images: Images, tmp_path: Path) -> None:
 @pytest.mark.docker
 def test_refused_on_missing_smoke_report(images: Images, tmp_path: Path) -> None:
     p, image_id = images.build(CPU_ID)
-    smoketest.report_file(image_id).unlink()
+    state.evidence_path("smoke", image_id).unlink()
     [result] = run(images, [p], tmp_path)
     assert result["status"] == "refused" and "no smoke report" in result["reason"]
     assert tags(images.matrix.registry, images.matrix.repository) == []
@@ -185,8 +185,8 @@ def test_refused_on_missing_or_invalid_sbom(images: Images, tmp_path: Path) -> N
     p, image_id = images.build(CPU_ID, sbom_ok=False)
     [result] = run(images, [p], tmp_path)
     assert result["status"] == "refused" and "no SBOM" in result["reason"]
-    publish.sbom_file(image_id).parent.mkdir(parents=True, exist_ok=True)
-    publish.sbom_file(image_id).write_text(json.dumps({**SBOM_DOC, "bomFormat": "SPDX"}))
+    state.evidence_path("sbom", image_id).parent.mkdir(parents=True, exist_ok=True)
+    state.evidence_path("sbom", image_id).write_text(json.dumps({**SBOM_DOC, "bomFormat": "SPDX"}))
     [result] = run(images, [p], tmp_path)
     assert result["status"] == "refused" and "not valid CycloneDX" in result["reason"]
     assert tags(images.matrix.registry, images.matrix.repository) == []
@@ -234,7 +234,7 @@ def test_publish_tags_artifacts_and_manifest(images: Images, tmp_path: Path) -> 
     for tag in (dated, p.hash_tag, p.floating_tag):
         assert digest_at(addr, repo, tag) == digest
     # Each artifact names the image as its subject and carries the file it stands for.
-    for kind, media_type in (("sbom", evidence.SBOM_TYPE), ("smoke", evidence.SMOKE_TYPE)):
+    for kind, media_type in (("sbom", media.SBOM), ("smoke", media.SMOKE_REPORT)):
         art = get_manifest(addr, repo, f"sha256-{hexd}.{kind}")
         assert art["artifactType"] == media_type
         assert art["subject"]["digest"] == digest
@@ -399,7 +399,7 @@ def test_a_staged_image_is_published_from_an_empty_workspace(
     p, image_id = images.build(CPU_ID)
     staged = evidence.stage(images.matrix, image_id, p.hash_tag)
     for kind in ("smoke", "sbom"):
-        evidence.attach(staged, kind, evidence.local_file(kind, image_id).read_bytes())
+        evidence.attach(staged, kind, state.evidence_path(kind, image_id).read_bytes())
     monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "another-machine"))
     engine.remove_image(image_id)
     assert engine.inspect_image(image_id) is None
@@ -422,7 +422,7 @@ def test_staging_on_another_registry_is_promoted_across(
         staged = evidence.stage(images.matrix, image_id, p.hash_tag)
         assert (staged.registry, staged.repository) == (addr, "ci/torch-staging")
         for kind in ("smoke", "sbom"):
-            evidence.attach(staged, kind, evidence.local_file(kind, image_id).read_bytes())
+            evidence.attach(staged, kind, state.evidence_path(kind, image_id).read_bytes())
         monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "another-machine"))
         [result] = run(images, [p], tmp_path)
         assert result["status"] == "published", result

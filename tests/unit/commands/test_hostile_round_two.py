@@ -317,13 +317,13 @@ def test_an_up_to_date_image_without_evidence_gets_its_smoke_report_and_sbom(mon
     def smoke(image: str, **_kw: object) -> dict[str, object]:
         made.append("smoke")
         report = {"status": "pass", "checks": [check("env", "pass")]}
-        state.atomic_write(smoketest.report_file(image_id), json.dumps(report))
+        state.atomic_write(state.evidence_path("smoke", image_id), json.dumps(report))
         return report
 
     def describe(_image_id: str, _image: str) -> Path:
         made.append("sbom")
-        state.atomic_write(state.sbom_path(image_id), json.dumps({"components": [{}, {}, {}]}))
-        return state.sbom_path(image_id)
+        state.atomic_write(state.evidence_path("sbom", image_id), json.dumps({"components": [{}, {}, {}]}))
+        return state.evidence_path("sbom", image_id)
 
     monkeypatch.setattr(build.engine, "inspect_image", lambda ref: {"Id": image_id})
     monkeypatch.setattr(smoketest, "run_smoke", smoke)
