@@ -127,8 +127,10 @@ def add_trust_options(parser: argparse.ArgumentParser) -> None:
                         "(repeatable; default: the matrix's `trust_keys`, else the signing "
                         "key's own public key)")
     parser.add_argument("--unsigned", action="store_true",
-                        help="promote staged evidence that no trusted key signed, and publish "
-                        "without a signature when there is no key (recorded in published.json)")
+                        help="publish without any signature: staged evidence is not checked "
+                        "against a trusted key, so nothing is signed (no `.sig`, no signed "
+                        "attestations; recorded in published.json and the provenance; `verify "
+                        "--key` fails it as `published unsigned`). Refused with a key")
 
 
 def load_selected(args: argparse.Namespace) -> tuple[matrix.Matrix, list[matrix.Variant]]:

@@ -50,7 +50,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
         emit_json(results)
     else:
         table(["variant", "status", "tags / reason"],
-              [(r["id"], r["status"], r.get("reason") or ", ".join(r.get("tags", [])))
+              [(r["id"], r["status"] + (" UNSIGNED" if r.get("unsigned") else ""),
+                r.get("reason") or ", ".join(r.get("tags", [])))
                for r in results])
     refused = [r for r in results if r["status"] == "refused"]
     if refused:

@@ -20,6 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--key", action="append", type=Path, default=[], metavar="FILE",
                    help="trusted public key (cosign.pub; repeatable): the signature and every "
                    "attestation must verify against one of them")
+    p.add_argument("--contents-only", action="store_true",
+                   help="without --key: check labels and evidence only (the signature row says "
+                   "`unsigned: contents only`); never what a platform team should rely on")
     p.add_argument("--require-gpu", action="store_true",
                    help="fail a CUDA image whose GPU smoke checks ran only as CPU stand-ins")
     add_ca_bundle_option(p, REGISTRY_CA_HELP)
@@ -29,11 +32,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Resolve REF (a tag or a digest) to a digest and check, by that digest: with --key, its
     cosign signature and the signature and subject of each attestation (SBOM, SLSA provenance,
     smoke report), whose documents are then the ones checked; then the image's labels, smoke
-    report, SBOM and provenance against each other. Without --key the signature is not checked
-    and says `unsigned: contents only`. Needs no checkout. Exit 0 when all passes, 1 naming
-    what failed, 2 when the registry cannot be asked."""
+    report, SBOM and provenance against each other. Asked by a tag, TAG must be among the tags
+    signed for the digest, agree with the labels of every platform (torch, python, accelerator,
+    CUDA, cuDNN, flavor; `build-<hash>`: the content hash), and a floating tag or alias must not
+    point at an older publication than its latest dated tag. Without --key it exits 1
+    (`signature not checked`) unless --contents-only asks for the contents alone. Needs no
+    checkout. Exit 0 when all passes, 1 naming what failed, 2 when the registry cannot be
+    asked."""
     reference = Reference.parse(args.reference)
-    policy = Policy(tuple(sign.load_public(path) for path in args.key), args.require_gpu)
+    policy = Policy(tuple(sign.load_public(path) for path in args.key), args.require_gpu,
+                    contents_only=args.contents_only and not args.key)
     digest, rows = verify(reference, policy)
     failed = [r for r in rows if r.status not in PASSING]
     if args.json:

@@ -233,7 +233,7 @@ class Trust:
 
     key: SigningKey | None = None
     keys: tuple[ec.EllipticCurvePublicKey, ...] = ()
-    unsigned: bool = False  # --unsigned: staged evidence need not be signed (recorded)
+    unsigned: bool = False  # --unsigned: nothing verified, so nothing signed (recorded)
 
 
 UNSIGNED = Trust(unsigned=True)
@@ -241,8 +241,14 @@ UNSIGNED = Trust(unsigned=True)
 
 def trust(key_path: Path | str | None, trust_keys: Iterable[Path], unsigned: bool) -> Trust:
     """The Trust of `--key`/COSIGN_PRIVATE_KEY, `--trust-key` (default: the signing key's own
-    public key) and `--unsigned`."""
+    public key) and `--unsigned`. A key with --unsigned is refused: a signature would vouch for
+    evidence nobody verified (a forged staging image would come out signed)."""
     key = signing_key(key_path)
+    if key is not None and unsigned:
+        raise BuilderError("--unsigned with a signing key: publish never signs what it has "
+                           "not verified, and --unsigned skips that check",
+                           hint="drop --unsigned to sign what verifies against --trust-key, or "
+                           "drop --key (and COSIGN_PRIVATE_KEY) to publish without any signature")
     if key is None and not unsigned:
         raise BuilderError("no signing key: publish signs every digest it promotes",
                           hint="give --key cosign.key (or COSIGN_PRIVATE_KEY and "
@@ -272,13 +278,31 @@ def verifies(keys: Iterable[ec.EllipticCurvePublicKey], data: bytes, signature: 
 # ---- simple signing ---------------------------------------------------------------------------
 
 
-def simple_signing_payload(docker_reference: str, digest: str) -> bytes:
-    """cosign's payload, its field order and spacing (Go's json.Marshal of cosign's struct)."""
+def simple_signing_payload(docker_reference: str, digest: str,
+                           optional: dict[str, str] | None = None) -> bytes:
+    """cosign's payload, its field order and spacing (Go's json.Marshal of cosign's struct:
+    the `optional` map, cosign's `-a key=value` annotations, with its keys sorted)."""
     doc = {"critical": {"identity": {"docker-reference": docker_reference},
                         "image": {"docker-manifest-digest": digest},
                         "type": SIGNATURE_TYPE},
-           "optional": None}
+           "optional": dict(sorted(optional.items())) if optional else None}
     return json.dumps(doc, separators=(",", ":")).encode()
+
+
+# The `optional` annotations publish signs: the variant, and one `tag:<TAG>` per tag the digest
+# was promoted under (a map of strings, so Kyverno's `annotations` and `cosign verify -a` can
+# require one tag: `-a tag:2.13.0-py3.11-cpu-runtime=signed`).
+VARIANT_ANNOTATION, TAG_ANNOTATION, TAG_SIGNED = "variant", "tag:", "signed"
+
+
+def tag_annotations(variant: str, tags: Iterable[str]) -> dict[str, str]:
+    return {VARIANT_ANNOTATION: variant, **{TAG_ANNOTATION + t: TAG_SIGNED for t in tags}}
+
+
+def signed_tags(optional: dict[str, Any] | None) -> set[str]:
+    """The tags a verified payload's `optional` map names."""
+    return {k.removeprefix(TAG_ANNOTATION) for k, v in (optional or {}).items()
+            if isinstance(k, str) and k.startswith(TAG_ANNOTATION) and v == TAG_SIGNED}
 
 
 def check_payload(payload: bytes, docker_reference: str, digest: str) -> str:
@@ -426,11 +450,13 @@ def write_layers(reg: oci.Registry, repository: str, tag: str, layers: list[Laye
     return reg.put_manifest(repository, tag, body, oci.OCI_MANIFEST)
 
 
-def sign_image(reg: oci.Registry, repository: str, digest: str, key: SigningKey) -> None:
-    """Add our signature of `registry/repository@digest` to its `.sig` (kept when one of this
-    key over the same payload is there already, so a repeated run adds nothing)."""
+def sign_image(reg: oci.Registry, repository: str, digest: str, key: SigningKey,
+               optional: dict[str, str] | None = None) -> None:
+    """Add our signature of `registry/repository@digest` (with `optional`: the variant and
+    tags) to its `.sig` (kept when one of this key over the same payload is there already, so
+    a repeated run adds nothing; a publication under new tags adds a signature naming them)."""
     reference = f"{reg.registry}/{repository}"
-    payload = simple_signing_payload(reference, digest)
+    payload = simple_signing_payload(reference, digest, optional)
     layers = read_layers(reg, repository, sig_tag(digest))
     if any(x.data == payload and _layer_verifies(x, [key.public]) for x in layers):
         return
@@ -449,21 +475,32 @@ def _layer_verifies(layer: Layer, keys: list[ec.EllipticCurvePublicKey]) -> bool
 
 def verify_image(reg: oci.Registry, repository: str, digest: str,
                  keys: list[ec.EllipticCurvePublicKey]) -> str:
-    """The first simple signing of `.sig` that verifies: a line for the table; SignatureError
-    naming what is wrong otherwise."""
+    """A line for the table when a simple signing of `.sig` verifies; SignatureError naming
+    what is wrong otherwise."""
+    verified_payloads(reg, repository, digest, keys)
+    return f"cosign signature over {digest[:19]} by key {key_id(keys[0])}"
+
+
+def verified_payloads(reg: oci.Registry, repository: str, digest: str,
+                      keys: list[ec.EllipticCurvePublicKey]) -> list[dict[str, Any]]:
+    """Every simple-signing payload of `.sig` that verifies against `keys` and names
+    `registry/repository@digest` (at least one); SignatureError naming what is wrong otherwise
+    — "published unsigned" when the digest carries no signature at all."""
     layers = [x for x in read_layers(reg, repository, sig_tag(digest))
               if x.media_type == SIMPLE_SIGNING]
     if not layers:
-        raise SignatureError(f"no signature ({sig_tag(digest)} is missing)")
-    problems = []
+        raise SignatureError(f"published unsigned: no signature ({sig_tag(digest)} is missing)")
+    problems, found = [], []
     for layer in layers:
         if not _layer_verifies(layer, keys):
             problems.append("a signature by another key")
         elif problem := check_payload(layer.data, f"{reg.registry}/{repository}", digest):
             problems.append(problem)
         else:
-            return f"cosign signature over {digest[:19]} by key {key_id(keys[0])}"
-    raise SignatureError(f"no valid signature: {'; '.join(dict.fromkeys(problems))}")
+            found.append(json.loads(layer.data))
+    if not found:
+        raise SignatureError(f"no valid signature: {'; '.join(dict.fromkeys(problems))}")
+    return found
 
 
 def attest(reg: oci.Registry, repository: str, digest: str, key: SigningKey,

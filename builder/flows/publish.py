@@ -97,11 +97,17 @@ def publish_group(matrix: Matrix, group: list[plan.PlannedVariant], *, allow_cpu
     order = list(platforms.KNOWN)
     cands.sort(key=lambda c: order.index(c.planned.variant.platform))
     promoted = [promote_platform(matrix, c, multi) for c in cands]
-    top, signed = push_index(matrix, promoted) if multi else (promoted[0].vetted,
-                                                               promoted[0].signed)
+    top = push_index(matrix, promoted) if multi else promoted[0].vetted
     first = cands[0].planned
-    dated = publish.write_tags(top, first.floating_tag,
-                               [*([] if multi else [first.hash_tag]), *first.tags])
+    tags = [*([] if multi else [first.hash_tag]), *first.tags]
+    dated = publish.next_dated(top, first.floating_tag)
+    signed = publish.sign_digest(top, cands[0].trust,
+                                 sign.tag_annotations(first.variant.id, [dated[0], *tags]))
+    if not signed["signed"]:
+        step(f"  [{first.variant.id}] published UNSIGNED (--unsigned): no signature, no signed "
+             "attestations; `builder verify --key` refuses it")
+    publish.write_tags(top, first.floating_tag, tags, dated)
+    dated = dated[0]
     if multi:
         step(f"  [{first.variant.id}] index {top.digest[:19]} "
              f"({', '.join(p.cand.planned.variant.platform for p in promoted)}) → {dated}, "
@@ -185,8 +191,10 @@ def promote_platform(matrix: Matrix, cand: Candidate, multi: bool) -> Promoted:
     step(f"  [{p.variant.key}] promoting {ref} by digest" if multi
          else f"  [{p.variant.id}] publishing {ref}")
     vetted, refs = promote_with_evidence(matrix, cand)
-    signed = publish.sign_digest(vetted, cand.trust)
-    if multi:
+    signed: dict[str, Any] = {}
+    if multi:  # a plain manifest is signed with the variant's tags (publish_group)
+        signed = publish.sign_digest(vetted, cand.trust,
+                                     sign.tag_annotations(p.variant.id, [p.hash_tag]))
         publish.tag_image(vetted, p.hash_tag)
     return Promoted(cand, vetted, refs, signed)
 
@@ -204,9 +212,9 @@ def promote_with_evidence(matrix: Matrix, cand: Candidate
     return vetted, refs
 
 
-def push_index(matrix: Matrix, promoted: list[Promoted]) -> tuple[Staged, dict[str, Any]]:
-    """The image index of one variant's platform manifests, stored by digest (no tag yet) and
-    signed; returns it and its signature's publication fields."""
+def push_index(matrix: Matrix, promoted: list[Promoted]) -> Staged:
+    """The image index of one variant's platform manifests, stored by digest (no tag yet, not
+    signed yet: publish_group signs it with its tags)."""
     reg = oci.Registry(matrix.registry)
     vid = promoted[0].cand.planned.variant.id
     doc = platforms.index_document(
@@ -214,8 +222,7 @@ def push_index(matrix: Matrix, promoted: list[Promoted]) -> tuple[Staged, dict[s
                                     p.vetted.descriptor) for p in promoted],
         {"org.opencontainers.image.title": f"{matrix.repository}:{vid}"})
     desc = reg.push_index(matrix.repository, doc)
-    index = Staged(matrix.registry, matrix.repository, desc, "")
-    return index, publish.sign_digest(index, promoted[0].cand.trust)
+    return Staged(matrix.registry, matrix.repository, desc, "")
 
 
 def platform_entry(matrix: Matrix, promoted: Promoted) -> PlatformEntry:

@@ -8,12 +8,12 @@ each other. Exit 0 only when everything a platform team needs is there and agree
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from builder.core import labels, oci, sign
 from builder.core.errors import BuilderError
+from builder.flows import verify_tags
 from builder.model import platforms
 from builder.stages import provenance, smoketest
 from smoke.host import host_summary
@@ -55,16 +55,19 @@ class Reference:
 
 @dataclass(frozen=True)
 class Policy:
-    """What a verifier demands: signatures by these keys (none: contents only), GPU smoke."""
+    """What a verifier demands: signatures by these keys (none: refused unless contents_only,
+    then the contents alone are checked), GPU smoke."""
 
     keys: tuple[Any, ...] = ()
     require_gpu: bool = False
+    contents_only: bool = False
 
 
 def verify(reference: Reference, policy: Policy = Policy()) -> tuple[str, list[Row]]:
     """(the image digest, one row per thing checked): its signature, then each attestation's
     signature and subject, then the contents (taken from the signed attestations when keys are
-    given; a file attached beside them must be the same document)."""
+    given; a file attached beside them must be the same document), then the tag it was asked
+    by (flows.verify_tags), for a manifest and an index alike."""
     reg = oci.Registry(reference.registry)
     found = reg.manifest(reference.repository, reference.ref)
     if found is None:
@@ -72,53 +75,59 @@ def verify(reference: Reference, policy: Policy = Policy()) -> tuple[str, list[R
                            f"`{reference.ref}`")
     body, desc = found  # the registry client checked the bytes against a digest ref
     manifest = json.loads(body)
-    rows = [signature_row(reg, reference.repository, desc.digest, policy)]
+    row, payloads = signature_row(reg, reference.repository, desc.digest, policy)
+    rows = [row]
     if desc.media_type in (oci.OCI_INDEX, oci.DOCKER_LIST):
-        return desc.digest, rows + index_rows(reference, manifest, policy)
-    config_digest = (manifest.get("config") or {}).get("digest", "")
-    config = reg.config(reference.repository, config_digest) if config_digest else {}
-    image_labels = (config.get("config") or {}).get("Labels") or {}
-    docs, attestation_rows = evidence(reg, reference.repository, desc.digest, policy)
-    rows += [*attestation_rows, label_row(image_labels),
-             *smoke_rows(docs["smoke"], config_digest, image_labels, policy),
-             sbom_row(docs["sbom"]),
-             provenance_row(docs["provenance"], desc.digest, image_labels)]
-    if not reference.ref.startswith("sha256:") and (row := tag_row(reference.ref, image_labels)):
-        rows.append(row)
+        rows += index_rows(reference, manifest, policy)
+        found_labels = [_labels(reg, reference.repository, child["digest"])
+                        for child in manifest.get("manifests", [])
+                        if child.get("mediaType") not in oci.INDEX_TYPES]
+    else:
+        config_digest = (manifest.get("config") or {}).get("digest", "")
+        config = reg.config(reference.repository, config_digest) if config_digest else {}
+        image_labels = (config.get("config") or {}).get("Labels") or {}
+        docs, attestation_rows = evidence(reg, reference.repository, desc.digest, policy)
+        rows += [*attestation_rows, label_row(image_labels),
+                 *smoke_rows(docs["smoke"], config_digest, image_labels, policy),
+                 sbom_row(docs["sbom"]),
+                 provenance_row(docs["provenance"], desc.digest, image_labels)]
+        found_labels = [image_labels]
+    if not reference.ref.startswith("sha256:"):
+        rows += [Row(what, OK if ok else BAD, detail) for what, ok, detail in verify_tags.findings(
+            reg, reference.repository, reference.ref, desc.digest, found_labels, payloads)]
     return desc.digest, rows
 
 
-# A floating or dated tag: `<torch>-py<python>-<accelerator…>-<flavor>[-YYYYMMDD[.n]]`.
-_TAG = re.compile(r"(?P<torch>[0-9][0-9A-Za-z.]*)-py(?P<python>[0-9.]+)-.+-"
-                  r"(?P<flavor>devel|runtime|slim)(-[0-9]{8}(\.[0-9]+)?)?")
+def _labels(reg: oci.Registry, repository: str, digest: str) -> dict[str, str]:
+    """The labels of one platform manifest of an index ({} when it has none)."""
+    found = reg.manifest(repository, digest)
+    if found is None:
+        return {}
+    config_digest = (json.loads(found[0]).get("config") or {}).get("digest", "")
+    config = reg.config(repository, config_digest) if config_digest else {}
+    return (config.get("config") or {}).get("Labels") or {}
 
 
-def tag_row(tag: str, image_labels: dict[str, str]) -> Row | None:
-    """A versioned tag must name the image's torch, python and flavor (a tag moved to another
-    variant's image is refused even when that image is signed); aliases are not checked."""
-    match = _TAG.fullmatch(tag)
-    if match is None:
-        return None
-    have = {"torch": (image_labels.get(labels.TORCH) or "").split("+")[0],
-            "python": image_labels.get(labels.PYTHON) or "",
-            "flavor": image_labels.get(labels.FLAVOR) or ""}
-    wrong = [f"{k} {match[k]} ≠ label {v!r}" for k, v in have.items() if match[k] != v]
-    return Row("tag", BAD if wrong else OK,
-               f"`{tag}` names another image: {'; '.join(wrong)}" if wrong
-               else f"`{tag}` names this image's torch, python and flavor")
+NOT_CHECKED = ("signature not checked: give --key cosign.pub (the pipeline's public key), or "
+               "--contents-only to check the contents alone")
 
 
-def signature_row(reg: oci.Registry, repository: str, digest: str, policy: Policy) -> Row:
+def signature_row(reg: oci.Registry, repository: str, digest: str, policy: Policy
+                  ) -> tuple[Row, list[dict[str, Any]] | None]:
+    """The signature's row, and the verified payloads (None without keys: not checked)."""
     if not policy.keys:
+        if not policy.contents_only:
+            return Row("signature", BAD, NOT_CHECKED), None
         has = reg.head(repository, sign.sig_tag(digest)) is not None
         return Row("signature", UNSIGNED, "unsigned: contents only — " + (
             "a signature is attached but was not checked (give --key cosign.pub)" if has
-            else "the image carries no signature"))
+            else "the image carries no signature")), None
     try:
-        return Row("signature", OK, sign.verify_image(reg, repository, digest,
-                                                      list(policy.keys)))
+        payloads = sign.verified_payloads(reg, repository, digest, list(policy.keys))
     except sign.SignatureError as exc:
-        return Row("signature", BAD, str(exc))
+        return Row("signature", BAD, str(exc)), []
+    return Row("signature", OK, f"cosign signature over {digest[:19]} by key "
+               f"{sign.key_id(policy.keys[0])}"), payloads
 
 
 def evidence(reg: oci.Registry, repository: str, digest: str, policy: Policy

@@ -236,12 +236,17 @@ def attach_provenance(vetted: Staged, trust: sign.Trust) -> dict[str, str]:
     return evidence.attach(vetted, "provenance", data, key=trust.key)
 
 
-def sign_digest(vetted: Staged, trust: sign.Trust) -> dict[str, Any]:
-    """Sign the promoted manifest or index (cosign's `.sig`); its publication fields."""
+def sign_digest(vetted: Staged, trust: sign.Trust,
+                optional: dict[str, str] | None = None) -> dict[str, Any]:
+    """Sign the promoted manifest or index (cosign's `.sig`, naming in `optional` the variant
+    and the tags it is promoted under); its publication fields. Only what the gate verified
+    reaches here with a key: sign.trust refuses a key with --unsigned."""
     if trust.key is None:
         return {"signed": False, "unsigned": trust.unsigned}
-    sign.sign_image(oci.Registry(vetted.registry), vetted.repository, vetted.digest, trust.key)
-    return {"signed": True, "unsigned": trust.unsigned,
+    assert not trust.unsigned, "a key with --unsigned is refused by sign.trust"
+    sign.sign_image(oci.Registry(vetted.registry), vetted.repository, vetted.digest, trust.key,
+                    optional)
+    return {"signed": True, "unsigned": False,
             "signature": Signed(sign.sig_tag(vetted.digest), sign.att_tag(vetted.digest),
                                 sign.key_id(trust.key.public))}
 
@@ -263,14 +268,22 @@ def dry_run_entry(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
             "registry": matrix.registry, "repository": matrix.repository}
 
 
-def write_tags(vetted: Staged, floating: str, tags: list[str]) -> str:
-    """Point the first free dated tag of `floating`, then `tags` (content tag first, then the
-    moving ones) at the vetted image or index; returns the dated tag."""
+def next_dated(vetted: Staged, floating: str) -> tuple[str, bool]:
+    """The dated tag this publication takes (signed before it is written), and whether it
+    already holds the digest."""
     reg = oci.Registry(vetted.registry)
-    dated, held = dated_tag(reg, vetted.repository, floating, today(), vetted.digest)
-    for name in ([] if held else [dated]) + tags:
-        tag_image(vetted, name)
-    return dated
+    return dated_tag(reg, vetted.repository, floating, today(), vetted.digest)
+
+
+def write_tags(vetted: Staged, floating: str, tags: list[str],
+               dated: tuple[str, bool] | None = None) -> str:
+    """Point the first free dated tag of `floating` (or `dated`, from next_dated), then `tags`
+    (content tag first, then the moving ones) at the vetted image or index; returns the dated
+    tag."""
+    name, held = dated or next_dated(vetted, floating)
+    for tag in ([] if held else [name]) + tags:
+        tag_image(vetted, tag)
+    return name
 
 
 def tag_image(vetted: Staged, tag: str) -> None:

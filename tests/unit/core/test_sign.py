@@ -280,3 +280,34 @@ def test_keygen_refuses_symlinks_and_turns_file_errors_into_one_error(
         PermissionError(13, "Permission denied")))
     with pytest.raises(BuilderError, match=r"cosign\.key: cannot write the key file: Permission"):
         sign.keygen(readonly)
+
+
+def test_the_signature_names_the_variant_and_tags_and_a_new_publication_adds_one() -> None:
+    reg, key = MemoryRegistry(), new_key()
+    first = sign.tag_annotations("v1", ["a-20260101", "build-x", "a", "latest"])
+    sign.sign_image(reg, "torch", DIGEST, key, first)  # type: ignore[arg-type]
+    sign.sign_image(reg, "torch", DIGEST, key, first)  # type: ignore[arg-type]  # same: kept
+    sign.sign_image(reg, "torch", DIGEST, key, sign.tag_annotations("v1", ["a-20260102"]))  # type: ignore[arg-type]
+    payloads = sign.verified_payloads(reg, "torch", DIGEST, [key.public])  # type: ignore[arg-type]
+    assert len(payloads) == 2
+    assert payloads[0]["optional"] == {"tag:a": "signed", "tag:a-20260101": "signed",
+                                       "tag:build-x": "signed", "tag:latest": "signed",
+                                       "variant": "v1"}
+    tags = set().union(*(sign.signed_tags(p["optional"]) for p in payloads))
+    assert tags == {"a", "a-20260101", "a-20260102", "build-x", "latest"}
+    assert sign.signed_tags(None) == set() and sign.signed_tags({"tag:x": "no"}) == set()
+    with pytest.raises(sign.SignatureError, match="published unsigned"):
+        sign.verified_payloads(reg, "torch", OTHER, [key.public])  # type: ignore[arg-type]
+
+
+def test_a_key_with_unsigned_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COSIGN_PASSWORD", "")
+    key_path, _ = sign.keygen(tmp_path)
+    with pytest.raises(BuilderError, match="--unsigned with a signing key") as refused:
+        sign.trust(key_path, [], unsigned=True)
+    assert "drop --unsigned" in (refused.value.hint or "")
+    monkeypatch.setenv("COSIGN_PRIVATE_KEY", key_path.read_text())
+    with pytest.raises(BuilderError, match="--unsigned with a signing key"):
+        sign.trust(None, [], unsigned=True)
+    monkeypatch.delenv("COSIGN_PRIVATE_KEY")
+    assert sign.trust(None, [], unsigned=True) == sign.Trust(None, (), True)

@@ -125,11 +125,26 @@ def test_a_smoke_report_must_name_this_image_and_list_every_check() -> None:
 
 
 def test_a_versioned_tag_must_name_the_image_it_points_at() -> None:
-    assert verify.tag_row("2.13.0-py3.11-cpu-runtime", LABELS).status == verify.OK
-    assert verify.tag_row("2.13.0-py3.11-cpu-runtime-20260102.1", LABELS).status == verify.OK
-    moved = verify.tag_row("2.15.0-py3.11-cuda13.2-cudnn9-slim", LABELS)
-    assert moved.status == verify.BAD and "torch 2.15.0 ≠ label '2.13.0'" in moved.detail
-    assert verify.tag_row("latest-runtime", LABELS) is None  # an alias names no versions
+    from builder.flows import verify_tags
+
+    assert verify_tags.label_problems("2.13.0-py3.11-cpu-runtime", [LABELS]) == ""
+    assert verify_tags.label_problems("2.13.0-py3.11-cpu-runtime-20260102.1", [LABELS]) == ""
+    moved = verify_tags.label_problems("2.15.0-py3.11-cuda13.2-cudnn9-slim", [LABELS])
+    assert "torch 2.15.0 ≠ label '2.13.0'" in moved and "accelerator cuda ≠ label 'cpu'" in moved
+    assert "cuda 13.2 ≠ label ''" in moved and "flavor slim ≠ label 'runtime'" in moved
+    # the CUDA parts alone: a CUDA-named tag on the CPU image of the same torch/python/flavor
+    cuda_named = verify_tags.label_problems("2.13.0-py3.11-cuda12.8-cudnn9-runtime", [LABELS])
+    assert cuda_named == ("accelerator cuda ≠ label 'cpu'; cuda 12.8 ≠ label ''; "
+                          "cudnn 9 ≠ label ''")
+    gpu = {**LABELS, labels.ACCELERATOR: "cuda", labels.CUDA: "12.8", labels.CUDNN: "9.10.2.21"}
+    assert verify_tags.label_problems("2.13.0-py3.11-cuda12.8-cudnn9-runtime", [gpu]) == ""
+    assert "no cuda in the tag" in verify_tags.label_problems("2.13.0-py3.11-cpu-runtime", [gpu])
+    # every platform of an index must agree
+    assert "python 3.11 ≠ label '3.12'" in verify_tags.label_problems(
+        "2.13.0-py3.11-cpu-runtime", [LABELS, {**LABELS, labels.PYTHON: "3.12"}])
+    assert verify_tags.label_problems("build-" + "e" * 20, [LABELS]) == ""
+    assert "content hash" in verify_tags.label_problems("build-" + "f" * 20, [LABELS])
+    assert verify_tags.label_problems("latest-runtime", [LABELS]) == ""  # an alias: no grammar
 
 
 def test_verify_shows_a_publication_made_with_unsigned() -> None:

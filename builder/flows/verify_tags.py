@@ -1,0 +1,105 @@
+"""What `builder verify REGISTRY/REPOSITORY:TAG` checks about TAG itself, beyond the digest it
+resolves to: that TAG is among the tags signed for that digest (publish signs them in the
+cosign payload's `optional` map), that the image's labels say what TAG says (torch, python,
+accelerator, CUDA, cuDNN, flavor; `build-<hash>` its content hash) on every platform, and that a
+floating tag is not rolled back to an older publication than the latest dated one.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from builder.core import labels, oci, sign
+from builder.model import tags as tag_rules
+
+# A floating tag, maybe dated, maybe a zstd twin: `<torch>-py<python>-<cpu|cudaX.Y-cudnnN>-<flavor>`
+FLOATING = re.compile(
+    r"(?P<torch>[0-9][0-9A-Za-z.]*)-py(?P<python>[0-9.]+)-"
+    r"(?:(?P<cpu>cpu)|cuda(?P<cuda>[0-9.]+)-cudnn(?P<cudnn>[0-9]+))-"
+    r"(?P<flavor>devel|runtime|slim)(?P<twin>-zstd)?(?P<date>-[0-9]{8}(?:\.[0-9]+)?)?")
+
+Finding = tuple[str, bool, str]  # (what, passed, detail)
+
+
+def findings(reg: oci.Registry, repository: str, tag: str, digest: str,
+             platform_labels: list[dict[str, str]],
+             payloads: list[dict[str, Any]] | None) -> list[Finding]:
+    """The checks of TAG; `payloads`: the verified signature payloads of the digest (None when
+    no key was given: the signed-tag and rollback checks need them)."""
+    out: list[Finding] = []
+    signed: set[str] = set()
+    if payloads is not None:
+        for payload in payloads:
+            signed |= sign.signed_tags(payload.get("optional"))
+        ok = tag in signed
+        out.append(("tag signed", ok, f"`{tag}` is among the tags signed for {digest[:19]}" if ok
+                    else f"`{tag}` is not among the tags signed for {digest[:19]} (signed: "
+                    f"{', '.join(sorted(signed)) or 'none'})"))
+    if wrong := label_problems(tag, platform_labels):
+        out.append(("tag", False, f"`{tag}` names another image: {wrong}"))
+    elif FLOATING.fullmatch(tag) or tag.startswith(tag_rules.HASH_TAG_PREFIX):
+        out.append(("tag", True, f"`{tag}` agrees with the labels of every platform"))
+    if payloads is not None and (problem := rollback(reg, repository, tag, digest, signed)):
+        out.append(("tag rollback", False, problem))
+    return out
+
+
+def label_problems(tag: str, platform_labels: list[dict[str, str]]) -> str:
+    """What the labels of some platform say against TAG's grammar ('' when they agree, or
+    when TAG is an alias, which has no grammar)."""
+    problems: list[str] = []
+    if tag.startswith(tag_rules.HASH_TAG_PREFIX):
+        want = tag.removeprefix(tag_rules.HASH_TAG_PREFIX)
+        for found in platform_labels:
+            have = found.get(labels.CONTENT_HASH) or ""
+            if not have.startswith(want) or not want:
+                problems.append(f"content hash {want} ≠ label {have[:len(want) or 20]!r}")
+    elif match := FLOATING.fullmatch(tag):
+        for found in platform_labels:
+            problems += _grammar_problems(match, found)
+    return "; ".join(dict.fromkeys(problems))
+
+
+def _grammar_problems(match: re.Match[str], found: dict[str, str]) -> list[str]:
+    accel = "cpu" if match["cpu"] else "cuda"
+    have = {"torch": (found.get(labels.TORCH) or "").split("+")[0],
+            "python": found.get(labels.PYTHON) or "",
+            "accelerator": found.get(labels.ACCELERATOR) or "",
+            "flavor": found.get(labels.FLAVOR) or ""}
+    want = {"torch": match["torch"], "python": match["python"], "accelerator": accel,
+            "flavor": match["flavor"]}
+    wrong = [f"{k} {want[k]} ≠ label {v!r}" for k, v in have.items() if want[k] != v]
+    for key, label in (("cuda", labels.CUDA), ("cudnn", labels.CUDNN)):
+        value = found.get(label) or ""
+        if match[key] and not (value == match[key] or value.startswith(match[key] + ".")):
+            wrong.append(f"{key} {match[key]} ≠ label {value!r}")
+        if not match[key] and value:
+            wrong.append(f"no {key} in the tag, label {value!r}")
+    return wrong
+
+
+def rollback(reg: oci.Registry, repository: str, tag: str, digest: str,
+             signed: set[str]) -> str:
+    """A floating tag (or an alias: its floating tag is among the signed ones) that points at
+    an older publication than the latest dated tag of that floating tag ('' otherwise)."""
+    match = FLOATING.fullmatch(tag)
+    if match and match["date"]:
+        return ""  # a dated tag never moves: it is what it was
+    floating = tag if match else next((t for t in sorted(signed)
+                                       if (m := FLOATING.fullmatch(t)) and not m["date"]), "")
+    if not floating or tag.startswith(tag_rules.HASH_TAG_PREFIX):
+        return ""
+    dated = re.compile(re.escape(floating) + r"-(?P<date>[0-9]{8})(?:\.(?P<n>[0-9]+))?")
+    found = [(m["date"], int(m["n"] or 0), t) for t in reg.tags(repository)
+             if (m := dated.fullmatch(t))]
+    if not found:
+        return ""
+    latest = max(found)[2]
+    head = reg.head(repository, latest)
+    if head is None or head.digest == digest:
+        return ""
+    own = sorted((d, n, t) for d, n, t in found if t in signed)
+    what = f"the publication of `{own[-1][2]}`" if own else f"{digest[:19]}"
+    return (f"`{tag}` is rolled back: it points at {what}, older than the latest dated "
+            f"publication `{latest}` ({head.digest[:19]})")

@@ -1,0 +1,63 @@
+"""builder.flows.verify_tags: the tag a platform team asked by must be signed for the digest,
+agree with the labels, and not be rolled back behind the latest dated publication."""
+
+from __future__ import annotations
+
+from builder.core import labels, oci, sign
+from builder.flows import verify_tags
+
+OLD, NEW = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+FLOATING = "2.13.0-py3.11-cpu-runtime"
+LABELS = {labels.TORCH: "2.13.0+cpu", labels.PYTHON: "3.11", labels.ACCELERATOR: "cpu",
+          labels.FLAVOR: "runtime", labels.CONTENT_HASH: "e" * 64}
+
+
+class Tags:
+    """The registry calls verify_tags makes: the tag list and HEAD."""
+
+    def __init__(self, tags: dict[str, str]) -> None:
+        self.by_tag = tags
+
+    def tags(self, repository: str) -> list[str]:
+        return list(self.by_tag)
+
+    def head(self, repository: str, ref: str) -> oci.Descriptor | None:
+        digest = self.by_tag.get(ref)
+        return oci.Descriptor(digest, oci.OCI_MANIFEST, 1) if digest else None
+
+
+def payload(*tags: str) -> dict:
+    return {"optional": sign.tag_annotations("v", tags)}
+
+
+def check(reg: Tags, tag: str, digest: str, *payloads: dict) -> list[tuple[str, bool, str]]:
+    return verify_tags.findings(reg, "torch", tag, digest, [LABELS], list(payloads))  # type: ignore[arg-type]
+
+
+def test_the_genuine_tags_pass_and_an_unsigned_tag_fails() -> None:
+    reg = Tags({f"{FLOATING}-20260101": OLD, f"{FLOATING}-20260102": NEW, FLOATING: NEW,
+                "latest": NEW, "build-" + "e" * 20: NEW})
+    signed = payload(f"{FLOATING}-20260102", "build-" + "e" * 20, FLOATING, "latest")
+    for tag in (FLOATING, f"{FLOATING}-20260102", "build-" + "e" * 20, "latest"):
+        assert all(ok for _, ok, _ in check(reg, tag, NEW, signed)), tag
+    [(what, ok, detail)] = check(reg, "latest-slim", NEW, signed)
+    assert (what, ok) == ("tag signed", False)
+    assert detail.startswith("`latest-slim` is not among the tags signed for sha256:2222")
+    assert check(reg, "latest", NEW)[0][2].endswith("(signed: none)")  # a signature without tags
+
+
+def test_a_floating_tag_or_alias_rolled_back_to_an_older_signed_publication_is_reported() -> None:
+    reg = Tags({f"{FLOATING}-20260101": OLD, f"{FLOATING}-20260102": NEW, FLOATING: OLD,
+                "latest": OLD, f"{FLOATING}-zstd-20260103": "sha256:" + "3" * 64})
+    old = payload(f"{FLOATING}-20260101", FLOATING, "latest")
+    for tag in (FLOATING, "latest"):
+        [*_, (what, ok, detail)] = check(reg, tag, OLD, old)
+        assert (what, ok) == ("tag rollback", False)
+        assert detail == (f"`{tag}` is rolled back: it points at the publication of "
+                          f"`{FLOATING}-20260101`, older than the latest dated publication "
+                          f"`{FLOATING}-20260102` (sha256:222222222222)")
+    # the dated tag of the old publication is what it always was
+    assert all(ok for _, ok, _ in check(reg, f"{FLOATING}-20260101", OLD, old))
+    # without keys: no signed tags to read, the grammar alone
+    assert verify_tags.findings(reg, "torch", FLOATING, OLD, [LABELS], None) == [  # type: ignore[arg-type]
+        ("tag", True, f"`{FLOATING}` agrees with the labels of every platform")]
