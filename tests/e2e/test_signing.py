@@ -169,7 +169,12 @@ def test_verify_key_on_the_published_tag_and_digest(env, published) -> None:
         assert checks["signature"]["detail"].startswith("cosign signature over")
     text = verify(env, published["reference"]).stdout
     print(text)  # the table a platform team reads
-    unsigned = run_builder("verify", published["reference"], env=env["env"], check=False)
+    unchecked = run_builder("verify", published["reference"], env=env["env"], check=False)
+    assert unchecked.returncode == 1
+    assert unchecked.stderr.strip().splitlines()[0].startswith(
+        "error: signature: signature not checked: give --key cosign.pub")
+    unsigned = run_builder("verify", published["reference"], "--contents-only", env=env["env"],
+                           check=False)
     assert unsigned.returncode == 0
     assert "unsigned: contents only" in unsigned.stdout
     assert not re.search(r"signature\s+ok", unsigned.stdout)
