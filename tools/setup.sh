@@ -46,5 +46,10 @@ if ! /usr/bin/docker info >/dev/null 2>&1; then
   /usr/bin/docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start:"; tail -20 /tmp/dockerd.log; exit 1; }
 fi
 
-.venv/bin/python -m builder registry start
+# Exit 2 when the address answers with a registry this checkout did not start (it names whose).
+if ! .venv/bin/python -m builder registry start; then
+  echo "setup: NOT ready: the registry address is held by something this checkout did not start" \
+    "(above); follow the hint, then run tools/setup.sh again" >&2
+  exit 2
+fi
 echo "setup: ready — run .venv/bin/nox -s build (main job) or .venv/bin/nox -s lint tests"
