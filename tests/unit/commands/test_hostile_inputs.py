@@ -306,14 +306,21 @@ def test_ca_bundle_reaches_the_host_side_downloads(tmp_path, monkeypatch):
     assert proc.host_ca_bundle() == str(bundle)
 
 
-def test_registry_start_names_a_foreign_registry(tmp_path, monkeypatch, capsys):
+def test_registry_start_names_a_foreign_registry(tmp_path, monkeypatch):
+    monkeypatch.setenv("BUILDER_STATE", str(tmp_path))
     monkeypatch.setattr(registry, "is_up", lambda addr, timeout=2.0: True)
+    monkeypatch.setattr(registry_cmd.portowner, "listener", lambda addr: registry_cmd.portowner
+                        .Listener(0, 4242, ["docker-registry", "serve", "/srv/reg/config.yml"]))
+    monkeypatch.setattr(registry_cmd.portowner, "free_port", lambda host, start: 5001)
     args = argparse.Namespace(matrix=str(ROOT / "matrix.yaml"), addr=None, action="start",
                               json=False)
-    assert registry_cmd.cmd_registry(args) == 0
-    err = capsys.readouterr().err
-    assert "a registry already answers on 127.0.0.1:5000, not one started from" in err
-    assert "storage:" not in err
+    with pytest.raises(BuilderError) as caught:
+        registry_cmd.cmd_registry(args)
+    assert caught.value.exit_code == 2
+    assert str(caught.value).startswith("a registry this checkout did not start answers on "
+                                        "127.0.0.1:5000: pid 4242 (`docker-registry serve")
+    assert f"its storage in {tmp_path / 'registry' / 'storage'}" in caught.value.hint
+    assert "`builder registry start --addr 127.0.0.1:5001`" in caught.value.hint
 
 
 def test_plan_warns_when_the_engine_does_not_answer(monkeypatch, capsys):
