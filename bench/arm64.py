@@ -28,8 +28,8 @@ import yaml
 from bench.layers import free_port
 from bench.runner import Figure, Results, _mb, _ratio, builder_cli, figure_table, log
 from builder.core import engine, oci, registry, state
-from builder.model import matrix, platforms
-from builder.stages import locks, smoketest
+from builder.model import lockfile, matrix, platforms
+from builder.stages import smoketest
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             check_index(res, addr, m.repository, tag)
             made.append(f"{m.image_name}:{tag}")
             run_arm64(res, f"{m.image_name}:{tag}",
-                      locks.require_lock(ROOT / "locks", arm).facts)
+                      lockfile.require_lock(ROOT / "locks", arm).facts)
     except Exception as exc:  # the figures so far are still written
         res.errors.append(str(exc))
         log(f"FAILED: {exc}")

@@ -21,10 +21,11 @@ from pathlib import Path
 
 from builder.core import engine
 from builder.core.errors import BuilderError
+from builder.model import bases
 from builder.stages import base
 
 SUITE = "bookworm"
-BASE = base.bootstrap_ref(SUITE, slim=False)
+BASE = bases.bootstrap_ref(SUITE, slim=False)
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 REPO = "torch-bench-naive"
 

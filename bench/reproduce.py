@@ -49,7 +49,7 @@ from bench.runner import (
     prune_builder_cache,
 )
 from builder.core import engine, layerdiff, oci, registry, reproducible
-from builder.model import matrix
+from builder.model import bases, matrix
 from builder.stages import base
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +78,7 @@ def empty_engine(addr: str, suite: str) -> None:
     """What a fresh CI runner has: no image of ours, no base, no BuildKit cache."""
     refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
     for ref in refs:
-        if ref.startswith((f"{addr}/", f"{base.bootstrap_ref(suite)}")):
+        if ref.startswith((f"{addr}/", f"{bases.bootstrap_ref(suite)}")):
             engine.remove_image(ref)
     engine.docker("image", "prune", "-f")
     engine.docker("builder", "prune", "-af", timeout=1800)
@@ -133,7 +133,7 @@ def changed_base(suite: str) -> str:
     """The bootstrapped base with one file changed, loaded as today's base (one layer, like
     a re-bootstrap that upgraded one package); returns its digest."""
     base.bootstrap(suite)
-    ref = base.bootstrap_ref(suite)
+    ref = bases.bootstrap_ref(suite)
     with engine.container(ref) as cid, tempfile.TemporaryDirectory() as tmp:
         tar = Path(tmp) / "rootfs.tar"
         with engine.export(cid) as stream, tar.open("wb") as out:

@@ -30,8 +30,8 @@ import yaml
 from bench import layers, naive
 from builder.core import engine
 from builder.core.output import human_bytes
-from builder.model import matrix, platforms
-from builder.stages import locks, render
+from builder.model import lockfile, matrix, platforms
+from builder.stages import render
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
@@ -382,7 +382,8 @@ def section_plan_render(res: Results, m: matrix.Matrix, n_renders: int = 1000) -
     n = len((data or {}).get("include", []))
     res.add(Figure(f"plan --offline ({n} variants)", round(seconds, 2), "s",
                    note="whole CLI process, python start-up included"))
-    shipped = [(v, locks.require_lock(ROOT / "locks", v), locks.read_base_lock(ROOT / "locks", v))
+    locks_dir = ROOT / "locks"
+    shipped = [(v, lockfile.require_lock(locks_dir, v), lockfile.read_base_lock(locks_dir, v))
                for v in m.variants]
     render.render(m, *shipped[0])  # warm the template cache
     start = time.perf_counter()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from builder.commands.options import add_command, load_selected
 from builder.core.output import emit_json, step, table
-from builder.model import matrix
+from builder.model import lockfile, matrix
 from builder.stages import base, locks, plan, render, wheels
 
 
@@ -44,7 +44,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         emit_json({"valid": False, "variants": [],
                    "problems": [p.format(args.matrix) for p in exc.problems]})
         return exc.exit_code
-    problems, notes = ([], []) if args.offline else wheels.missing_wheel_problems(variants)
+    problems, notes = ([], []) if args.offline else wheels.missing_wheel_problems(
+        variants, locks.torch_pulls_cuda)
     problems += lock_problems(m, variants, args.locks)
     for note in notes:
         step(f"note: {note}")
@@ -64,8 +65,8 @@ def lock_problems(m: matrix.Matrix, variants: list[matrix.Variant], locks_dir: P
     """What only the locks show: stale locks, facts the matrix cannot hold, colliding tags."""
     problems = []
     for v in variants:
-        stale = locks.stale_reason(locks_dir, v)
-        lock = locks.read_lock(locks_dir, v)
+        stale = lockfile.stale_reason(locks_dir, v)
+        lock = lockfile.read_lock(locks_dir, v)
         if stale:
             problems.append(stale)
         elif lock:
@@ -93,9 +94,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     byte-for-byte deterministic)."""
     m, variants = load_selected(args)
     for v in variants:
-        rendered = render.render(m, v, locks.require_lock(args.locks, v),
-                                 locks.read_base_lock(args.locks, v))
-        target = render.write(rendered, args.out)
+        target = render.write(render.render_locked(m, v, args.locks), args.out)
         if not args.json:
             step(f"  {target}/Dockerfile")
     if args.json:
@@ -108,7 +107,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     an image with that hash exists locally or in the registry). --json output is the CI job
     matrix."""
     m, variants = load_selected(args)
-    planned = plan.make_plan(m, variants, args.locks, base.known_digests(variants, m),
+    rendered = [render.render_locked(m, v, args.locks) for v in variants]
+    planned = plan.make_plan(m, rendered, base.known_digests(variants, m),
                              check_registry=not args.offline, unasked="unknown")
     if args.json:
         emit_json({"include": [p.as_json(m) for p in planned]})

@@ -16,7 +16,7 @@ from builder.core import sign
 from builder.core.errors import GateRefused
 from builder.core.output import emit_json, table
 from builder.flows.publish import publish_variants
-from builder.stages import base, plan
+from builder.stages import base, plan, render
 
 GROUPS = ("matrix", "select", "json", "registries", "locks")
 
@@ -41,7 +41,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
         args.select = ["default=true"]
     matrix, variants = load_selected(args)
     trust = sign.trust(args.key, args.trust_key or matrix.trust_keys, args.unsigned)
-    planned = plan.make_plan(matrix, variants, args.locks, base.known_digests(variants, matrix),
+    rendered = [render.render_locked(matrix, v, args.locks) for v in variants]
+    planned = plan.make_plan(matrix, rendered, base.known_digests(variants, matrix),
                              check_registry=False)
     results = publish_variants(matrix, planned, allow_cpu_smoke=args.allow_cpu_smoke,
                                dry_run=args.dry_run, manifest=args.manifest,

@@ -19,6 +19,7 @@ from builder.core.errors import BuilderError
 from builder.core.output import step
 from builder.flows import publish as publish_flow
 from builder.flows.rebuild_check import REBUILD, Finding, check, latest_publications
+from builder.model import lockfile
 from builder.model.matrix import Matrix, Variant
 from builder.model.publication import Publication
 from builder.stages import build as build_mod
@@ -30,7 +31,7 @@ from builder.stages import locks
 def upgrade_packages(matrix: Matrix, variant: Variant, locks_dir: Path,
                      packages: list[str]) -> bool:
     """Re-lock only `packages` (newest allowed) through the one lock store; did it change?"""
-    locks.require_lock(locks_dir, variant)  # a missing or stale lock is refused, not re-made
+    lockfile.require_lock(locks_dir, variant)  # a missing or stale lock is refused, not re-made
     return locks.lock_variant(matrix, variant, locks_dir, upgrade_packages=packages)[1]
 
 

@@ -32,10 +32,10 @@ from typing import Any
 from builder.core import engine, labels, oci, proc, sign
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.output import step
-from builder.model import platforms, publication
+from builder.model import lockfile, platforms, publication
 from builder.model.matrix import Matrix, Variant
 from builder.model.publication import Publication
-from builder.stages import base, locks, plan
+from builder.stages import base, plan, render
 
 BASE_DIGEST_LABEL = labels.OCI + "base.digest"
 # apt as an unprivileged user on a read-only root: its lists and cache go to the /tmp tmpfs.
@@ -135,7 +135,7 @@ def audit_lock(lock_path: Path, timeout: float = 300) -> dict[str, Any]:
     (`2.13.0+cpu` is built from the `2.13.0` sources); one PyPI does not know stays unknown."""
     if not lock_path.is_file():
         raise SourceError(f"no lock {lock_path}")
-    pins = locks.parse_pins(lock_path.read_text())
+    pins = lockfile.parse_pins(lock_path.read_text())
     if not pins:
         raise SourceError(f"{lock_path} has no pins")
     public = {name: version.split("+", 1)[0] for name, version in pins.items()}
@@ -158,7 +158,7 @@ def audit_lock(lock_path: Path, timeout: float = 300) -> dict[str, Any]:
     out: dict[str, Any] = {"vulns": [], "unknown": []}
     answered = 0
     for dep in data.get("dependencies", []):
-        name = locks.normalize(dep.get("name", ""))
+        name = lockfile.normalize(dep.get("name", ""))
         version = pins.get(name, dep.get("version", ""))
         if "skip_reason" in dep:
             out["unknown"].append({"name": name, "version": version,
@@ -185,7 +185,8 @@ def base_digest_now(variant: Variant) -> str:
 def planned_hash(matrix: Matrix, variant: Variant, locks_dir: Path, base_digest: str | None,
                  smoke_hash: str) -> str:
     """The content hash the plan gives today's inputs on the published image's base."""
-    return plan.plan_variant(matrix, variant, locks_dir, base_digest, smoke_hash).content_hash
+    rendered = render.render_locked(matrix, variant, locks_dir)
+    return plan.plan_variant(matrix, rendered, base_digest, smoke_hash).content_hash
 
 
 # ---- the check --------------------------------------------------------------------------------
@@ -245,7 +246,7 @@ def ask_debian(s: Subject) -> list[Finding]:
 def ask_python(s: Subject) -> list[Finding]:
     """(b) Python vulnerabilities with a fix; torch's are a matrix change, unknowns stay
     unknown."""
-    audit = audit_lock(locks.lock_paths(s.locks_dir, s.variant)[0])
+    audit = audit_lock(lockfile.lock_paths(s.locks_dir, s.variant)[0])
     findings = []
     for v in audit["vulns"]:
         if not v["fix_versions"]:

@@ -28,7 +28,7 @@ from builder.core import engine, labels, layerdiff, oci
 from builder.core.errors import BuilderError
 from builder.core.output import step
 from builder.flows.verify import Reference
-from builder.model import platforms
+from builder.model import bases, platforms
 from builder.stages import base, provenance
 
 
@@ -187,7 +187,7 @@ def reproduce(text: str, matrix: Path | None = None) -> Result:
         check_lock(src, rec)
         origin = "pulled by the build"
         if suite and rec.base_digest:
-            local = base.bootstrap_ref(suite)
+            local = bases.bootstrap_ref(suite)
             keyed = f"{local}-{base.bootstrap_key(suite, options=base.SLIM_OPTIONS)}"
             origin = ensure_base(ref, rec, local, keyed)
         rebuilt_id = rebuild(src, rec, matrix, Path(state))

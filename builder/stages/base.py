@@ -19,24 +19,19 @@ from typing import Any
 from builder.core import engine, oci, proc, registry_auth, reproducible
 from builder.core.errors import BuilderError, EngineError
 from builder.model import platforms
+from builder.model.bases import DPKG_EXCLUDES, SOURCE_DATE_EPOCH, bootstrap_ref, local_ref
 from builder.model.matrix import Base, Matrix, Variant
 from builder.model.platforms import Platform
 
 BOOTSTRAP_PACKAGES = ("ca-certificates",)
 KEY_LABEL = "io.torch-images.base-key"
-SOURCE_DATE_EPOCH = str(reproducible.SOURCE_DATE_EPOCH)  # same packages → byte-identical rootfs
-# What no image reads at run time never enters the base layer (a later layer could only white it
-# out): translations, docs except copyright (the SBOM reads those), man/info pages. The dpkg
-# excludes stay in the image, so later apt installs skip them too. The merged-usr hook installs
-# `usr-is-merged` instead of `usrmerge`, which pulls in perl (47 MB) that nothing else needs.
-DPKG_EXCLUDES = ("path-exclude=/usr/share/locale/*", "path-exclude=/usr/share/man/*",
-                 "path-exclude=/usr/share/info/*", "path-exclude=/usr/share/doc/*",
-                 "path-include=/usr/share/doc/*/copyright")
 # /etc/hosts and /etc/hostname exist: else every RUN step creates them as mount points and
 # removes them again, leaving an /etc entry with the build's time in each layer (no two builds
 # of one step would then give the same layer blob).
 ETC_STUBS_HOOK = ("--customize-hook=printf '127.0.0.1 localhost\\n' > \"$1/etc/hosts\" "
                   "&& : > \"$1/etc/hostname\"")
+# The merged-usr hook installs `usr-is-merged` instead of `usrmerge`, which pulls in perl (47 MB)
+# that nothing else needs.
 SLIM_OPTIONS = (*(f"--dpkgopt={o}" for o in DPKG_EXCLUDES),
                 "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr", ETC_STUBS_HOOK)
 
@@ -47,15 +42,6 @@ def bootstrap_key(suite: str, day: dt.date | None = None, options: tuple[str, ..
     if options:  # plain bases keep their old key, so they are not re-bootstrapped
         payload += "|" + " ".join(options)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-def bootstrap_ref(suite: str, slim: bool = True) -> str:
-    return f"torch-images-base:{suite}-slim" if slim else f"torch-images-base:{suite}"
-
-
-def local_ref(base: Base) -> str:
-    suite = base.bootstrap_suite
-    return bootstrap_ref(suite) if suite else base.image
 
 
 def ensure(base: Base, *, progress=print) -> str:

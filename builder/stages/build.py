@@ -34,11 +34,11 @@ from builder.core import (
 )
 from builder.core.errors import BuilderError, CommandFailed, EngineError
 from builder.core.output import human_bytes, step
-from builder.model import platforms
+from builder.model import bases, lockfile, platforms
+from builder.model.lockfile import lock_paths
 from builder.model.matrix import Matrix, Variant
+from builder.model.rendered import SMOKE_DIR, facts_json
 from builder.stages import base, locks, plan, render
-from builder.stages.locks import lock_paths
-from builder.stages.render import SMOKE_DIR, facts_json
 from builder.stages.wheelhouse import Wheelhouse, local_wheels
 
 NEED_GB = {"cpu": 4, "cuda": 12}  # a new CUDA variant: ~7 GB of layers + ~5 GB of wheel cache
@@ -238,7 +238,7 @@ def docker_build(p: plan.PlannedVariant, image: str, context: Path, dockerfile: 
         argv += ["--build-arg", f"APT_REFRESH={apt_refresh}"]
     # A BuildKit that honours it (0.11+) fixes the config's times itself; 20.10's does not
     # (reproducible.normalise_image does it afterwards either way).
-    argv += ["--build-arg", f"SOURCE_DATE_EPOCH={base.SOURCE_DATE_EPOCH}"]
+    argv += ["--build-arg", f"SOURCE_DATE_EPOCH={bases.SOURCE_DATE_EPOCH}"]
     # BuildKit's inline cache: a fresh runner pulls the unchanged layers the registry holds
     # (the cache image `stage_outcome` pushed) instead of installing them again.
     argv += ["--build-arg", "BUILDKIT_INLINE_CACHE=1"]
@@ -408,17 +408,18 @@ def build_images(matrix: Matrix, variants: list[Variant], options: BuildOptions)
     if not variants:
         return skipped
     if options.relock:
-        stale = [v for v in variants if not locks.is_current(options.locks, v)]
+        stale = [v for v in variants if not lockfile.is_current(options.locks, v)]
         locks.lock_all(matrix, stale, options.locks, progress=step)
     for v in variants:  # a missing or stale lock fails now, not after the bases are made
-        locks.require_lock(options.locks, v)
+        lockfile.require_lock(options.locks, v)
     ensure_buildkit()
     digests: dict[str, str | None] = {}
     for v in variants:
         key = platforms.base_key(v.base.image, v.platform)
         if key not in digests:
             digests[key] = base.ensure_variant(matrix, v, progress=step)
-    planned = plan.make_plan(matrix, variants, options.locks, digests, check_registry=False)
+    rendered = [render.render_locked(matrix, v, options.locks) for v in variants]
+    planned = plan.make_plan(matrix, rendered, digests, check_registry=False)
     wheelhouse = Wheelhouse()
     outcomes: list[Outcome] = []
     todo = [p for p in planned if p.state == "build" or options.force]

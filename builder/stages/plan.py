@@ -18,10 +18,9 @@ from typing import Any
 from builder.core import labels, oci
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.output import step
-from builder.model import platforms, tags
+from builder.model import lockfile, platforms, tags
 from builder.model.matrix import Matrix, Variant
-from builder.stages import locks
-from builder.stages.render import SMOKE_DIR, Rendered, render
+from builder.model.rendered import SMOKE_DIR, Rendered
 
 HASH_TAG_PREFIX = tags.HASH_TAG_PREFIX
 
@@ -84,7 +83,7 @@ def tag_problems(matrix: Matrix, locks_dir: Path) -> list[str]:
     their shapes). Variants without a lock have no floating tag yet and are left out."""
     owned: list[tuple[str, str]] = []
     for v in matrix.variants:
-        lock = locks.read_lock(locks_dir, v)
+        lock = lockfile.read_lock(locks_dir, v)
         if lock is not None:
             owned.append((tag_for(v, lock.facts), f"{v.id} (floating)"))
     owned = list(dict.fromkeys(owned))  # a variant's platforms share its tags (one index)
@@ -121,10 +120,10 @@ def content_hash(rendered: Rendered, base_digest: str | None, smoke_hash: str) -
     return digest.hexdigest()
 
 
-def plan_variant(matrix: Matrix, variant: Variant, locks_dir: Path, base_digest: str | None,
+def plan_variant(matrix: Matrix, rendered: Rendered, base_digest: str | None,
                  smoke_hash: str) -> PlannedVariant:
-    lock = locks.require_lock(locks_dir, variant)
-    rendered = render(matrix, variant, lock, locks.read_base_lock(locks_dir, variant))
+    """A rendered variant's tags and content hash (its state is `build` until checked)."""
+    variant = rendered.variant
     tags = tags_for(matrix, variant, rendered.facts)
     # The floating tag, plus the platform suffix off linux/amd64: one local tag holds one
     # image; the registry joins the platforms into one index.
@@ -132,19 +131,19 @@ def plan_variant(matrix: Matrix, variant: Variant, locks_dir: Path, base_digest:
     return PlannedVariant(
         variant=variant, rendered=rendered,
         content_hash=content_hash(rendered, base_digest, smoke_hash),
-        lock_hash=hashlib.sha256(lock.text.encode()).hexdigest(),
+        lock_hash=hashlib.sha256(rendered.lock.text.encode()).hexdigest(),
         base_digest=base_digest, tags=tags, local_image=f"{matrix.image_name}:{local_tag}",
     )
 
 
-def make_plan(matrix: Matrix, variants: Iterable[Variant], locks_dir: Path,
+def make_plan(matrix: Matrix, rendered: Iterable[Rendered],
               base_digests: Mapping[str, str | None], *, check_registry: bool = True,
               unasked: str = "build") -> list[PlannedVariant]:
-    """Plan the variants; `base_digests` maps base image refs to digests (None: unknown).
-    With `check_registry` a registry that cannot be asked stops the plan (BuilderError): a
-    plan that silently said `build` for everything would rebuild what is published. Without
-    it, a variant not up to date locally gets the state `unasked` (`plan --offline`:
-    `unknown`)."""
+    """Plan the rendered variants; `base_digests` maps base image refs to digests (None:
+    unknown). With `check_registry` a registry that cannot be asked stops the plan
+    (BuilderError): a plan that silently said `build` for everything would rebuild what is
+    published. Without it, a variant not up to date locally gets the state `unasked` (`plan
+    --offline`: `unknown`)."""
     from builder.core import engine
 
     smoke_hash = smoke_files_hash()
@@ -155,10 +154,9 @@ def make_plan(matrix: Matrix, variants: Iterable[Variant], locks_dir: Path,
         step("warning: the Docker engine does not answer: local images were not checked "
              "(states below may say `build` for images that exist)")
     planned = []
-    for variant in variants:
-        base_key = platforms.base_key(variant.base.image, variant.platform)
-        p = plan_variant(matrix, variant, locks_dir, base_digests.get(base_key),
-                         smoke_hash)
+    for r in rendered:
+        base_key = platforms.base_key(r.variant.base.image, r.variant.platform)
+        p = plan_variant(matrix, r, base_digests.get(base_key), smoke_hash)
         if p.local_image in local.get(p.content_hash, ()):
             p = _with_state(p, "up-to-date", "local")
         elif not check_registry:

@@ -12,11 +12,10 @@ Output for a variant, `DIR/<id>/`, mirrors the part of the shared build context 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -25,14 +24,13 @@ import jinja2
 
 from builder.core import labels, state, swap
 from builder.core.errors import BuilderError, ConfigError
-from builder.model import flavors, platforms
+from builder.model import bases, flavors, lockfile, platforms
+from builder.model.lockfile import Lock, lock_stem, normalize, parse_pins
 from builder.model.matrix import Matrix, Variant
-from builder.stages import base
-from builder.stages.locks import Lock, lock_stem, normalize, parse_pins
+from builder.model.rendered import Rendered, Step, facts_json, facts_source
 from smoke.versions import nvidia_require_cuda
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
-SMOKE_DIR = Path(__file__).resolve().parents[2] / "smoke"
 OS_PACKAGES_APT = ("ca-certificates", "python3", "python3-venv")
 OS_PACKAGES_IMAGE = ("ca-certificates",)
 DEVEL_PACKAGES = ("build-essential", "ninja-build", "git")
@@ -67,31 +65,6 @@ def environment() -> jinja2.Environment:
     return env
 
 
-@dataclass(frozen=True)
-class Step:
-    """One install RUN: a part of the lock, installed with uv from the shared wheel cache."""
-
-    name: str
-    requirements: str  # the lines of the lock this step installs
-    find_links: tuple[str, ...] = ()  # the variant's local wheel folders (linked into the set)
-    target: str = ""  # the site directory it installs into (the venv's, or NVIDIA_SITE)
-    prune: str = ""  # a find expression of what to delete right after installing
-    restore: str = ""  # a find expression of what to copy back in from the wheels (only that)
-    # The platform's lock suffix ("" on linux/amd64, which keeps its set ids): a lock's hashes
-    # cover every platform's wheels, so the same lines need another set of wheels per platform.
-    platform: str = ""
-
-    @property
-    def set_id(self) -> str:
-        # "uv": sets of the pip-era layout held the wheels themselves; never reuse one of those
-        key = "\0".join(("uv", self.requirements, *self.find_links)) + self.platform
-        return hashlib.sha256(key.encode()).hexdigest()[:20]
-
-    @property
-    def source(self) -> str:
-        return f"sets/{self.set_id}"
-
-
 # NVIDIA's wheels go to a python-independent folder (a site dir the venv reads through a .pth):
 # two pythons or two flavors that pin the same nvidia-* wheels share one layer blob.
 NVIDIA_SITE = "/opt/nvidia/lib/python3/site-packages"
@@ -101,34 +74,10 @@ APT_GET = "DEBIAN_FRONTEND=noninteractive apt-get -o Dpkg::Options::=--force-uns
 # SOURCE_DATE_EPOCH of every layer: one fixed time, not the lock's, so that a layer's bytes do not
 # change when another part of the lock does (a numpy bump must not re-date the torch layer) and
 # variants share their common layers (templates/reproducible.j2 applies it).
-FIXED_EPOCH = base.SOURCE_DATE_EPOCH
+FIXED_EPOCH = bases.SOURCE_DATE_EPOCH
 # Where install steps mount things: made in the os layer, so a mount leaves no stub behind.
 MOUNTS = {"cache": "/mnt/build/cache", "set": "/mnt/build/set", "uv": "/mnt/build/uv"}
 UV_REQUIREMENTS = TEMPLATES / "uv.txt"
-
-
-@dataclass(frozen=True)
-class Rendered:
-    variant: Variant
-    dockerfile: str
-    dockerignore: str
-    lock: Lock
-    steps: tuple[Step, ...]
-    facts: dict[str, Any]
-    files: dict[str, str] = field(default_factory=dict)  # relative path -> text
-
-    @property
-    def facts_source(self) -> str:
-        return facts_source(self.facts)
-
-
-def facts_source(facts: Mapping[str, Any]) -> str:
-    text = facts_json(facts)
-    return f"facts/{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
-
-
-def facts_json(facts: Mapping[str, Any]) -> str:
-    return json.dumps(facts, indent=2, sort_keys=True) + "\n"
 
 
 # ---------------------------------------------------------------- splitting the lock
@@ -287,10 +236,12 @@ def base_ref(variant: Variant, matrix: Matrix) -> str:
     if suite and platform.suffix:
         repo = platforms.base_repository(matrix.repository)
         return f"{matrix.registry}/{repo}:{platforms.base_tag(suite, platform)}"
-    return base.local_ref(variant.base)
+    return bases.local_ref(variant.base)
 
 
 def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None = None) -> Rendered:
+    """The variant's Dockerfile and build context from its lock (and a devel variant's runtime
+    lock, `base_lock`): the install steps by layer, then the template, then the files."""
     facts = image_facts(variant, lock)
     runtime_text = base_lock.text if base_lock else lock.text
     parts = lock_parts(runtime_text)
@@ -299,10 +250,29 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
                  for row in flavors.lineage(variant.flavor)}
     if flavors.FLAVORS[variant.flavor].toolkit:
         by_flavor[variant.flavor] += delta_steps(variant, runtime_text, lock.text)
+    context = template_context(matrix, variant, facts, steps, by_flavor,
+                               nvidia=bool(parts.get("nvidia")))
+    template = environment().get_template(f"{variant.flavor}.j2")
+    dockerfile = re.sub(r"\n{3,}", "\n\n", template.render(**context))
+    all_steps = (*steps, *(s for row in by_flavor.values() for s in row))
+    files, ignore = context_files(variant, lock, facts, all_steps)
+    return Rendered(variant, dockerfile, ignore, lock, all_steps, facts, files)
+
+
+def render_locked(matrix: Matrix, variant: Variant, locks_dir: Path) -> Rendered:
+    """Render from the committed lock in `locks_dir` (refusing a missing or stale one)."""
+    return render(matrix, variant, lockfile.require_lock(locks_dir, variant),
+                  lockfile.read_base_lock(locks_dir, variant))
+
+
+def template_context(matrix: Matrix, variant: Variant, facts: Mapping[str, Any],
+                     steps: list[Step], by_flavor: Mapping[str, list[Step]], *,
+                     nvidia: bool) -> dict[str, Any]:
+    """Everything a flavor template reads (StrictUndefined: a name missing here fails)."""
     toolkit = matrix.toolkit_for(facts["cuda"]) if facts["cuda"] else None
     apt_python = variant.base.python_from == "apt"
-    uv_dir = uv_source(variant.platform)
-    context = {
+    source = facts_source(facts)
+    return {
         "v": variant,
         "facts": facts,
         "base_ref": base_ref(variant, matrix),
@@ -315,22 +285,22 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
         "os_packages": OS_PACKAGES_APT if apt_python else OS_PACKAGES_IMAGE,
         "compiler_packages": COMPILER_PACKAGES + (PYTHON_HEADERS_APT if apt_python else ()),
         "devel_packages": DEVEL_PACKAGES + (("python3-dev",) if apt_python else ()),
-        "dpkg_excludes": base.DPKG_EXCLUDES,
+        "dpkg_excludes": bases.DPKG_EXCLUDES,
         "apt_get": APT_GET,
         "steps": steps,
         "flavor_steps": by_flavor,
         "final_user": 0 if flavors.FLAVORS[variant.flavor].root else labels.USER_UID,
-        "nvidia_site": NVIDIA_SITE if parts.get("nvidia") else None,
+        "nvidia_site": NVIDIA_SITE if nvidia else None,
         "mounts": MOUNTS,
         "epoch": FIXED_EPOCH,
-        "uv_source": uv_dir,
+        "uv_source": uv_source(variant.platform),
         "install_args": lambda step: install_args(step, variant),
         "toolkit_image": (toolkit or {}).get("image"),
         "cuda_home": (f"{NVIDIA_SITE}/nvidia/cu{facts['cuda'].split('.')[0]}"
                       if toolkit and toolkit.get("wheels") else None),
-        "facts_source": facts_source(facts),
-        "facts_dir": facts_source(facts).rsplit("/", 1)[0],
-        "facts_file": facts_source(facts).rsplit("/", 1)[1],
+        "facts_source": source,
+        "facts_dir": source.rsplit("/", 1)[0],
+        "facts_file": source.rsplit("/", 1)[1],
         "home_dir": "/home/user",
         "ca_target": "/etc/ssl/certs/ca-certificates.crt",
         "labels": static_labels(matrix, variant, facts),
@@ -339,18 +309,21 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
         "cuda_env": {"require": nvidia_require_cuda(facts["min_driver"])
                      or f"cuda>={facts['cuda']}"} if facts["cuda"] else None,
     }
-    template = environment().get_template(f"{variant.flavor}.j2")
-    dockerfile = re.sub(r"\n{3,}", "\n\n", template.render(**context))
-    all_steps = [*steps, *(s for row in by_flavor.values() for s in row)]
-    files = {f"{s.source}/requirements.txt": s.requirements for s in all_steps}
+
+
+def context_files(variant: Variant, lock: Lock, facts: Mapping[str, Any],
+                  steps: tuple[Step, ...]) -> tuple[dict[str, str], str]:
+    """(relative path → text of each file the build context holds, the ignore file that sends
+    the engine only those)."""
+    uv_dir = uv_source(variant.platform)
+    files = {f"{s.source}/requirements.txt": s.requirements for s in steps}
     files[f"{uv_dir}/requirements.txt"] = uv_requirements()
     files[facts_source(facts)] = facts_json(facts)
     files["lock.txt"] = lock.text
     ignore = ["# Generated by `builder render`: send the engine only this variant's files.", "*"]
-    ignore += sorted({f"!{s.source}" for s in all_steps}) + [
+    ignore += sorted({f"!{s.source}" for s in steps}) + [
         f"!{uv_dir}", f"!{facts_source(facts)}", "!smoke", "smoke/**/__pycache__"]
-    return Rendered(variant, dockerfile, "\n".join(ignore) + "\n", lock, tuple(all_steps),
-                    facts, files)
+    return files, "\n".join(ignore) + "\n"
 
 
 @cache

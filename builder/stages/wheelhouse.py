@@ -25,8 +25,8 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from builder.core import proc, state
 from builder.core.errors import BuilderError
 from builder.model import platforms
+from builder.model.lockfile import normalize
 from builder.model.matrix import Variant
-from builder.stages.locks import normalize
 
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 

@@ -7,15 +7,18 @@ import re
 import ssl
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from builder.core import proc, state
-from builder.core.errors import BuilderError
 from builder.model import platforms
 from builder.model.matrix import Variant
 
 PYPI_SIMPLE = "https://pypi.org/simple/torch/"
+# Whether torch alone, resolved for a variant's python and platform, brings NVIDIA's CUDA
+# libraries (None: cannot tell). builder.stages.locks.torch_pulls_cuda, passed in by the command.
+CudaResolver = Callable[[Variant], bool | None]
 
 
 def _cache_file(url: str) -> Path:
@@ -61,22 +64,20 @@ def wheel_metadata(variant: Variant, filename: str, timeout: float = 20.0) -> st
         return None
 
 
-def is_cuda_build(variant: Variant, filename: str) -> bool | None:
+def is_cuda_build(variant: Variant, filename: str, resolve_cuda: CudaResolver) -> bool | None:
     """Whether the variant's torch wheel for its platform pulls NVIDIA's CUDA libraries: from
     its METADATA (PEP 658) when the index serves it, else from resolving `torch` alone for
-    that python and platform (uv, about a second; cached). None when neither answers."""
+    that python and platform (`resolve_cuda`: uv, about a second; cached). None when neither
+    answers."""
     metadata = wheel_metadata(variant, filename)
     if metadata is not None:
         return platforms.requires_cuda(metadata, platforms.get(variant.platform), variant.python)
     cache = _cache_file(f"cuda-build-{filename}-{variant.platform}-{index_for(variant)}")
     if not cache.exists():
-        from builder.stages import locks
-
-        try:
-            text = locks.resolve(variant, [f"torch=={variant.torch}"])
-        except BuilderError:
+        cuda = resolve_cuda(variant)
+        if cuda is None:
             return None
-        state.atomic_write(cache, json.dumps(bool(locks.derive_facts(variant, text)["cuda"])))
+        state.atomic_write(cache, json.dumps(cuda))
     return json.loads(cache.read_text())
 
 
@@ -105,7 +106,8 @@ def candidates(variant: Variant, names: list[str]) -> list[str]:
     return [n for n in names if re.match(rf"torch-{version}-{tag}-", n.replace("%2B", "+"))]
 
 
-def missing_wheel_problems(variants: list[Variant]) -> tuple[list[str], list[str]]:
+def missing_wheel_problems(variants: list[Variant], resolve_cuda: CudaResolver
+                           ) -> tuple[list[str], list[str]]:
     """(problems, notes): a python with no torch wheel is a problem; an unreadable index a note."""
     problems, notes = [], []
     for v in variants:
@@ -114,6 +116,6 @@ def missing_wheel_problems(variants: list[Variant]) -> tuple[list[str], list[str
             notes.append(f"{v.id}: could not read the package index; wheel check skipped")
         elif (why := platforms.wheel_problem(
                 v.torch, v.python, v.accelerator, platforms.get(v.platform), candidates(v, names),
-                lambda name, v=v: is_cuda_build(v, name))):
+                lambda name, v=v: is_cuda_build(v, name, resolve_cuda))):
             problems.append(f"{v.key}: {why}")
     return problems, notes

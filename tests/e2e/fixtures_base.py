@@ -15,6 +15,7 @@ import pytest
 from helpers import missing
 
 from builder.core.errors import BuilderError
+from builder.model import bases
 from builder.model.matrix import Base
 
 MINBASE = Base(image="mmdebstrap:bookworm")
@@ -27,8 +28,8 @@ def ensure_minbase() -> str:
     try:
         base.ensure(MINBASE)
     except BuilderError as exc:
-        missing(f"cannot provide {base.local_ref(MINBASE)}: {exc}")
-    return base.local_ref(MINBASE)
+        missing(f"cannot provide {bases.local_ref(MINBASE)}: {exc}")
+    return bases.local_ref(MINBASE)
 
 
 @pytest.fixture(scope="session")

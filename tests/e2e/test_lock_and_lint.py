@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.model import matrix
+from builder.model import lockfile, matrix
 from builder.stages import locks, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,8 +17,8 @@ LOCKS = ROOT / "locks"
 
 def test_rendered_dockerfiles_pass_hadolint(shipped, tmp_path):
     for v in shipped.variants:
-        render.write(render.render(shipped, v, locks.require_lock(LOCKS, v),
-                                   locks.read_base_lock(LOCKS, v)), tmp_path)
+        render.write(render.render(shipped, v, lockfile.require_lock(LOCKS, v),
+                                   lockfile.read_base_lock(LOCKS, v)), tmp_path)
     files = sorted(str(p) for p in tmp_path.glob("*/Dockerfile"))
     result = subprocess.run(["hadolint", "--no-color", "--failure-threshold", "info", *files],
                             capture_output=True, text=True, check=False)
@@ -43,6 +43,6 @@ packages: []
     (v,) = m.variants
     results = locks.lock_all(m, [v], tmp_path / "locks", progress=lambda _: None)
     assert results[0][1] is True
-    assert locks.require_lock(tmp_path / "locks", v).facts["cuda"] == "12.8"
+    assert lockfile.require_lock(tmp_path / "locks", v).facts["cuda"] == "12.8"
     again = locks.lock_all(m, [v], tmp_path / "locks", progress=lambda _: None)
     assert again[0][1] is False  # unchanged inputs are not resolved again

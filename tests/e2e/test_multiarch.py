@@ -20,7 +20,7 @@ from builder.core import engine, labels, oci, state
 from builder.flows import publish as publish_flow
 from builder.flows import verify
 from builder.model import matrix, platforms
-from builder.stages import evidence, plan, publish, smoketest
+from builder.stages import evidence, plan, publish, render, smoketest
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +85,7 @@ def scratch_variant(tmp_path: Path, m: matrix.Matrix, variant: matrix.Variant,
                     made: list[str]) -> tuple[plan.PlannedVariant, str]:
     """The variant's plan (with a unique content hash) and a scratch image of its platform
     carrying that hash, as `builder build` would leave it."""
-    p = plan.plan_variant(m, variant, ROOT / "locks", None, "smoke")
+    p = plan.plan_variant(m, render.render_locked(m, variant, ROOT / "locks"), None, "smoke")
     p = dataclasses.replace(p, content_hash=uuid.uuid4().hex * 2)
     image_id = scratch_image(tmp_path, f"{m.image_name}:{p.local_tag}", variant.platform,
                              made, {labels.CONTENT_HASH: p.content_hash,

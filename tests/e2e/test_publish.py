@@ -24,7 +24,7 @@ from builder.core import engine, labels, media, oci, registry, state
 from builder.core.oci import RegistryError
 from builder.flows import publish as publish_flow
 from builder.model import matrix, publication
-from builder.stages import evidence, plan, publish, smoketest
+from builder.stages import evidence, plan, publish, render, smoketest
 from smoke.checks import CHECKS, GPU_CHECKS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,8 +103,8 @@ class Images:
         self.smoke_hash = plan.smoke_files_hash()
 
     def planned(self, vid: str, content_hash: str) -> plan.PlannedVariant:
-        p = plan.plan_variant(self.matrix, self.matrix.variant(vid), ROOT / "locks", None,
-                              self.smoke_hash)
+        rendered = render.render_locked(self.matrix, self.matrix.variant(vid), ROOT / "locks")
+        p = plan.plan_variant(self.matrix, rendered, None, self.smoke_hash)
         return dataclasses.replace(p, content_hash=content_hash)
 
     def build(self, vid: str, *, nonce: str = "", smoke_ok: bool = True,

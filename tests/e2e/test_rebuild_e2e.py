@@ -26,6 +26,7 @@ from helpers import free_port, run_builder
 
 from builder.core import engine, oci, registry
 from builder.core.oci import registry_url
+from builder.model import bases
 from builder.model.matrix import Base
 from builder.stages import base
 
@@ -71,7 +72,7 @@ def env(tmp_path_factory):
     made: list[str] = []
     registry.start(addr, storage)
     try:
-        made.append(make_base(tmp, "base-1", f"FROM {base.local_ref(SOURCE_BASE)}\n"
+        made.append(make_base(tmp, "base-1", f"FROM {bases.local_ref(SOURCE_BASE)}\n"
                               "LABEL io.torch-images.e2e=rebuild\n"))
         yield {"matrix": matrix_path, "addr": addr, "tmp": tmp, "manifest": manifest,
                "made": made, "state": tmp / "state"}  # never the user's .state/ (#25)

@@ -19,9 +19,10 @@ from builder.commands import sbom as sbom_cmd
 from builder.core import proc, registry, state, swap
 from builder.core.errors import BuilderError, ConfigError
 from builder.flows import publish as publish_flow
-from builder.model import matrix
+from builder.model import lockfile, matrix
 from builder.model.matrix import MatrixError
-from builder.stages import build, locks, plan, publish, render
+from builder.model.rendered import Rendered
+from builder.stages import build, plan, publish, render
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCKS = ROOT / "locks"
@@ -65,9 +66,9 @@ def test_a_lock_made_from_other_inputs_is_refused(tmp_path, capsys, old, new, wh
     m = matrix.load(shipped_with(tmp_path, old, new))
     v = m.variant(CPU)
     message = f"{LOCKS}/{CPU}.txt is out of date ({what} changed): run builder lock"
-    assert locks.stale_reason(LOCKS, v) == message
+    assert lockfile.stale_reason(LOCKS, v) == message
     with pytest.raises(ConfigError, match=r"out of date"):  # plan, build and publish plan first
-        plan.plan_variant(m, v, LOCKS, None, "smoke")
+        plan.plan_variant(m, render.render_locked(m, v, LOCKS), None, "smoke")
     assert matrix_cmd.cmd_validate(validate_args(m.path)) == 1
     assert message in capsys.readouterr().out
 
@@ -84,9 +85,9 @@ def test_build_refuses_a_stale_lock_before_touching_the_engine(tmp_path, monkeyp
 def test_the_shipped_locks_record_their_inputs():
     m = matrix.load(ROOT / "matrix.yaml")
     for v in m.variants:
-        assert locks.stale_reason(LOCKS, v) is None, v.id
-        meta = json.loads(locks.lock_paths(LOCKS, v)[1].read_text())
-        assert meta["inputs"] == locks.lock_inputs(v)
+        assert lockfile.stale_reason(LOCKS, v) is None, v.id
+        meta = json.loads(lockfile.lock_paths(LOCKS, v)[1].read_text())
+        assert meta["inputs"] == lockfile.lock_inputs(v)
         assert set(meta["inputs"]) == {"torch", "packages", "index_url", "find_links", "python",
                                        "platform", "resolver"}
 
@@ -155,10 +156,10 @@ def test_up_to_date_means_under_the_configured_name(tmp_path, monkeypatch, old, 
     local: dict[str, set[str]] = {}  # the engine's images by content hash, filled below
     monkeypatch.setattr(plan, "engine_available", lambda engine: True)
     monkeypatch.setattr(plan, "local_content_hashes", lambda engine: local)
-    before = plan.make_plan(shipped, [v], LOCKS, {}, check_registry=False)[0]
+    before = plan.make_plan(shipped, [render.render_locked(shipped, v, LOCKS)], {}, check_registry=False)[0]
     local[before.content_hash] = {f"127.0.0.1:5000/torch:{before.floating_tag}"}
     m = matrix.load(shipped_with(tmp_path, old, new))
-    [p] = plan.make_plan(m, [m.variant(CPU)], LOCKS, {}, check_registry=False)
+    [p] = plan.make_plan(m, [render.render_locked(m, m.variant(CPU), LOCKS)], {}, check_registry=False)
     assert p.state == state
 
 
@@ -204,10 +205,10 @@ def test_hostile_yaml_is_a_problem_not_a_traceback(tmp_path, text, expected):
 # ---- 7. bad paths ----------------------------------------------------------------------------
 
 
-def rendered_cpu() -> render.Rendered:
+def rendered_cpu() -> Rendered:
     m = matrix.load(ROOT / "matrix.yaml")
     v = m.variant(CPU)
-    return render.render(m, v, locks.require_lock(LOCKS, v))
+    return render.render(m, v, lockfile.require_lock(LOCKS, v))
 
 
 def test_render_out_a_regular_file_is_a_message(tmp_path):
@@ -326,7 +327,7 @@ def test_registry_start_names_a_foreign_registry(tmp_path, monkeypatch):
 def test_plan_warns_when_the_engine_does_not_answer(monkeypatch, capsys):
     m = matrix.load(ROOT / "matrix.yaml")
     monkeypatch.setattr(plan, "engine_available", lambda engine: False)
-    plan.make_plan(m, [m.variant(CPU)], LOCKS, {}, check_registry=False)
+    plan.make_plan(m, [render.render_locked(m, m.variant(CPU), LOCKS)], {}, check_registry=False)
     assert "warning: the Docker engine does not answer" in capsys.readouterr().err
 
 

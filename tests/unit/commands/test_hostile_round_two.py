@@ -20,7 +20,7 @@ from builder.core import output, proc, state
 from builder.core.errors import BuilderError, GateRefused
 from builder.flows import publish as publish_flow
 from builder.model import matrix, platforms, publication
-from builder.stages import build, plan, publish, smoketest
+from builder.stages import build, plan, publish, render, smoketest
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCKS = ROOT / "locks"
@@ -31,8 +31,8 @@ SLIM = "2.13.0-py3.11-cpu-slim"
 @pytest.fixture(scope="module")
 def shipped_plan() -> tuple[matrix.Matrix, list[plan.PlannedVariant]]:
     m = matrix.load(ROOT / "matrix.yaml")
-    return m, plan.make_plan(m, [m.variant(CPU), m.variant(SLIM)], LOCKS, {},
-                             check_registry=False)
+    rendered = [render.render_locked(m, m.variant(vid), LOCKS) for vid in (CPU, SLIM)]
+    return m, plan.make_plan(m, rendered, {}, check_registry=False)
 
 
 @pytest.fixture

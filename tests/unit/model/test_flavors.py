@@ -9,7 +9,8 @@ import re
 import pytest
 from rendering import LOCKS, rendered
 
-from builder.stages import locks, render
+from builder.model import lockfile
+from builder.stages import render
 from smoke.checks.compile import skip_reason
 
 
@@ -62,7 +63,7 @@ def test_devel_sets_arch_list_from_the_wheel_and_library_headers(shipped):
 
 def test_facts_carry_the_locked_nvidia_wheels(shipped):
     r = rendered(shipped, "2.15.0-py3.11-cuda-devel")
-    pins = locks.require_lock(LOCKS, shipped.variant("2.15.0-py3.11-cuda-devel")).pins
+    pins = lockfile.require_lock(LOCKS, shipped.variant("2.15.0-py3.11-cuda-devel")).pins
     assert r.facts["wheels"] == {k: v for k, v in pins.items() if k.startswith("nvidia-")}
     assert "nvidia-cuda-nvcc" in r.facts["wheels"]  # devel's toolkit wheels too
     assert rendered(shipped, "2.13.0-py3.11-cpu-runtime").facts["wheels"] == {}
@@ -75,7 +76,7 @@ def test_python_313_comes_from_trixie_for_the_cuda13_torch(shipped):
     for variant_id in ids:
         variant = shipped.variant(variant_id)
         assert variant.base.image == "mmdebstrap:trixie" and variant.base.python_from == "apt"
-        lock = locks.require_lock(LOCKS, variant)
+        lock = lockfile.require_lock(LOCKS, variant)
         assert lock.facts["cuda"] == "13.2" and lock.facts["python"] == "3.13"
         r = rendered(shipped, variant_id)
         assert len(re.findall(r"^FROM torch-images-base:trixie\S* AS os$", r.dockerfile, re.M)) == 1

@@ -215,8 +215,8 @@ def test_python_without_a_torch_wheel_is_refused(monkeypatch):
     missing = matrix.Variant("2.5.1", "3.14", "cuda", "runtime", base)
     cpu = matrix.Variant("2.13.0+cpu", "3.11", "cpu", "runtime", base)
     monkeypatch.setattr(wheels, "filenames", lambda variant: names)
-    monkeypatch.setattr(wheels, "is_cuda_build", lambda variant, name: None)
-    problems, notes = wheels.missing_wheel_problems([ok, missing, cpu])
+    monkeypatch.setattr(wheels, "is_cuda_build", lambda variant, name, resolve_cuda: None)
+    problems, notes = wheels.missing_wheel_problems([ok, missing, cpu], lambda v: None)
     assert notes == [] and len(problems) == 1
     assert problems[0].startswith(f"{missing.key}: torch 2.5.1 has no wheel for python 3.14")
 

@@ -12,7 +12,7 @@ import pytest
 from builder.core import oci
 from builder.core.errors import ConfigError
 from builder.flows import publish as publish_flow
-from builder.model import matrix, platforms
+from builder.model import lockfile, matrix, platforms
 from builder.model.matrix import MatrixError
 from builder.stages import locks, plan, publish, render, smoketest, wheelhouse
 from builder.stages.evidence import Staged
@@ -107,7 +107,7 @@ def test_shipped_matrix_declares_arm64_only_for_2_15_0_cuda():
     assert {v.key for v in m.variants if v.default} == {
         v.key for v in m.variants if v.id in default_ids}  # every platform of each
     for v in arm:  # committed, current locks for every declared platform
-        assert locks.is_current(ROOT / "locks", v), v.key
+        assert lockfile.is_current(ROOT / "locks", v), v.key
 
 
 # ---- wheels per platform --------------------------------------------------------------------
@@ -161,21 +161,21 @@ def test_wheel_tags_and_downloads_follow_the_platform(tmp_path):
 def test_lock_names_keep_amd64_paths_and_suffix_other_platforms():
     m = matrix.load(ROOT / "matrix.yaml")
     amd, arm = m.select(["id=2.15.0-py3.11-cuda-devel"])
-    assert locks.lock_paths(Path("locks"), amd) == (
+    assert lockfile.lock_paths(Path("locks"), amd) == (
         Path("locks/2.15.0-py3.11-cuda-devel.txt"), Path("locks/2.15.0-py3.11-cuda-devel.json"))
-    assert locks.lock_paths(Path("locks"), arm) == (
+    assert lockfile.lock_paths(Path("locks"), arm) == (
         Path("locks/2.15.0-py3.11-cuda-devel.linux-arm64.txt"),
         Path("locks/2.15.0-py3.11-cuda-devel.linux-arm64.json"))
-    assert locks.base_lock_path(Path("locks"), arm).name == \
+    assert lockfile.base_lock_path(Path("locks"), arm).name == \
         "2.15.0-py3.11-cuda-devel.linux-arm64.base.txt"
-    reqs = locks.requirements(amd)
-    assert locks.inputs_hash(amd, reqs) != locks.inputs_hash(arm, reqs)
+    reqs = lockfile.requirements(amd)
+    assert lockfile.inputs_hash(amd, reqs) != lockfile.inputs_hash(arm, reqs)
 
 
 def test_arm64_facts_are_its_own():
     m = matrix.load(ROOT / "matrix.yaml")
     arm = m.select(["id=2.15.0-py3.11-cuda-slim", "platform=linux/arm64"])[0]
-    lock = locks.require_lock(ROOT / "locks", arm)
+    lock = lockfile.require_lock(ROOT / "locks", arm)
     assert lock.facts["platform"] == "linux/arm64"
     assert (lock.facts["cuda"], lock.facts["cudnn"], lock.facts["nccl"]) == ("13.2", "9.26.0",
                                                                              "2.30.7")
@@ -188,8 +188,8 @@ def test_arm64_facts_are_its_own():
 def test_arm64_renders_a_registry_base_and_its_own_wheel_sets():
     m = matrix.load(ROOT / "matrix.yaml")
     amd, arm = m.select(["id=2.15.0-py3.11-cuda-slim"])
-    r_amd = render.render(m, amd, locks.require_lock(ROOT / "locks", amd))
-    r_arm = render.render(m, arm, locks.require_lock(ROOT / "locks", arm))
+    r_amd = render.render(m, amd, lockfile.require_lock(ROOT / "locks", amd))
+    r_arm = render.render(m, arm, lockfile.require_lock(ROOT / "locks", arm))
     assert "FROM torch-images-base:bookworm-slim AS os" in r_amd.dockerfile
     assert "FROM 127.0.0.1:5000/torch-base:bookworm-slim-arm64 AS os" in r_arm.dockerfile
     assert "locks/2.15.0-py3.11-cuda-slim.linux-arm64.txt" in r_arm.dockerfile
@@ -260,7 +260,8 @@ ARTIFACT = {"tag": "t", "digest": f"sha256:{9:064x}", "media_type": "x",
 
 def planned_pair(m: matrix.Matrix, name: str = "2.15.0-py3.11-cuda-slim"
                  ) -> list[plan.PlannedVariant]:
-    return [plan.plan_variant(m, v, ROOT / "locks", None, "s") for v in m.select([f"id={name}"])]
+    return [plan.plan_variant(m, render.render_locked(m, v, ROOT / "locks"), None, "s")
+            for v in m.select([f"id={name}"])]
 
 
 @pytest.fixture
@@ -370,8 +371,8 @@ def test_lock_refuses_a_cpu_only_resolution_for_a_cuda_platform():
 def test_plan_names_each_platform_and_tags_it_apart_locally():
     m = matrix.load(ROOT / "matrix.yaml")
     amd, arm = m.select(["id=2.15.0-py3.11-cuda-slim"])
-    p_amd = plan.plan_variant(m, amd, ROOT / "locks", None, "s")
-    p_arm = plan.plan_variant(m, arm, ROOT / "locks", None, "s")
+    p_amd = plan.plan_variant(m, render.render_locked(m, amd, ROOT / "locks"), None, "s")
+    p_arm = plan.plan_variant(m, render.render_locked(m, arm, ROOT / "locks"), None, "s")
     assert p_amd.tags == p_arm.tags  # one tag for both: the index
     assert (p_amd.local_tag, p_arm.local_tag) == (p_amd.floating_tag,
                                                   p_amd.floating_tag + ".linux-arm64")

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from builder.core import engine, labels
-from builder.model import gpuhost, matrix
-from builder.stages import locks, render
+from builder.model import gpuhost, lockfile, matrix
+from builder.stages import render
 from builder.stages import smoketest as bsmoke
 from smoke import DEGRADED, ERROR, FAIL, PASS, SKIP, runner
 from smoke import host as smoke_host
@@ -435,8 +435,8 @@ def test_nvidia_require_cuda_agrees_with_the_min_driver_label_for_every_variant(
     image; a driver of the previous CUDA does not; CPU images carry neither."""
     checked = 0
     for variant in shipped.select([]):
-        lock = locks.require_lock(ROOT / "locks", variant)
-        out = render.render(shipped, variant, lock, locks.read_base_lock(ROOT / "locks", variant))
+        lock = lockfile.require_lock(ROOT / "locks", variant)
+        out = render.render(shipped, variant, lock, lockfile.read_base_lock(ROOT / "locks", variant))
         label = re.search(r'io\.torch-images\.min-driver="([^"]*)"', out.dockerfile)
         require = re.search(r'NVIDIA_REQUIRE_CUDA="([^"]*)"', out.dockerfile)
         assert label, variant.key

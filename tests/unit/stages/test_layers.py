@@ -10,8 +10,9 @@ import re
 import pytest
 from rendering import LOCKS, rendered
 
-from builder.model import flavors
-from builder.stages import locks, render
+from builder.model import flavors, lockfile
+from builder.model.rendered import Rendered, Step
+from builder.stages import render
 from builder.stages.wheelhouse import local_wheels
 
 
@@ -51,7 +52,7 @@ def test_runtime_adds_triton_and_restores_torch_headers_only(shipped):
     assert "rm -rf {} +" not in " ".join(extra)  # later layers only add: nothing is whited out
 
 
-def nvidia_run(r: render.Rendered) -> str:
+def nvidia_run(r: Rendered) -> str:
     return next(line for line in instructions(r.dockerfile) if render.NVIDIA_SITE in line
                 and "--link-mode copy" in line)
 
@@ -60,8 +61,8 @@ def test_nvidia_layer_is_the_same_instruction_for_every_python_and_flavor(shippe
     runs = {vid: nvidia_run(rendered(shipped, vid)) for vid in (
         "2.15.0-py3.11-cuda-slim", "2.15.0-py3.11-cuda-runtime", "2.15.0-py3.11-cuda-devel",
         "2.15.0-py3.12-cuda-runtime")}
-    parts = {vid: render.lock_parts((locks.read_base_lock(LOCKS, shipped.variant(vid))
-                                     or locks.require_lock(LOCKS, shipped.variant(vid))).text)
+    parts = {vid: render.lock_parts((lockfile.read_base_lock(LOCKS, shipped.variant(vid))
+                                     or lockfile.require_lock(LOCKS, shipped.variant(vid))).text)
              ["nvidia"] for vid in runs}
     first = next(iter(runs))
     for vid, run in runs.items():
@@ -100,7 +101,7 @@ def test_dropped_follows_the_flavor_table():
 
 
 def test_set_folders_never_collide_with_the_old_wheel_sets():
-    step = render.Step("rest", "numpy==1 \\\n    --hash=sha256:00\n")
+    step = Step("rest", "numpy==1 \\\n    --hash=sha256:00\n")
     assert step.set_id != hashlib.sha256(step.requirements.encode()).hexdigest()[:20]
 
 

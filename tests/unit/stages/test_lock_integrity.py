@@ -13,8 +13,7 @@ import pytest
 
 from builder.cli import main
 from builder.core.errors import ConfigError
-from builder.model import matrix
-from builder.stages import locks
+from builder.model import lockfile, matrix
 
 ROOT = Path(__file__).resolve().parents[3]
 CPU = "2.13.0-py3.11-cpu-runtime"
@@ -38,7 +37,7 @@ def edit(folder: Path, change, *, rehash: bool = False) -> Path:
     if rehash:
         js = folder / f"{CPU}.json"
         meta = json.loads(js.read_text())
-        meta["text_sha256"] = locks.text_sha256(txt.read_text())
+        meta["text_sha256"] = lockfile.text_sha256(txt.read_text())
         js.write_text(json.dumps(meta))
     return txt
 
@@ -46,7 +45,7 @@ def edit(folder: Path, change, *, rehash: bool = False) -> Path:
 def test_every_shipped_lock_records_its_text_hash() -> None:
     m = matrix.load(ROOT / "matrix.yaml")
     for v in m.variants:
-        assert locks.read_lock(ROOT / "locks", v) is not None, v.key
+        assert lockfile.read_lock(ROOT / "locks", v) is not None, v.key
 
 
 @pytest.mark.parametrize("change", [
@@ -59,7 +58,7 @@ def test_every_shipped_lock_records_its_text_hash() -> None:
 def test_a_hand_edited_lock_is_refused_by_its_recorded_hash(copied: Path, change) -> None:
     txt = edit(copied, change)
     with pytest.raises(ConfigError, match=rf"{txt}: its sha256 \w+ is not the \w+ recorded"):
-        locks.read_lock(copied, variant())
+        lockfile.read_lock(copied, variant())
 
 
 @pytest.mark.parametrize(("change", "line", "why"), [
@@ -75,7 +74,7 @@ def test_every_line_must_be_of_the_lock_grammar(copied: Path, change, line: int,
     txt = edit(copied, change, rehash=True)
     where = str(line) if line else r"\d+"
     with pytest.raises(ConfigError, match=rf"{txt}:{where}: .*{re.escape(why)}"):
-        locks.read_lock(copied, variant())
+        lockfile.read_lock(copied, variant())
 
 
 def test_facts_that_become_tags_must_be_versions(copied: Path) -> None:
@@ -84,7 +83,7 @@ def test_facts_that_become_tags_must_be_versions(copied: Path) -> None:
     meta["facts"]["torch"] = "2.13.0/../x y"
     js.write_text(json.dumps(meta))
     with pytest.raises(ConfigError, match=r"facts.torch '2.13.0/../x y' is not a version"):
-        locks.read_lock(copied, variant())
+        lockfile.read_lock(copied, variant())
 
 
 def test_render_names_the_edited_line(copied: Path, tmp_path: Path, capsys) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from builder.core.errors import ConfigError
+from builder.model import lockfile
 from builder.stages import locks, plan, render
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -42,25 +43,25 @@ def test_cuda13_facts_come_from_unsuffixed_wheels(shipped):
 
 def test_every_shipped_lock_is_fully_hash_pinned(shipped):
     for v in shipped.variants:
-        lock = locks.require_lock(LOCKS, v)
+        lock = lockfile.require_lock(LOCKS, v)
         blocks = render.split_requirements(lock.text)
         assert blocks, v.id
         for name, block in blocks:
             assert re.match(r"^[A-Za-z0-9._-]+==\S+", block), (v.id, name)
             assert "--hash=sha256:" in block, (v.id, name)
-        assert locks.is_current(LOCKS, v), f"{v.id}: lock inputs changed; run builder lock"
+        assert lockfile.is_current(LOCKS, v), f"{v.id}: lock inputs changed; run builder lock"
 
 
 def test_devel_cuda13_pins_the_whole_toolkit_to_torch_minor(shipped):
     v = shipped.variant("2.15.0-py3.11-cuda-devel")
-    pins = locks.require_lock(LOCKS, v).pins
-    for name in locks.TOOLKIT_WHEELS:
+    pins = lockfile.require_lock(LOCKS, v).pins
+    for name in lockfile.TOOLKIT_WHEELS:
         assert pins[name].startswith("13.2."), name
 
 
 def test_facts_checks_refuse_devel_without_toolkit(shipped):
     v = shipped.variant("2.9.1-py3.11-cuda-devel")
-    facts = dict(locks.require_lock(LOCKS, v).facts, cuda="12.1")
+    facts = dict(lockfile.require_lock(LOCKS, v).facts, cuda="12.1")
     problems = locks.check_facts(v, facts, shipped)
     assert any("no toolkit source for CUDA 12.1" in p for p in problems)
 
@@ -68,8 +69,8 @@ def test_facts_checks_refuse_devel_without_toolkit(shipped):
 def test_render_is_byte_for_byte_deterministic(shipped, tmp_path):
     for run in ("a", "b"):
         for v in shipped.variants:
-            r = render.render(shipped, v, locks.require_lock(LOCKS, v),
-                              locks.read_base_lock(LOCKS, v))
+            r = render.render(shipped, v, lockfile.require_lock(LOCKS, v),
+                              lockfile.read_base_lock(LOCKS, v))
             render.write(r, tmp_path / run)
     digest = {run: hashlib.sha256(b"".join(
         p.read_bytes() for p in sorted((tmp_path / run).rglob("*")) if p.is_file())).hexdigest()
@@ -80,8 +81,8 @@ def test_render_is_byte_for_byte_deterministic(shipped, tmp_path):
 def test_flavors_differ_as_documented(shipped):
     def dockerfile(vid: str) -> str:
         v = shipped.variant(vid)
-        return render.render(shipped, v, locks.require_lock(LOCKS, v),
-                             locks.read_base_lock(LOCKS, v)).dockerfile
+        return render.render(shipped, v, lockfile.require_lock(LOCKS, v),
+                             lockfile.read_base_lock(LOCKS, v)).dockerfile
 
     runtime = dockerfile("2.15.0-py3.11-cuda-runtime")
     slim = dockerfile("2.15.0-py3.11-cuda-slim")
@@ -105,14 +106,14 @@ def test_dockerfile_value_refuses_shell_characters():
 
 def test_tags_and_content_hash(shipped):
     v = shipped.variant("2.9.1-py3.11-cuda-runtime")
-    facts = locks.require_lock(LOCKS, v).facts
+    facts = lockfile.require_lock(LOCKS, v).facts
     assert plan.tag_for(v, facts) == "2.9.1-py3.11-cuda12.8-cudnn9-runtime"
     cpu = shipped.variant("2.13.0-py3.11-cpu-runtime")
     assert plan.tag_for(cpu, {"cuda": None}) == "2.13.0-py3.11-cpu-runtime"
     slim = shipped.variant("2.15.0-py3.11-cuda-slim")
-    p1 = plan.plan_variant(shipped, slim, LOCKS, "sha256:aaa", "s")
-    p2 = plan.plan_variant(shipped, slim, LOCKS, "sha256:bbb", "s")
-    p3 = plan.plan_variant(shipped, slim, LOCKS, "sha256:aaa", "s")
+    p1 = plan.plan_variant(shipped, render.render_locked(shipped, slim, LOCKS), "sha256:aaa", "s")
+    p2 = plan.plan_variant(shipped, render.render_locked(shipped, slim, LOCKS), "sha256:bbb", "s")
+    p3 = plan.plan_variant(shipped, render.render_locked(shipped, slim, LOCKS), "sha256:aaa", "s")
     assert p1.content_hash != p2.content_hash and p1.content_hash == p3.content_hash
     assert "latest-slim" in p1.tags
 
@@ -137,7 +138,7 @@ def test_a_security_relock_keeps_every_other_pin(shipped, tmp_path, monkeypatch,
     assert calls and all(c == (True, ("jinja2",)) for c in calls)
     assert len(calls) == (2 if variant.flavor == "devel" else 1)
     assert "jinja2==9.9.9" in (tmp_path / f"{variant_id}.txt").read_text()
-    assert locks.stale_reason(tmp_path, variant) is None
+    assert lockfile.stale_reason(tmp_path, variant) is None
 
     monkeypatch.setattr(locks, "resolve", lambda v, reqs, **kw: kw["current"])
     assert not locks.lock_variant(shipped, variant, tmp_path, upgrade_packages=["jinja2"])[1]

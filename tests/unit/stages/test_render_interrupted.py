@@ -16,8 +16,9 @@ from types import FrameType
 import pytest
 
 from builder.core import proc
-from builder.model import matrix
-from builder.stages import locks, render
+from builder.model import lockfile, matrix
+from builder.model.rendered import Rendered
+from builder.stages import render
 
 ROOT = Path(__file__).resolve().parents[3]
 BUILDER = str(ROOT / "builder")  # builder/core, stages...: all of the tool's own code
@@ -25,10 +26,10 @@ CPU = "2.13.0-py3.11-cpu-runtime"
 
 
 @pytest.fixture(scope="module")
-def old_and_new() -> tuple[render.Rendered, render.Rendered]:
+def old_and_new() -> tuple[Rendered, Rendered]:
     m = matrix.load(ROOT / "matrix.yaml")
     v = m.variant(CPU)
-    old = render.render(m, v, locks.require_lock(ROOT / "locks", v))
+    old = render.render(m, v, lockfile.require_lock(ROOT / "locks", v))
     new = dataclasses.replace(old, dockerfile=old.dockerfile + "# new\n",
                               dockerignore=old.dockerignore + "# new\n",
                               files={rel: text + "# new\n" for rel, text in old.files.items()})
@@ -55,7 +56,7 @@ class Tracer:
         return self
 
 
-def count_events(rendered: render.Rendered, out: Path, only: str = "") -> int:
+def count_events(rendered: Rendered, out: Path, only: str = "") -> int:
     """How many traced events one write (over an existing output) has."""
     render.write(rendered, out)
     counter = Tracer(0, lambda: None, only)
@@ -67,7 +68,7 @@ def count_events(rendered: render.Rendered, out: Path, only: str = "") -> int:
     return counter.seen
 
 
-def interrupted_write(rendered: render.Rendered, out: Path, stop_at: int, signum: int,
+def interrupted_write(rendered: Rendered, out: Path, stop_at: int, signum: int,
                       only: str = "") -> int:
     """Fork; the child writes `rendered` into `out` and sends itself `signum` at event
     `stop_at`. Returns the child's exit status (-9: killed; 143: stopped by SIGTERM)."""
