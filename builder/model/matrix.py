@@ -158,6 +158,8 @@ class Matrix:
     def select(self, selectors: Iterable[str] = ()) -> list[Variant]:
         """Variants matching every key of the KEY=VALUE selectors (any of a repeated key's)."""
         wanted = parse_selectors(selectors)
+        for key, values in wanted.items():
+            unknown_value(key, values, self)
         return [v for v in self.variants if v.matches_any(wanted)]
 
     def variant(self, variant_id: str) -> Variant:
@@ -185,6 +187,23 @@ def parse_selectors(selectors: Iterable[str]) -> dict[str, frozenset[str]]:
                 f"{', '.join(SELECT_KEYS)}", hint=close)
         wanted.setdefault(key, set()).add(value)
     return {key: frozenset(values) for key, values in wanted.items()}
+
+
+def unknown_value(key: str, values: Iterable[str], m: Matrix, shown: int = 12) -> None:
+    """A --select value no variant has is bad usage (exit 2): the error lists the values that
+    key takes in this matrix and suggests the closest (`torch=2.13.0` → `2.13.0+cpu`)."""
+    known = sorted({v.value(key) for v in m.variants})
+    for value in sorted(values):
+        if value in known:
+            continue
+        listed = ", ".join(known[:shown]) + (f" … ({len(known) - shown} more)"
+                                             if len(known) > shown else "")
+        prefixed = [k for k in known if k.split("+")[0] == value] or \
+            [k for k in known if k.startswith(value)]
+        close = f"did you mean `{prefixed[0]}`?" if prefixed else suggest(value, known)
+        raise UsageError(f"--select `{key}={limits.shorten(value)}` matches no variant in "
+                         f"{m.path}: `{key}` is one of {listed}",
+                         hint=close or f"pick one of the values above for `{key}`")
 
 
 def suggest(word: str, choices: Iterable[str]) -> str | None:

@@ -67,6 +67,22 @@ def test_select_is_an_and_of_keys():
         m.select(["flavour=slim"])
 
 
+@pytest.mark.parametrize(("item", "listed", "hint"), [
+    ("flavor=runtim", "`flavor` is one of devel, runtime, slim", "did you mean `runtime`?"),
+    ("torch=2.13.0", "2.13.0+cpu, 2.15.0", "did you mean `2.13.0+cpu`?"),  # the local part
+    ("python=3.99", "`python` is one of 3.11, 3.12, 3.13", "pick one of the values above"),
+])
+def test_a_select_value_that_matches_nothing_is_bad_usage_listing_the_values(item, listed, hint):
+    m = matrix.load("matrix.yaml")
+    with pytest.raises(matrix.UsageError) as caught:
+        m.select(["default=true", item])
+    assert caught.value.exit_code == 2
+    assert str(caught.value).startswith(f"--select `{item}` matches no variant in matrix.yaml: ")
+    assert listed in str(caught.value) and caught.value.hint.startswith(hint)
+    with pytest.raises(matrix.UsageError, match="flavor=runtim"):  # one of a repeated key too
+        m.select(["flavor=runtime", "flavor=runtim"])
+
+
 def test_yaml_float_trap_names_line_and_tells_to_quote(write_matrix):
     path = write_matrix(HEAD + """\
 axes:
