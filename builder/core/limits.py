@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,19 @@ def parse_json(data: str | bytes) -> Any:
         return json.loads(data)
     except RecursionError:
         raise ValueError(f"nested deeper than {json_depth_limit()} levels") from None
+
+
+def json_object(data: str | bytes, what: str,
+                error: Callable[[str], Exception] = BuilderError) -> dict[str, Any]:
+    """`data` as a JSON object, else one error naming `what`: "`what` is not JSON" or "`what`
+    is not a JSON object" (a registry's answer, a manifest, an attached SBOM)."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise error(f"{what} is not JSON") from None
+    if not isinstance(doc, dict):
+        raise error(f"{what} is not a JSON object")
+    return doc
 
 
 def read_bounded(path: Path, limit: int, what: str) -> bytes:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from builder.core import media, registry_http, settings
+from builder.core import limits, media, registry_http, settings
 from builder.core.errors import FINDINGS
 from builder.core.registry_http import Answer, Deadline, RegistryError, Transient
 
@@ -136,12 +136,7 @@ def _descriptors(doc: dict[str, Any], where: str) -> list[dict[str, Any]]:
 
 def parse_manifest(body: bytes, where: str) -> dict[str, Any]:
     """The manifest as a checked JSON object (an index within its fan-out bound)."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        raise RegistryError(f"{where}: the manifest is not JSON") from None
-    if not isinstance(doc, dict):
-        raise RegistryError(f"{where}: the manifest is not a JSON object")
+    doc = limits.json_object(body, f"{where}: the manifest", RegistryError)
     children = doc.get("manifests")
     if isinstance(children, list) and len(children) > MAX_INDEX_CHILDREN:
         raise RegistryError(f"{where}: the index lists {len(children)} manifests, over the "

@@ -42,7 +42,7 @@ import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from builder.core import registry_auth, settings
+from builder.core import limits, registry_auth, settings
 from builder.core.errors import CommandFailed
 
 READ_TIMEOUT_S = 30.0
@@ -279,14 +279,7 @@ class Answer:
         return bytes(body)
 
     def json_object(self, cap: int, what: str) -> dict[str, Any]:
-        body = self.read(cap, what)
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            raise self.fail(f"the {what} is not JSON") from None
-        if not isinstance(doc, dict):
-            raise self.fail(f"the {what} is not a JSON object")
-        return doc
+        return limits.json_object(self.read(cap, what), f"the {what}", self.fail)
 
     def close(self) -> None:
         """Done with the answer: a fully read one gives its connection back to the pool, a

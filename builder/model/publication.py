@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from builder.core import state
 from builder.core.errors import BuilderError
@@ -23,8 +23,20 @@ SCHEMA_VERSION = 1
 OPTIONAL = {"optional": True}  # field metadata: left out of the JSON when empty
 
 
+class Record:
+    """A frozen dataclass read from and written to published.json: its JSON object is its
+    fields (see `to_json`); records with nested records override `from_json`."""
+
+    def to_json(self) -> dict[str, Any]:
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Self:
+        return cls(**doc)
+
+
 @dataclass(frozen=True)
-class Artifact:
+class Artifact(Record):
     """Evidence attached to an image digest (SBOM, smoke report, provenance)."""
 
     tag: str
@@ -32,16 +44,9 @@ class Artifact:
     media_type: str
     reference: str
 
-    def to_json(self) -> dict[str, Any]:
-        return to_json(self)
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> Artifact:
-        return cls(**doc)
-
 
 @dataclass(frozen=True)
-class Signed:
+class Signed(Record):
     """Where the publisher's cosign signature and attestations of the digest are, and by which
     key (sha256 of its DER public key, 12 hex digits)."""
 
@@ -49,16 +54,9 @@ class Signed:
     attestations: str
     key: str
 
-    def to_json(self) -> dict[str, Any]:
-        return to_json(self)
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> Signed:
-        return cls(**doc)
-
 
 @dataclass(frozen=True)
-class PlatformEntry:
+class PlatformEntry(Record):
     """One platform manifest of a multi-platform publication (its index is the record's digest)."""
 
     platform: str
@@ -78,16 +76,13 @@ class PlatformEntry:
     smoke_gpu: bool = False
     allow_cpu_smoke: bool = False
 
-    def to_json(self) -> dict[str, Any]:
-        return to_json(self)
-
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> PlatformEntry:
         return cls(**artifacts_of(doc))
 
 
 @dataclass(frozen=True)
-class Publication:
+class Publication(Record):
     """One publication of a variant: the digest (a manifest, or the index of `platforms`), its
     tags, the versions in it and the evidence attached to it."""
 
@@ -121,9 +116,6 @@ class Publication:
     unsigned: bool = False  # --unsigned: staged evidence was not required to be signed
     signature: Signed | None = field(default=None, metadata=OPTIONAL)
     platforms: tuple[PlatformEntry, ...] = field(default=(), metadata=OPTIONAL)
-
-    def to_json(self) -> dict[str, Any]:
-        return to_json(self)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Publication:
