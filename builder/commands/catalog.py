@@ -9,7 +9,7 @@ from pathlib import Path
 from builder.commands.options import add_command
 from builder.core import sign, state
 from builder.core.output import emit_json, step
-from builder.model import matrix
+from builder.model import catalog_doc, matrix
 from builder.stages import catalog, catalog_site
 
 
@@ -44,9 +44,9 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     cache = args.cache or args.out / ".cache" / "catalog.json"
     keys = [sign.load_public(path) for path in args.key]
     doc, fetched = catalog.collect(source, args.out, cache, keys=keys, progress=step)
-    same = catalog.same_facts(doc, args.out / "catalog.json")
+    same = catalog_doc.same_facts(doc, args.out / "catalog.json")
     if not same:
-        catalog.validate(doc)  # jsonschema's import alone takes seconds: only for new facts
+        catalog_doc.validate(doc)  # jsonschema's import alone takes seconds: only for new facts
     written = catalog_site.write_site(doc, args.out, same_facts=same)
     summary = {"out": str(args.out), "source": source.name, "tags": len(doc["tags"]),
                "images": len(doc["images"]), "variants": len(doc["variants"]),

@@ -21,8 +21,8 @@ from markupsafe import Markup, escape
 from builder import __version__
 from builder.core import state
 from builder.core.output import human_bytes
-from builder.stages import catalog_page as howto
-from builder.stages.catalog import GROUPS
+from builder.model import catalog_page as howto
+from builder.model.catalog_doc import GROUPS
 from sbom.diff import COUNTED
 
 ASSETS = Path(__file__).resolve().parents[1] / "site"

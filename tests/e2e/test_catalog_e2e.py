@@ -26,7 +26,7 @@ from helpers import ROOT, free_port, missing, run_builder
 
 from bench import catalog_images as ci
 from builder.core import oci, sign
-from builder.stages import catalog
+from builder.model import catalog_doc
 
 REPO = "catalog-e2e"
 CPU_OLD = ci.Spec(torch="2.13.0+cpu", python="3.11", flavor="runtime",
@@ -74,7 +74,7 @@ def site(registry_addr: str, tmp_path_factory: pytest.TempPathFactory) -> Site:
 
 def test_catalog_json_matches_the_shipped_schema_and_says_what_was_published(site: Site) -> None:
     doc = json.loads((site.out / "catalog.json").read_text())
-    jsonschema.Draft202012Validator(json.loads(catalog.SCHEMA_PATH.read_text())).validate(doc)
+    jsonschema.Draft202012Validator(json.loads(catalog_doc.SCHEMA_PATH.read_text())).validate(doc)
     cuda = doc["images"][site.digests[CUDA13_ARM.floating]]
     assert cuda["index"] and [p["platform"] for p in cuda["platforms"]] == [
         "linux/amd64", "linux/arm64"]

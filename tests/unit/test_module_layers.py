@@ -3,6 +3,9 @@
     builder.core  ←  builder.model  ←  builder.stages  ←  builder.flows  ←  builder.commands  ←  builder.cli
     sbom/ uses only builder.core; smoke/ (runs inside the image) imports nothing from builder.
 
+A step (`builder.stages.X`) imports no other step: what two steps share is a table or a record
+in builder.model, and steps are composed only in builder.flows and builder.commands.
+
 and no import cycle anywhere. Each rule is also run against a planted violation, so a checker
 that silently finds nothing cannot pass.
 """
@@ -19,10 +22,12 @@ PACKAGES = ("builder", "sbom", "smoke", "bench")
 # layer → the layers it may import (itself included)
 ALLOWED = {
     "builder.core": {"builder.core"},
-    # tables and models: read by every layer, so they read only core (and smoke's version parsing)
-    "builder.model": {"builder.core", "builder.model", "smoke"},
-    # sbom/ is the SBOM library the stages call; smoke/ lends its report schema and version parsing
-    "builder.stages": {"builder.core", "builder.model", "builder.stages", "sbom", "smoke"},
+    # tables and models: read by every layer, so they read only core (and smoke's version parsing,
+    # the SBOM library's document reading: both import no builder layer above core)
+    "builder.model": {"builder.core", "builder.model", "sbom", "smoke"},
+    # one step each, none importing another; sbom/ is the SBOM library the steps call, smoke/ lends
+    # its report schema and version parsing
+    "builder.stages": {"builder.core", "builder.model", "sbom", "smoke"},
     "builder.flows": {"builder.core", "builder.model", "builder.stages", "builder.flows", "sbom", "smoke"},
     "builder.commands": {"builder.core", "builder.model", "builder.stages", "builder.flows", "builder.commands",
                          "sbom", "smoke"},
@@ -30,6 +35,19 @@ ALLOWED = {
     "sbom": {"builder.core", "sbom"},
     "smoke": {"smoke"},
     "bench": {"builder.core", "builder.model", "builder.stages", "builder.flows", "sbom", "bench"},
+}
+
+# Step-to-step imports that remain until the flows work of issue 31 moves them out (composition
+# into builder/flows/, shared records into builder/model/). Exact: an entry that is no longer
+# imported fails test_every_pending_exception_is_still_imported, so this list only shrinks.
+PENDING: dict[str, set[str]] = {
+    "builder.stages.build": {"builder.stages.base", "builder.stages.evidence",
+                             "builder.stages.locks", "builder.stages.plan",
+                             "builder.stages.render", "builder.stages.smoketest",
+                             "builder.stages.wheelhouse"},
+    "builder.stages.catalog": {"builder.stages.provenance"},  # dependencies_by_role
+    "builder.stages.publish": {"builder.stages.evidence", "builder.stages.plan",
+                               "builder.stages.provenance", "builder.stages.smoketest"},
 }
 
 
@@ -74,13 +92,15 @@ def layer(module: str) -> str:
     return module  # `builder` itself (its __version__) and `builder.__main__`
 
 
-def layer_violations(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+def layer_violations(graph: dict[str, set[str]],
+                     pending: dict[str, set[str]] = PENDING) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for module, deps in graph.items():
         allowed = ALLOWED.get(layer(module))
         if allowed is None:
             continue
-        bad = {d for d in deps if d != "builder" and layer(d) not in allowed}
+        bad = {d for d in deps if d != "builder" and layer(d) not in allowed
+               and d not in pending.get(module, set())}
         if bad:
             out[module] = bad
     return out
@@ -129,6 +149,12 @@ def test_every_module_keeps_to_its_layer() -> None:
     assert layer_violations(import_graph()) == {}
 
 
+def test_every_pending_exception_is_still_imported() -> None:
+    graph = import_graph()
+    assert {m: deps - graph.get(m, set()) for m, deps in PENDING.items()
+            if deps - graph.get(m, set())} == {}
+
+
 def test_only_the_entry_point_imports_the_cli() -> None:
     importers = {m for m, deps in import_graph().items() if "builder.cli" in deps}
     assert importers == {"builder.__main__"}
@@ -169,8 +195,22 @@ def test_a_planted_cycle_is_found_through_function_level_imports(planted: Path) 
 
 def test_a_planted_upward_import_is_a_violation(planted: Path) -> None:
     graph = import_graph(planted, ("builder", "smoke"))
-    assert layer_violations(graph) == {"builder.core.proc": {"builder.stages.build"},
-                                       "smoke.runner": {"builder.core.errors"}}
+    violations = layer_violations(graph)
+    assert violations["builder.core.proc"] == {"builder.stages.build"}
+    assert violations["smoke.runner"] == {"builder.core.errors"}
+
+
+def test_a_planted_step_importing_another_step_is_a_violation(planted: Path) -> None:
+    """`build` imports `plan` (top level, relative) and `plan` imports `build` (in a function):
+    both are violations unless listed as pending, and only the listed import is excused."""
+    graph = import_graph(planted, ("builder", "smoke"))
+    steps = {m: v for m, v in layer_violations(graph, pending={}).items()
+             if m.startswith("builder.stages.")}
+    assert steps == {"builder.stages.build": {"builder.stages.plan"},
+                     "builder.stages.plan": {"builder.stages.build"}}
+    excused = layer_violations(graph, pending={"builder.stages.build": {"builder.stages.plan"}})
+    assert "builder.stages.build" not in excused
+    assert excused["builder.stages.plan"] == {"builder.stages.build"}
 
 
 def tree_paths(text: str) -> set[str]:

@@ -12,22 +12,23 @@ import pytest
 
 from bench.catalog_images import CREATED_BY, Spec, sbom_document, smoke_report
 from builder.core.errors import BuilderError
+from builder.model import catalog_doc
+from builder.model import catalog_page as howto
 from builder.stages import catalog, catalog_site
-from builder.stages import catalog_page as howto
 
 D1, D2, D3 = (f"sha256:{c * 64}" for c in "123")
 
 
 def test_tags_are_told_apart_by_their_shape() -> None:
-    tags = catalog.classify(["2.9.1-py3.11-cpu-runtime", "2.9.1-py3.11-cpu-runtime-20261204",
+    tags = catalog_doc.classify(["2.9.1-py3.11-cpu-runtime", "2.9.1-py3.11-cpu-runtime-20261204",
                              "build-0123456789abcdef0123", f"sha256-{'a' * 64}.sbom",
                              f"sha256-{'b' * 64}.sig", "latest"])
     assert tags.images == ["2.9.1-py3.11-cpu-runtime", "2.9.1-py3.11-cpu-runtime-20261204",
                            "latest"]
     assert tags.builds == ["build-0123456789abcdef0123"]
     assert set(tags.artifacts) == {(f"sha256:{'a' * 64}", "sbom"), (f"sha256:{'b' * 64}", "sig")}
-    assert catalog.dated_key("x-cpu-slim-20261204.2") == ("x-cpu-slim", "20261204", 2)
-    assert catalog.dated_key("x-cpu-slim") is None
+    assert catalog_doc.dated_key("x-cpu-slim-20261204.2") == ("x-cpu-slim", "20261204", 2)
+    assert catalog_doc.dated_key("x-cpu-slim") is None
 
 
 @pytest.mark.parametrize("text", ["torch", "127.0.0.1:5000", "r/x:tag", "r/x@sha256:ab"])
@@ -39,16 +40,16 @@ def test_a_source_is_registry_slash_repository(text: str) -> None:
 def test_layers_are_grouped_by_the_template_step_that_made_them() -> None:
     spec = Spec(torch="2.15.0", python="3.11", flavor="runtime", cuda="13.2")
     history = [CREATED_BY[g] for g in spec.groups]
-    assert catalog.layer_groups(history, len(history)) == spec.groups
+    assert catalog_doc.layer_groups(history, len(history)) == spec.groups
     # The smoke suite's COPY and the facts file after the install steps count as packages.
-    assert catalog.layer_groups([*history[:5], "COPY smoke /opt/torch-images/smoke"], 6)[-1] \
+    assert catalog_doc.layer_groups([*history[:5], "COPY smoke /opt/torch-images/smoke"], 6)[-1] \
         == "packages"
-    assert catalog.layer_groups(["x"], 2) == ["base", "base"]  # history of another length
+    assert catalog_doc.layer_groups(["x"], 2) == ["base", "base"]  # history of another length
 
 
 def test_a_cpu_slim_image_has_no_nvidia_or_toolchain_group() -> None:
     spec = Spec(torch="2.13.0+cpu", python="3.11", flavor="slim")
-    assert catalog.layer_groups([CREATED_BY[g] for g in spec.groups], 4) == [
+    assert catalog_doc.layer_groups([CREATED_BY[g] for g in spec.groups], 4) == [
         "base", "python", "torch", "packages"]
 
 
@@ -87,7 +88,7 @@ def image(digest: str, packages: dict[str, str], *, flavor: str = "runtime",
     return {"digest": digest, "torch": "2.13.0", "python": "3.11", "accelerator": "cpu",
             "cuda": None, "flavor": flavor, "min_driver": None, "cuda_archs": [],
             "platforms": [{"platform": "linux/amd64", "size": 100, "evidence": evidence,
-                           "audit": catalog.audit_state(evidence),
+                           "audit": catalog_doc.audit_state(evidence),
                            "layers": [{"digest": D3, "size": 60, "group": "base"},
                                       {"digest": digest, "size": 40, "group": "packages"}]}]}
 
@@ -97,7 +98,7 @@ def test_history_is_oldest_first_with_the_sbom_diff_and_the_rebuild_reason() -> 
               D2: image(D2, {"numpy": "2.3.6", "filelock": "3.20.1"}, vulns=0,
                         reasons=["python-vuln"])}
     by_tag = {"t": D2, "t-20261204": D2, "t-20261201": D1, "alias": D2}
-    [variant] = [v for v in catalog.variants(by_tag, images) if v["tag"] == "t"]
+    [variant] = [v for v in catalog_doc.variants(by_tag, images) if v["tag"] == "t"]
     assert variant["aliases"] == ["alias"]
     first, second = variant["history"]
     assert (first["tag"], first["changes"], first["vulnerabilities"]) == ("t-20261201", None, 2)
@@ -109,7 +110,7 @@ def test_history_is_oldest_first_with_the_sbom_diff_and_the_rebuild_reason() -> 
 
 
 def test_a_floating_tag_without_dated_tags_is_listed_with_an_empty_history() -> None:
-    [variant] = catalog.variants({"alias": D1}, {D1: image(D1, {})})
+    [variant] = catalog_doc.variants({"alias": D1}, {D1: image(D1, {})})
     assert variant == {"tag": "alias", "digest": D1, "floating": True, "aliases": [],
                        "history": []}
 
@@ -117,7 +118,7 @@ def test_a_floating_tag_without_dated_tags_is_listed_with_an_empty_history() -> 
 def document(images: dict[str, Any], by_tag: dict[str, str]) -> dict[str, Any]:
     return {"schema_version": 1, "generated_at": "2026-12-04T00:00:00Z",
             "registry": "r:5000", "repository": "torch", "tags": by_tag, "images": images,
-            "variants": catalog.variants(by_tag, images)}
+            "variants": catalog_doc.variants(by_tag, images)}
 
 
 def test_siblings_share_their_common_layers() -> None:
@@ -147,7 +148,7 @@ def test_the_site_is_written_and_a_second_write_changes_nothing(tmp_path: Path) 
         found["platforms"][0]["evidence"].update(
             smoke={"present": False}, provenance={"present": False})
     doc = document(images, {"t": D2, "t-20261201": D1, "t-20261204": D2})
-    schema = json.loads(catalog.SCHEMA_PATH.read_text())
+    schema = json.loads(catalog_doc.SCHEMA_PATH.read_text())
     jsonschema.Draft202012Validator(schema).validate(doc)
     assert catalog_site.write_site(doc, tmp_path) > 0
     assert catalog_site.write_site(doc, tmp_path) == 0
@@ -161,9 +162,9 @@ def test_the_site_is_written_and_a_second_write_changes_nothing(tmp_path: Path) 
 def test_the_cuda_architectures_come_from_the_smoke_report() -> None:
     env = {"name": "env", "metrics": {"actual": {"cuda_arch_flags": ["sm_80", "sm_90"]}}}
     cuda = {"name": "cuda", "metrics": {"arch_list": ["sm_90"]}}
-    assert catalog.arch_list([env, cuda]) == ["sm_80", "sm_90"]  # the wheel's own list first
-    assert catalog.arch_list([cuda]) == ["sm_90"]  # an older suite, on a GPU
-    assert catalog.arch_list([{"name": "env", "metrics": {"actual": {}}}]) is None
+    assert catalog_doc.arch_list([env, cuda]) == ["sm_80", "sm_90"]  # the wheel's own list first
+    assert catalog_doc.arch_list([cuda]) == ["sm_90"]  # an older suite, on a GPU
+    assert catalog_doc.arch_list([{"name": "env", "metrics": {"actual": {}}}]) is None
 
 
 def test_a_gpu_smoke_report_names_the_devices_cuda_used_and_the_driver() -> None:

@@ -9,8 +9,9 @@ import shlex
 import yaml
 
 from bench.catalog_images import RUN_CONFIG, Spec, smoke_report
+from builder.model import catalog_doc
+from builder.model import catalog_page as howto
 from builder.stages import catalog
-from builder.stages import catalog_page as howto
 from sbom.diff import component_counts, count_line
 
 REF = "r:5000/torch@sha256:" + "a" * 64
@@ -67,7 +68,7 @@ def test_the_run_commands_and_the_pod_give_gpus_and_shared_memory() -> None:
 
 
 def test_the_specifications_come_from_the_config_and_the_sbom() -> None:
-    config = catalog.run_config(RUN_CONFIG)
+    config = catalog_doc.run_config(RUN_CONFIG)
     platform = {"config": config, "evidence": {"sbom": {"present": True, "shells": ["dash 0.5"]}}}
     specs = dict(howto.specifications(CPU, platform))
     assert specs["user"] == "1000:1000 (uid 1000, not root)"
@@ -96,11 +97,11 @@ def test_the_verify_commands_are_the_ones_that_check_a_key_signature_offline() -
 def test_the_latest_audit_and_the_history_give_one_answer() -> None:
     inconclusive = {"audit": {"present": True, "vulnerabilities": 0,
                               "incomplete": ["debian-security"], "date": "2026-12-04"}}
-    state = catalog.audit_state(inconclusive)
-    assert state["state"] == "inconclusive" and catalog.vulnerabilities(inconclusive) is None
-    assert catalog.audit_state({})["state"] == "not audited"
+    state = catalog_doc.audit_state(inconclusive)
+    assert state["state"] == "inconclusive" and catalog_doc.vulnerabilities(inconclusive) is None
+    assert catalog_doc.audit_state({})["state"] == "not audited"
     sbom = {"sbom": {"present": True, "vulnerabilities": 3}}
-    assert (catalog.audit_state(sbom)["state"], catalog.vulnerabilities(sbom)) == ("vulnerable", 3)
+    assert (catalog_doc.audit_state(sbom)["state"], catalog_doc.vulnerabilities(sbom)) == ("vulnerable", 3)
 
 
 def test_every_report_counts_the_same_components_nested_ones_included() -> None:
