@@ -110,6 +110,20 @@ def run(
     return result
 
 
+def start_daemon(argv: Sequence[str | os.PathLike[str]], *, log: Path) -> int:
+    """Start a command that outlives this process (its own session, so no signal of ours
+    reaches it; stdin closed; output appended to `log`) and return its pid without waiting:
+    the caller checks that it came up."""
+    args = [str(a) for a in argv]
+    args[0] = which(args[0])
+    if settings.current().verbose:
+        print(f"$ {shlex.join(args)} &", file=sys.stderr)
+    with log.open("a") as fh:
+        child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=fh,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    return child.pid
+
+
 # ---- signals ------------------------------------------------------------------------------------
 
 # How long a child (docker build, docker run, docker push) gets to act on a forwarded signal (the

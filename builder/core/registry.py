@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -116,15 +115,7 @@ def start(addr: str, storage: Path | None = None) -> int | None:
     if stale:
         step(f"{stale}: replacing it")
     if pid is None:
-        log = (folder / "registry.log").open("a")
-        # A daemon outlives this process, so it is started with Popen in its own session rather
-        # than with proc.run (which waits for the command to end).
-        child = subprocess.Popen(
-            [binary, "serve", str(config)], stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        log.close()
-        pid = child.pid
+        pid = proc.start_daemon([binary, "serve", str(config)], log=folder / "registry.log")
         _write_pid_file(folder, pid)
     _wait_up(addr, pid, folder)
     return pid

@@ -19,14 +19,14 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.core.errors import BuilderError
+from builder.core import proc
+from builder.core.errors import BuilderError, CommandFailed
 
 DOCKER_HUB_KEY = "https://index.docker.io/v1/"
 DOCKER_HUB_HOSTS = {"docker.io", "index.docker.io", "registry-1.docker.io"}
@@ -111,11 +111,12 @@ def helper_get(helper: str, registry: str) -> Credentials | None:
                                     f"{config_dir() / 'config.json'}")
     server = DOCKER_HUB_KEY if _key(registry) == "docker.io" else registry
     try:
-        done = subprocess.run([binary, "get"], input=server, capture_output=True, text=True,
-                              timeout=HELPER_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
+        done = proc.run([binary, "get"], input=server, timeout=HELPER_TIMEOUT_S, check=False)
+    except CommandFailed as exc:  # timed out
         raise CredentialsError(f"`docker-credential-{helper} get` for `{registry}` gave no "
-                               f"answer within {HELPER_TIMEOUT_S:.0f} s") from None
+                               f"answer within {HELPER_TIMEOUT_S:.0f} s",
+                               hint="check that the helper works: `echo REGISTRY | "
+                               f"docker-credential-{helper} get`") from exc
     if done.returncode != 0:
         if "credentials not found" in (done.stdout + done.stderr).lower():
             return None

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, labels, layerdiff, oci
+from builder.core import engine, labels, layerdiff, oci, proc, settings
 from builder.core.errors import BuilderError
 from builder.core.output import step
 from builder.flows.verify import Reference
@@ -97,7 +96,19 @@ def checkout(revision: str) -> Iterator[Path]:
 
 
 def _git(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", *args], capture_output=True, text=True, check=False)
+    return proc.run(["git", *args], check=False)
+
+
+def child_env(state: Path, src: Path) -> dict[str, str]:
+    """What the nested `builder build` must know of this run's settings, passed in its
+    environment (nothing here writes os.environ)."""
+    now = settings.current()
+    env = {"BUILDER_STATE": str(state), "PYTHONPATH": str(src),
+           settings.INSECURE_ENV: ",".join(now.insecure_registries),
+           settings.DEADLINE_ENV: str(now.registry_deadline_s)}
+    if now.ca_bundle:
+        env[settings.CA_BUNDLE_ENV] = now.ca_bundle
+    return env
 
 
 def check_lock(src: Path, rec: Recorded) -> None:
@@ -118,9 +129,8 @@ def rebuild(src: Path, rec: Recorded, matrix: Path | None, state: Path) -> str:
             "--select", "platform=linux/amd64", "--force", "--no-smoke", "--no-sbom",
             "--no-registry-cache", "--json",
             *(["--matrix", str(matrix.resolve())] if matrix else [])]
-    env = {**os.environ, "BUILDER_STATE": str(state), "PYTHONPATH": str(src)}
     step(f"rebuilding {rec.variant} from {rec.revision[:12]} (log: {state / 'logs'})")
-    result = subprocess.run(argv, cwd=src, env=env, capture_output=True, text=True, check=False)
+    result = proc.run(argv, cwd=src, env=child_env(state, src), check=False)
     try:
         outcomes = json.loads(result.stdout)
     except ValueError:

@@ -165,3 +165,46 @@ def test_each_kind_of_write_is_found(planted: str) -> None:
 ])
 def test_reads_and_local_writes_are_no_finding(fine: str) -> None:
     assert violations(fine) == []
+
+
+# ---- every process through builder.core.proc --------------------------------------------------
+
+PROCESS_CALLS = {("subprocess", name) for name in
+                 ("run", "Popen", "call", "check_call", "check_output", "getoutput",
+                  "getstatusoutput")} | {("os", name) for name in
+                                         ("system", "popen", "execv", "execvp", "execve",
+                                          "execl", "execlp", "spawnv", "spawnl", "posix_spawn",
+                                          "fork")}
+PROC = "builder/core/proc.py"
+
+
+def process_calls(source: str, path: str = "<planted>") -> list[str]:
+    """`line: module.function` for each call that starts a process without proc."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and (node.func.value.id, node.func.attr) in PROCESS_CALLS):
+            found.append(f"{path}:{node.lineno}: {node.func.value.id}.{node.func.attr}(…)")
+        elif isinstance(node, ast.ImportFrom) and node.module in ("subprocess", "os"):
+            found += [f"{path}:{node.lineno}: from {node.module} import {a.name}"
+                      for a in node.names if (node.module, a.name) in PROCESS_CALLS]
+    return found
+
+
+def test_every_process_goes_through_proc() -> None:
+    found = [line for file in sorted((ROOT / "builder").rglob("*.py"))
+             if str(file.relative_to(ROOT)) != PROC
+             for line in process_calls(file.read_text(), str(file.relative_to(ROOT)))]
+    assert not found, "start processes with builder.core.proc (run, stream, start_daemon):\n" + \
+        "\n".join(found)
+
+
+@pytest.mark.parametrize("planted", [
+    'import subprocess\nsubprocess.run(["git", "status"])\n',
+    'import subprocess\nsubprocess.Popen(["registry"])\n',
+    'import os\nos.system("git status")\n',
+    'from subprocess import check_output\n',
+])
+def test_a_process_started_around_proc_is_found(planted: str) -> None:
+    assert process_calls(planted)
