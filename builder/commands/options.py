@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -109,10 +110,9 @@ def add_key_option(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def add_publishing_options(parser: argparse.ArgumentParser, dry_run: str) -> None:
-    """What the commands that publish (publish, rebuild) share: the record, the CPU-smoke
+    """What the commands that publish (publish, rebuild) share: the report, the CPU-smoke
     waiver, the dry run (`dry_run`: what it does) and the keys."""
-    parser.add_argument("--manifest", default=Path("published.json"), type=Path, metavar="FILE",
-                        help="publication record (default: %(default)s)")
+    add_report_option(parser)
     parser.add_argument("--allow-cpu-smoke", action="store_true",
                         help="publish CUDA images whose smoke ran without a GPU (recorded)")
     parser.add_argument("--dry-run", action="store_true", help=dry_run)
@@ -129,7 +129,7 @@ def add_trust_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--unsigned", action="store_true",
                         help="publish without any signature: staged evidence is not checked "
                         "against a trusted key, so nothing is signed (no `.sig`, no signed "
-                        "attestations; recorded in published.json and the provenance; `verify "
+                        "attestations; recorded in the provenance and a --manifest report; `verify "
                         "--key` fails it as `published unsigned`). Refused with a key")
 
 
@@ -142,3 +142,19 @@ def load_selected(args: argparse.Namespace) -> tuple[matrix.Matrix, list[matrix.
                           hint=f"`builder validate --offline --matrix {args.matrix}` lists "
                           "its variants")
     return m, variants
+
+
+def add_report_option(parser: argparse.ArgumentParser) -> None:
+    """--manifest of the commands that publish: a report, never an input."""
+    parser.add_argument("--manifest", default=None, type=Path, metavar="FILE",
+                        help="write a report of what this run published (JSON, the "
+                        "published.json shape); the registry itself is the publication record")
+
+
+def ignore_old_record(manifest: Path | None) -> None:
+    """One line when a published.json from before lies here: it is not read (the registry is
+    the record), so it must not look like it was."""
+    old = Path("published.json")
+    if old.is_file() and (manifest is None or manifest.resolve() != old.resolve()):
+        print(f"note: {old} is ignored: the registry is the publication record "
+              "(`--manifest FILE` writes a report)", file=sys.stderr)

@@ -10,6 +10,7 @@ from builder.commands.options import (
     add_ca_bundle_option,
     add_command,
     add_publishing_options,
+    ignore_old_record,
     load_selected,
 )
 from builder.core import sign
@@ -23,7 +24,7 @@ GROUPS = ("matrix", "select", "json", "registries", "locks")
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "publish", cmd_publish, GROUPS,
-                    "promote gated images from staging under dated tags; write published.json")
+                    "promote gated images from staging under dated tags (the registry: the record)")
     add_publishing_options(p, "print what would be pushed; push nothing")
     add_ca_bundle_option(p, REGISTRY_CA_HELP)
 
@@ -40,6 +41,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if not args.select:
         args.select = ["default=true"]
     matrix, variants = load_selected(args)
+    ignore_old_record(args.manifest)
     trust = sign.trust(args.key, args.trust_key or matrix.trust_keys, args.unsigned)
     rendered = [render.render_locked(matrix, v, args.locks) for v in variants]
     planned = plan.make_plan(matrix, rendered, base.known_digests(variants, matrix),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Collection
 from dataclasses import asdict
 from pathlib import Path
@@ -12,10 +13,10 @@ from builder.commands.options import (
     add_ca_bundle_option,
     add_command,
     add_publishing_options,
+    ignore_old_record,
     load_selected,
 )
 from builder.core import sign
-from builder.core.errors import BuilderError
 from builder.core.output import emit_json, human_bytes, table
 from builder.flows.rebuild import Action, plan_actions, rebuild
 from builder.flows.rebuild_check import (
@@ -45,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _selected(args: argparse.Namespace) -> tuple[Matrix, list[Variant]]:
     matrix, variants = load_selected(args)
-    return matrix, published_variants(matrix, variants, args.manifest)
+    return matrix, published_variants(matrix, variants, trusted_keys(args, matrix))
 
 
 def print_findings(findings: list[Finding], skip: Collection[str] = ()) -> None:
@@ -75,21 +76,22 @@ def trusted_keys(args: argparse.Namespace, matrix: Matrix | None) -> tuple[Any, 
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
-    """For each published variant (published.json; narrow with --select) ask: Debian updates
-    inside the image, Python vulnerabilities with a fix (pip-audit on the lock), a moved base
-    digest, changed inputs. --check only reports (exit 0 nothing to do, 1 something to rebuild,
-    2 a source unknown); otherwise rebuilds, publishes and prints the SBOM diff of exactly
-    those variants. --skip-source leaves a source unasked (reported as skipped, never clean)."""
-    if not args.manifest.exists():
-        raise BuilderError(f"no {args.manifest}: nothing has been published",
-                          hint="publish first: builder publish")
+    """For each variant the registry records as published (its dated tags and their signed
+    evidence; narrow with --select) ask: Debian updates inside the image, Python vulnerabilities
+    with a fix (pip-audit on the lock), a moved base digest, changed inputs. --check only
+    reports (exit 0 nothing to do, 1 something to rebuild, 2 nothing decided: only sources that
+    could not be asked); otherwise rebuilds, publishes and prints the SBOM diff of exactly those
+    variants. --skip-source leaves a source unasked (reported as skipped, never clean)."""
+    ignore_old_record(args.manifest)
     matrix, variants = _selected(args)
     skip = sorted(set(getattr(args, "skip_source", None) or ()))
     if not variants:
         return nothing_checked(args, skip)
-    findings = check(matrix, variants, args.manifest, locks_dir=args.locks, skip=skip,
+    findings = check(matrix, variants, locks_dir=args.locks, skip=skip,
                      keys=trusted_keys(args, matrix))
-    summary = {"sources": source_summary(findings, skip), "skipped": skip}
+    unknown = warn_unknown(findings)
+    summary = {"checked": sorted({v.id for v in variants}),
+               "sources": source_summary(findings, skip), "skipped": skip, "unknown": unknown}
     if args.check:
         if args.json:
             emit_json({"findings": [f.as_json() for f in findings], **summary,
@@ -117,12 +119,25 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
             print_changelogs(actions)
     if any(a.state == "failed" for a in actions):
         return 1
-    return 2 if any(f.status == UNKNOWN for f in findings) else 0
+    # What it did decides: a publication succeeded (unknown sources were warned about above);
+    # 2 only when nothing was done because the sources that answered asked for nothing.
+    return 2 if unknown and not actions else 0
+
+
+def warn_unknown(findings: list[Finding]) -> list[dict[str, str]]:
+    """The sources that could not be asked, each as one warning line (stderr); listed in the
+    JSON too. They never block what the other sources decided."""
+    unknown = [{"variant_id": f.variant_id, "source": f.reason, "detail": f.detail}
+               for f in findings if f.status == UNKNOWN]
+    for u in unknown:
+        print(f"warning: {u['variant_id']}: source {u['source']} could not be asked: "
+              f"{u['detail'][:300]}", file=sys.stderr)
+    return unknown
 
 
 def nothing_checked(args: argparse.Namespace, skip: list[str]) -> int:
     """No selected variant has a publication: no source was asked, so none is called clean."""
-    why = (f"nothing checked: {args.manifest} records no publication of the selected variants"
+    why = (f"nothing checked: the registry records no publication of the selected variants"
            f"{' (' + ' '.join(args.select) + ')' if args.select else ''}")
     if args.json:
         emit_json({"findings": [], "sources": dict.fromkeys(REASONS, "not-asked"),

@@ -29,6 +29,7 @@ from typing import Any
 from builder.core import engine, oci, sign
 from builder.core.errors import ConfigError
 from builder.core.output import step
+from builder.flows import record
 from builder.model import platforms, publication
 from builder.model.matrix import Matrix, Variant
 from builder.model.publication import Artifact, PlatformEntry, Publication
@@ -55,26 +56,31 @@ class Promoted:
 
 def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
                      allow_cpu_smoke: bool, dry_run: bool = False,
-                     manifest: Path = publication.MANIFEST,
+                     manifest: Path | None = None,
                      locks_dir: Path = Path("locks"),
                      trust: sign.Trust = sign.UNSIGNED) -> list[dict[str, Any]]:
     """Gate and publish each variant. Returns one result per variant (`status`: published,
-    refused, would-publish). Records what was published even when a later variant fails.
-    Every tag of the whole matrix is checked for collisions before anything is pushed."""
-    publication.check(manifest)  # a record that cannot be written stops us before a push
+    already-published, refused, would-publish). The registry is the record (builder.flows.
+    record); `manifest`, when given, is a report of what this run published, written even when
+    a later variant fails. Every tag of the whole matrix is checked for collisions first."""
+    if manifest is not None:
+        publication.check(manifest)  # a report that cannot be written stops us before a push
     plan.check_tags(matrix, locks_dir)
     engine.ensure_engine()
+    known = record.latest(matrix, trust.keys)
     results: list[dict[str, Any]] = []
     try:
         for group in groups(planned):
+            if held := already_published(known, group):
+                results.append(held)
+                continue
             out = publish_group(matrix, group, allow_cpu_smoke=allow_cpu_smoke,
                                 dry_run=dry_run, trust=trust)
-            # Recorded as soon as its tags moved; a run stopped before this line is recorded by
-            # the next one, which finds the tags in place (each step is idempotent).
-            publication.record(manifest, {
-                r["id"]: Publication.from_json({k: v for k, v in r.items()
-                                                if k not in ("id", "status")})
-                for r in out if r["status"] == "published"})
+            if manifest is not None:
+                publication.record(manifest, {
+                    r["id"]: Publication.from_json({k: v for k, v in r.items()
+                                                    if k not in ("id", "status")})
+                    for r in out if r["status"] == "published"})
             results += out
     except oci.RegistryError as exc:
         exc.hint = ((exc.hint or "") + "\n\nno tag points at an image without its SBOM and "
@@ -118,6 +124,23 @@ def publish_group(matrix: Matrix, group: list[plan.PlannedVariant], *, allow_cpu
     if multi:
         pub = replace(pub, platforms=tuple(platform_entry(matrix, p) for p in promoted))
     return [{"id": first.variant.id, "status": "published", **pub.to_json()}]
+
+
+def already_published(known: dict[str, Publication], group: list[plan.PlannedVariant]
+                      ) -> dict[str, Any] | None:
+    """The result of a variant the registry already holds with this content (every platform's
+    hash) under a publication that counts (signed by a trusted key, when keys are given)."""
+    vid = group[0].variant.id
+    pub = known.get(vid)
+    if pub is None:
+        return None
+    held = {pub.content_hash, *(e.content_hash for e in pub.platforms)}
+    if not all(p.content_hash in held for p in group):
+        return None
+    message = f"already published as {pub.reference} (dated {pub.dated_tag})"
+    step(f"  [{vid}] {message}")
+    return {"id": vid, "status": "already-published", "reason": message,
+            "reference": pub.reference, "dated_tag": pub.dated_tag, "tags": list(pub.tags)}
 
 
 # ---- the steps --------------------------------------------------------------------------------

@@ -117,13 +117,14 @@ def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_di
     """Rebuild and publish exactly the variants whose findings say so (signing with
     `trust.key`); returns the actions."""
     if findings is None:
-        findings = check(matrix, variants, manifest, locks_dir=locks_dir, skip=skip)
+        findings = check(matrix, variants, locks_dir=locks_dir, skip=skip, keys=trust.keys)
     actions = plan_actions(findings)
     if dry_run or not actions:
         for a in actions:
             a.state = "would-rebuild"
         return actions
-    run = Run(matrix, variants, manifest, locks_dir, findings, latest_publications(manifest),
+    run = Run(matrix, variants, manifest, locks_dir, findings,
+              latest_publications(matrix, trust.keys),
               build or build_mod.build_images, publish_fn or publish_flow.publish_variants,
               allow_cpu_smoke, trust)
     with build_mod.build_lock():

@@ -1,6 +1,7 @@
 """`builder rebuild --check`: ask four sources whether a published image must be rebuilt.
 
-For each variant in published.json (its latest publication) four sources are asked:
+For each variant the registry records as published (its latest publication,
+builder.flows.record) four sources are asked:
 
   debian-security  `apt list --upgradable` inside the published image (as root, after an update)
   python-vuln      pip-audit on the variant's lock: vulnerabilities that have a fixed version
@@ -32,7 +33,8 @@ from typing import Any
 from builder.core import engine, labels, oci, proc, sign
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.output import step
-from builder.model import lockfile, platforms, publication
+from builder.flows import record
+from builder.model import lockfile, platforms
 from builder.model.matrix import Matrix, Variant
 from builder.model.publication import Publication
 from builder.stages import base, plan, render
@@ -78,9 +80,10 @@ class SourceError(BuilderError):
 # ---- the published record and image ------------------------------------------------------------
 
 
-def latest_publications(manifest: Path) -> dict[str, Publication]:
-    """variant id → its latest publication in published.json."""
-    return publication.latest(manifest)
+def latest_publications(matrix: Matrix, keys: tuple[Any, ...] = ()) -> dict[str, Publication]:
+    """variant id → its latest publication, as the registry records it (builder.flows.record:
+    with `keys`, only publications whose signature verifies count)."""
+    return record.latest(matrix, keys)
 
 
 def published_image(pub: Publication) -> tuple[str, dict[str, Any]]:
@@ -347,17 +350,17 @@ def check_variant(matrix: Matrix, variant: Variant, pub: Publication, locks_dir:
     return [finding for reason in asked for finding in ask(reason, s)]
 
 
-def check(matrix: Matrix, variants: list[Variant], manifest: Path, *,
+def check(matrix: Matrix, variants: list[Variant], *,
           locks_dir: Path = Path("locks"), skip: Collection[str] = (),
           keys: tuple[Any, ...] = ()) -> list[Finding]:
-    """Findings for the selected variants that have a publication in `manifest`; the sources in
-    `skip` are not asked (see `source_summary`: they are `skipped`, not clean)."""
+    """Findings for the selected variants the registry records a publication of; the sources
+    in `skip` are not asked (see `source_summary`: they are `skipped`, not clean)."""
     unknown_names = set(skip) - set(REASONS)
     if unknown_names:
         raise ConfigError(f"unknown source {', '.join(sorted(unknown_names))}",
                           hint=f"sources: {', '.join(REASONS)}")
     skipped = frozenset(skip)
-    pubs = latest_publications(manifest)
+    pubs = latest_publications(matrix, keys)
     smoke_hash = plan.smoke_files_hash()
     base_digests: dict[str, str] = {}
     findings: list[Finding] = []
@@ -386,18 +389,23 @@ def source_summary(findings: list[Finding], skip: Collection[str] = ()) -> dict[
     return out
 
 
-def published_variants(matrix: Matrix, variants: list[Variant], manifest: Path) -> list[Variant]:
-    pubs = latest_publications(manifest)
+def published_variants(matrix: Matrix, variants: list[Variant],
+                       keys: tuple[Any, ...] = ()) -> list[Variant]:
+    """The selected variants the registry records a publication of."""
+    pubs = latest_publications(matrix, keys)
     known = {v.id for v in matrix.variants}
     for vid in sorted(set(pubs) - known):
-        step(f"  {vid} is in {manifest} but no longer in {matrix.path}: skipped")
+        step(f"  {vid} is published in {matrix.image_name} but no longer in {matrix.path}: "
+             "skipped")
     return [v for v in variants if v.id in pubs]
 
 
 def exit_code(findings: list[Finding]) -> int:
-    if any(f.status == UNKNOWN for f in findings):
-        return 2
-    return 1 if findings else 0
+    """1 whenever a source asks for a rebuild (or a matrix change), even when another could not
+    be asked; 2 only when nothing was decided because sources could not be asked."""
+    if any(f.status != UNKNOWN for f in findings):
+        return 1
+    return 2 if findings else 0
 
 
 def apt_token(upgradable: dict[str, tuple[str, str]]) -> str:

@@ -49,6 +49,7 @@ def pushes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(publish_flow.engine, "ensure_engine", lambda: None)
     monkeypatch.setattr(publish_flow, "publish_group", publish_group)
+    monkeypatch.setattr(publish_flow.record, "latest", lambda *_a: {})  # nothing published yet
     return pushed
 
 
@@ -172,17 +173,18 @@ def test_an_unknown_select_key_is_bad_usage_with_a_suggestion():
     assert exc.value.hint == "did you mean `flavor`?"
 
 
-def test_rebuild_check_with_nothing_published_calls_no_source_clean(tmp_path, capsys):
-    manifest = tmp_path / "published.json"
-    manifest.write_text('{"schema_version": 1, "variants": {}}\n')
+def test_rebuild_check_with_nothing_published_calls_no_source_clean(capsys, monkeypatch):
+    from builder.flows import record
+
+    monkeypatch.setattr(record, "latest", lambda *_a: {})  # the registry records nothing
     args = cli.build_parser("rebuild").parse_args([
-        "rebuild", "--check", "--json", "--manifest", str(manifest),
+        "rebuild", "--check", "--json",
         "--matrix", str(ROOT / "matrix.yaml"), "--locks", str(LOCKS)])
     assert args.func(args) == 0
     doc = json.loads(capsys.readouterr().out)
     assert "clean" not in doc["sources"].values()
     assert set(doc["sources"].values()) == {"not-asked"}
-    assert doc["message"].startswith(f"nothing checked: {manifest} records no publication")
+    assert doc["message"].startswith("nothing checked: the registry records no publication")
 
 
 # ---- 5. size and time caps on every input -------------------------------------------------------
