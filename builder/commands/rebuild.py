@@ -161,6 +161,7 @@ def print_changelogs(actions: list[Action]) -> None:
     for a in actions:
         if a.state != "published":
             continue
-        print(f"\nchanges in {a.variant_id}:")
+        print(f"\nchanges in {a.variant_id}: {a.old_publication or '(no earlier publication)'}"
+              f" → {a.new_publication}")
         print(format_diff(a.changelog) if a.changelog else "  (old SBOM not available: no diff)")
 

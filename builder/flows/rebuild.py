@@ -18,7 +18,13 @@ from builder.core import layerdiff, media, oci, sign, state
 from builder.core.errors import BuilderError
 from builder.core.output import step
 from builder.flows import publish as publish_flow
-from builder.flows.rebuild_check import REBUILD, Finding, check, latest_publications
+from builder.flows.rebuild_check import (
+    REBUILD,
+    Finding,
+    check,
+    fetch_artifact,
+    latest_publications,
+)
 from builder.model import lockfile
 from builder.model.matrix import Matrix, Variant
 from builder.model.publication import Publication
@@ -51,6 +57,9 @@ class Action:
     # the new blobs), and the new image's size: a security fix should cost megabytes.
     delta_bytes: int | None = None
     image_bytes: int | None = None
+    # The diff's header: the publication it replaces and the new one (dated tag @ digest).
+    old_publication: str = ""
+    new_publication: str = ""
 
 
 def plan_actions(findings: list[Finding]) -> list[Action]:
@@ -81,15 +90,6 @@ def old_sbom(pub: Publication) -> dict[str, Any] | None:
     except (BuilderError, OSError, ValueError, KeyError, IndexError) as exc:
         step(f"  old SBOM not available from {pub.registry}: {exc}")
         return None
-
-
-def fetch_artifact(registry: str, repository: str, digest: str) -> dict[str, Any]:
-    """The JSON payload of a one-layer OCI artifact, by its manifest digest."""
-    reg = oci.Registry(registry)
-    found = reg.manifest(repository, digest)
-    if found is None:
-        raise ValueError(f"`{repository}@{digest}` is not in the registry")
-    return json.loads(reg.blob(repository, json.loads(found[0])["layers"][0]["digest"]))
 
 
 @dataclass(frozen=True)
@@ -162,6 +162,10 @@ def rebuild_one(run: Run, a: Action) -> None:
     a.state = "published"
     a.message = ", ".join(result.get("tags", []))
     record_reasons(result, a, run.findings)
+    previous = run.pubs.get(a.variant_id)
+    if previous is not None:
+        a.old_publication = f"{previous.dated_tag} @ {previous.digest}"
+    a.new_publication = f"{result.get('dated_tag', '')} @ {result.get('digest', '')}"
     a.changelog = changelog(run.pubs.get(a.variant_id), outcomes[0])
     a.delta_bytes, a.image_bytes = download_delta(run.pubs.get(a.variant_id), result)
 

@@ -292,14 +292,45 @@ def ask_base(s: Subject) -> list[Finding]:
 
 def ask_inputs(s: Subject) -> list[Finding]:
     """(d) Inputs changed: the content hash on the published base, so a moved base is not
-    counted twice."""
+    counted twice. The detail names the Python packages whose pin moved (the published SBOM
+    against the lock now) before the hashes."""
     have = s.image_labels.get(labels.CONTENT_HASH) or s.pub.content_hash
     want = planned_hash(s.matrix, s.variant, s.locks_dir, s.published_base, s.smoke_hash)
     if want == have:
         return []
+    moved = pins_moved(s)
+    named = ", ".join(f"{n} {o}→{w}" for n, (o, w) in moved.items())
     return [Finding(s.variant.id, "inputs-changed", REBUILD,
-                    f"content hash {have[:12] or '(none)'}→{want[:12]}",
-                    {"old": have, "new": want})]
+                    (f"{named}; " if named else "")
+                    + f"content hash {have[:12] or '(none)'}→{want[:12]}",
+                    {"old": have, "new": want,
+                     "packages": {n: {"old": o, "new": w} for n, (o, w) in moved.items()}})]
+
+
+def pins_moved(s: Subject) -> dict[str, tuple[str, str]]:
+    """name → (published, locked now) for each Python package whose version moved: the
+    published SBOM's PyPI components against the variant's lock ({} when either is missing)."""
+    from sbom.diff import iter_components
+
+    try:
+        doc = fetch_artifact(s.pub.registry, s.pub.repository, s.pub.sbom.digest)
+        lock = lockfile.require_lock(s.locks_dir, s.variant)
+    except (BuilderError, ValueError, KeyError, IndexError):
+        return {}
+    old = {lockfile.normalize(c.get("name", "")): str(c.get("version", ""))
+           for c in iter_components(doc) if str(c.get("purl", "")).startswith("pkg:pypi/")}
+    now = lockfile.parse_pins(lock.text)
+    return {name: (old[name], version) for name, version in sorted(now.items())
+            if name in old and old[name] != version}
+
+
+def fetch_artifact(registry: str, repository: str, digest: str) -> dict[str, Any]:
+    """The JSON payload of a one-layer OCI artifact, by its manifest digest."""
+    reg = oci.Registry(registry)
+    found = reg.manifest(repository, digest)
+    if found is None:
+        raise ValueError(f"`{repository}@{digest}` is not in the registry")
+    return json.loads(reg.blob(repository, json.loads(found[0])["layers"][0]["digest"]))
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,9 @@ def clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setattr(checking, "audit_lock", lambda path: {"vulns": [], "unknown": []})
     monkeypatch.setattr(checking, "base_digest_now", lambda variant: BASE_OLD)
     monkeypatch.setattr(checking, "planned_hash", lambda *a: HASH)
+    # the published SBOM: numpy one patch release older than the shipped lock pins
+    monkeypatch.setattr(checking, "fetch_artifact", lambda *a: {"components": [
+        {"name": "numpy", "version": "2.4.5", "purl": "pkg:pypi/numpy@2.4.5"}]})
     monkeypatch.setattr(checking.plan, "smoke_files_hash", lambda: "s")
     return monkeypatch
 
@@ -80,11 +83,16 @@ def test_python_vuln_with_fix_and_torch_is_matrix_change(clean) -> None:
 
 
 def test_base_moved_and_inputs_changed(clean) -> None:
+    shipped = (Path(__file__).resolve().parents[3] / "locks" / f"{VID}.txt").read_text()
+    clean.setattr(checking.lockfile, "require_lock", lambda *_a: SimpleNamespace(text=shipped))
     clean.setattr(checking, "base_digest_now", lambda variant: "sha256:" + "b" * 64)
     clean.setattr(checking, "planned_hash", lambda *a: "f" * 64)
     findings = run_check()
     assert {f.reason for f in findings} == {"base-moved", "inputs-changed"}
     assert all(f.status == "rebuild" for f in findings)
+    [inputs] = [f for f in findings if f.reason == "inputs-changed"]
+    assert inputs.detail.startswith("numpy 2.4.5→2.4.6; content hash ")  # what moved, first
+    assert inputs.data["packages"] == {"numpy": {"old": "2.4.5", "new": "2.4.6"}}
 
 
 @pytest.mark.parametrize("source", ["debian_upgradable", "audit_lock", "base_digest_now",
