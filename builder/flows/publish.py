@@ -139,7 +139,7 @@ def already_published(known: dict[str, Publication], group: list[plan.PlannedVar
         return None
     message = f"already published as {pub.reference} (dated {pub.dated_tag})"
     step(f"  [{vid}] {message}")
-    return {"id": vid, "status": "already-published", "reason": message,
+    return {"id": vid, "status": "already-published", "reason": message, "digest": pub.digest,
             "reference": pub.reference, "dated_tag": pub.dated_tag, "tags": list(pub.tags)}
 
 
