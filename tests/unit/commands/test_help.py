@@ -6,6 +6,10 @@ import pytest
 
 from builder import cli
 
+# Every command module is imported now, at collection: some import what runs a command on import
+# (core/swap.py's ctypes.util.find_library runs ldconfig), which conftest forbids inside a test.
+cli.build_parser()
+
 NO_SELECTION = ("keygen", "registry", "verify", "catalog", "reproduce", "smoke", "sbom", "audit")
 
 
