@@ -3,7 +3,7 @@
 a report, never read): two runners, or a runner and a laptop, see the same history.
 
 The vetted repository's tags say it: each dated tag `<floating>-YYYYMMDD[.n]` (the catalog's
-grammar, `stages.catalog.dated_key`) is one publication of the digest it names; that digest's
+grammar, `model.catalog_doc.dated_key`) is one publication of the digest it names; that digest's
 config labels name the variant and its content hash, and its evidence hangs off
 `sha256-<hex>.sbom|smoke|provenance` and cosign's `.sig`. With trusted keys, a publication whose
 signature does not verify against them is not part of the record (the next older one counts).
@@ -18,10 +18,9 @@ from typing import Any
 
 from builder.core import labels, oci, sign
 from builder.core.output import step
-from builder.model import tags
+from builder.model import catalog_doc, tags
 from builder.model.matrix import Matrix
 from builder.model.publication import Artifact, PlatformEntry, Publication
-from builder.stages import catalog
 
 EVIDENCE = {"sbom": "sbom", "smoke_report": "smoke", "provenance": "provenance"}
 
@@ -42,7 +41,7 @@ class Dated:
 
 def dated_tags(all_tags: Iterable[str]) -> list[Dated]:
     """The dated tags among a repository's tags, newest first."""
-    found = [Dated(tag, *key) for tag in all_tags if (key := catalog.dated_key(tag))]
+    found = [Dated(tag, *key) for tag in all_tags if (key := catalog_doc.dated_key(tag))]
     return sorted(found, key=lambda d: d.order, reverse=True)
 
 
@@ -89,7 +88,7 @@ def read_publication(reg: oci.Registry, matrix: Matrix, dated: Dated, all_tags: 
     entries: list[PlatformEntry] = []
     if "manifests" in doc:
         for item in doc["manifests"]:
-            name = catalog.platform_name(item)
+            name = catalog_doc.platform_name(item)
             entry = platform_entry(reg, matrix, name, item["digest"], all_tags)
             if entry is not None:
                 entries.append(entry)
