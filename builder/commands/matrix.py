@@ -9,6 +9,7 @@ from pathlib import Path
 from builder.commands.options import add_command, load_selected
 from builder.core.output import emit_json, step, table
 from builder.model import lockfile, matrix
+from builder.model.matrix_yaml import MatrixError
 from builder.stages import base, locks, plan, render, wheels
 
 
@@ -38,7 +39,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     FILE:LINE: FIELD: reason; exit 1 when there is any."""
     try:
         m, variants = load_selected(args)
-    except matrix.MatrixError as exc:
+    except MatrixError as exc:
         if not args.json:
             raise
         emit_json({"valid": False, "variants": [],

@@ -1,70 +1,43 @@
 """Read matrix.yaml once into frozen variants; every problem names file:line: field.path.
 
-Expansion follows GitHub Actions matrix rules: the product of `axes`, minus `exclude`, then each
-`include` entry is merged into every combination whose original axis values it does not
-overwrite, or becomes a new combination when it fits none.
+The model (Base, Variant, Alias, Matrix), the selection (`--select`) and `load`, which reads the
+file (builder.model.matrix_yaml), expands it (builder.model.matrix_expand) and checks what only
+the expanded variants show.
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
-import itertools
-import json
-import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cache
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from builder.core import limits
 from builder.core.errors import BuilderError, ConfigError, UsageError
 from builder.model import tags
+from builder.model.matrix_expand import (
+    ExpansionTooLarge,
+    combinations_problem,
+    expand,
+    expand_platforms,
+)
+from builder.model.matrix_yaml import (
+    SCHEMA_PATH,
+    MatrixError,
+    Path_,
+    Problem,
+    format_path,
+    line_of,
+    load_yaml,
+    schema_problems,
+    suggest,
+)
 from builder.model.platforms import DEFAULT as DEFAULT_PLATFORM
 
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schema" / "matrix.schema.json"
 AXES = ("torch", "python", "accelerator", "flavor")
 SELECT_KEYS = (*AXES, "id", "default", "platform")
-Path_ = tuple[str | int, ...]
-
-
-@dataclass(frozen=True)
-class Problem:
-    line: int
-    path: Path_
-    message: str
-
-    def format(self, file: str) -> str:
-        where = format_path(self.path)
-        message = limits.shorten(self.message, MAX_MESSAGE)  # the last guard: values are shortened
-        return f"{file}:{self.line}: {where + ': ' if where else ''}{message}"
-
-
-def format_path(path: Path_) -> str:
-    out = ""
-    for part in path:
-        name = limits.shorten(str(part))
-        out += f"[{part}]" if isinstance(part, int) else (f".{name}" if out else name)
-    return out
-
-
-class MatrixError(ConfigError):
-    def __init__(self, file: str, problems: Sequence[Problem]) -> None:
-        # An include entry merged into many combinations reports its problem once, not per merge.
-        unique = dict.fromkeys(problems)
-        self.problems = sorted(unique, key=lambda p: (p.line, format_path(p.path)))
-        lines = [p.format(file) for p in self.problems[:limits.SHOWN_PROBLEMS]]
-        more = len(self.problems) - len(lines)
-        if more:
-            lines.append(f"… and {more} more problems (the first {len(lines)} are shown)")
-        count = len(self.problems)
-        super().__init__(
-            f"{file} is invalid ({count} problem{'s' * (count != 1)}):\n  " + "\n  ".join(lines)
-        )
 
 
 @dataclass(frozen=True)
@@ -206,347 +179,6 @@ def unknown_value(key: str, values: Iterable[str], m: Matrix, shown: int = 12) -
                          hint=close or f"pick one of the values above for `{key}`")
 
 
-def suggest(word: str, choices: Iterable[str]) -> str | None:
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f"did you mean `{close[0]}`?" if close else None
-
-
-# ---------------------------------------------------------------- YAML with line numbers
-
-
-# libyaml's parser when PyYAML has it (about 10x faster on a large matrix), else the Python one.
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    pass
-
-
-# These bounds stop alias bombs ("billion laughs") and deep nesting long before they cost time or
-# memory (or a RecursionError in the composer). Only what aliases add counts against the node
-# budget: the written-out document is already bounded by its size.
-MAX_DEPTH = 32
-MAX_ALIAS_NODES = 10_000
-# Size and time caps on the rest (#25): a matrix is a few KB and a few hundred nodes; these are
-# far above any real one and far below what costs a user minutes or gigabytes.
-MAX_MATRIX_BYTES = 1024 ** 2
-MAX_NODES = 100_000
-MAX_COMBINATIONS = 10_000  # of the axes, before include and platforms
-MAX_MERGES = 1_000_000  # include entries merged into combinations
-MAX_MESSAGE = 400  # characters of one problem
-# Only tags the safe loader constructs; `!!python/...` and unknown tags are problems.
-_PLAIN_TAGS = frozenset(tag for tag in _Loader.yaml_constructors if tag is not None)
-
-
-def _read_text(path: Path) -> str:
-    file = str(path)
-    data = limits.read_bounded(path, MAX_MATRIX_BYTES, "a matrix")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise MatrixError(file, [Problem(line, (), f"not UTF-8 text (byte 0x{data[exc.start]:02x} "
-                                         f"at offset {exc.start})")]) from None
-
-
-def _yaml_problem(exc: yaml.YAMLError, file: str) -> MatrixError:
-    mark = getattr(exc, "problem_mark", None)
-    line = mark.line + 1 if mark else 1
-    return MatrixError(file, [Problem(line, (), f"not valid YAML: {exc}")])
-
-
-def _check_bounds(text: str, file: str) -> None:
-    """One streaming pass over the parser's events (no tree, no recursion): refuse nesting
-    deeper than MAX_DEPTH, more than MAX_NODES nodes, and aliases that add more than
-    MAX_ALIAS_NODES nodes in all."""
-    sizes: dict[str, int] = {}  # anchor → how many nodes one use of it expands to
-    anchor_lines: dict[str, int] = {}
-    open_frames: list[list[Any]] = []  # [anchor, nodes so far] per open collection
-    added = 0  # nodes that aliases add to the document
-    written = 0  # nodes written out
-    for event in yaml.parse(text, Loader=_Loader):
-        line = event.start_mark.line + 1
-        written += isinstance(event, yaml.NodeEvent) and not isinstance(event, yaml.AliasEvent)
-        if written > MAX_NODES:
-            raise MatrixError(file, [Problem(line, (), f"more than {MAX_NODES} values (the limit "
-                                             "for a matrix): is this the right file?")])
-        if isinstance(event, yaml.CollectionEndEvent):
-            anchor, count = open_frames.pop()
-            if anchor:
-                sizes[anchor] = count
-            if open_frames:
-                open_frames[-1][1] += count
-            continue
-        if not isinstance(event, yaml.NodeEvent):
-            continue
-        if isinstance(event, yaml.AliasEvent):
-            if event.anchor in anchor_lines and event.anchor not in sizes:
-                raise MatrixError(file, [Problem(line, (), f"alias *{event.anchor} refers to its "
-                                                 "own anchor (a recursive structure)")])
-            count = sizes.get(event.anchor, 1)
-            added += count
-            if added > MAX_ALIAS_NODES:
-                raise MatrixError(file, [Problem(line, (), (
-                    f"alias *{event.anchor} (anchor at line {anchor_lines.get(event.anchor, '?')}"
-                    f") expands the document past {MAX_ALIAS_NODES} more nodes; write the values "
-                    "out instead"))])
-        else:
-            count = 1
-            if event.anchor:
-                anchor_lines[event.anchor] = line
-        if isinstance(event, yaml.CollectionStartEvent):
-            if len(open_frames) >= MAX_DEPTH:
-                raise MatrixError(file, [Problem(line, (), f"nested deeper than {MAX_DEPTH} "
-                                                 "levels")])
-            open_frames.append([event.anchor, 1])
-        elif open_frames:
-            open_frames[-1][1] += count
-        elif event.anchor:
-            sizes[event.anchor] = 1
-
-
-def _compose(text: str, file: str) -> yaml.Node | None:
-    try:
-        _check_bounds(text, file)
-        return yaml.compose(text, Loader=_Loader)
-    except yaml.YAMLError as exc:
-        raise _yaml_problem(exc, file) from None
-
-
-@dataclass(frozen=True)
-class _Walk:
-    """What walking the composed tree records besides the data."""
-
-    lines: dict[Path_, int] = field(default_factory=dict)
-    raw: dict[Path_, str] = field(default_factory=dict)  # source text of scalars: `3.10`
-    problems: list[Problem] = field(default_factory=list)
-
-
-def _walk(node: yaml.Node, path: Path_, seen: _Walk) -> Any:
-    """Turn a composed node into plain data, recording each path's line and YAML traps."""
-    problems = seen.problems
-    seen.lines[path] = node.start_mark.line + 1
-    if node.tag not in _PLAIN_TAGS:
-        problems.append(_tag_problem(node, path))
-        return None
-    if isinstance(node, yaml.MappingNode):
-        out: dict[str, Any] = {}
-        for key_node, value_node in node.value:
-            if not isinstance(key_node, yaml.ScalarNode):
-                problems.append(Problem(key_node.start_mark.line + 1, path,
-                                        "a key must be plain text"))
-                continue
-            if key_node.tag not in _PLAIN_TAGS:
-                problems.append(_tag_problem(key_node, path))
-                continue
-            key = key_node.value
-            if key_node.tag != "tag:yaml.org,2002:str":
-                problems.append(_key_trap(key_node, path + (key,)))
-            if key in out:
-                problems.append(Problem(key_node.start_mark.line + 1, path + (key,),
-                                        "duplicate key (YAML keeps only the last one)"))
-            out[key] = _walk(value_node, path + (key,), seen)
-        return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_walk(item, path + (i,), seen) for i, item in enumerate(node.value)]
-    seen.raw[path] = node.value
-    try:
-        return _scalar(node)
-    except (yaml.YAMLError, ValueError, TypeError):
-        problems.append(Problem(node.start_mark.line + 1, path,
-                                f"`{limits.shorten(node.value)}` is not a valid "
-                                f"{node.tag.rsplit(':', 1)[-1]}"))
-        return None
-
-
-def _tag_problem(node: yaml.Node, path: Path_) -> Problem:
-    return Problem(node.start_mark.line + 1, path,
-                   f"the tag `{node.tag}` is not allowed (plain YAML values only)")
-
-
-def _scalar(node: yaml.ScalarNode) -> Any:
-    loader = _Loader("")
-    return loader.construct_object(node, deep=True)
-
-
-def _key_trap(node: yaml.ScalarNode, path: Path_) -> Problem:
-    """A key YAML reads as something other than text: `3.10`, `~`, `yes`."""
-    try:
-        shown = _scalar(node)
-    except (yaml.YAMLError, ValueError, TypeError):
-        shown = node.value
-    written = limits.shorten(node.value)
-    if shown is None:
-        what = f"`{written}` is read as null"
-    elif isinstance(shown, bool):
-        what = f"`{written}` is read as the boolean {str(shown).lower()}"
-    elif isinstance(shown, int | float):
-        what = f"{_number_text(shown)} is a number"
-    else:
-        what = f"`{written}` is read as a {type(shown).__name__}"
-    return Problem(node.start_mark.line + 1, path,
-                   f'{what}; write "{written}" (quoted) so YAML keeps it a string')
-
-
-def _number_text(value: float) -> str:
-    """A number as Python reads it, shortened (a huge int has no str() at all past 4300
-    digits)."""
-    try:
-        return limits.shorten(str(value))
-    except ValueError:
-        return "a number of more than 4300 digits"
-
-
-def load_yaml(path: Path) -> tuple[Any, _Walk]:
-    file = str(path)
-    text = _read_text(path)
-    node = _compose(text, file)
-    if node is None:
-        raise MatrixError(file, [Problem(1, (), "the file is empty")])
-    seen = _Walk()
-    data = _walk(node, (), seen)
-    return data, seen
-
-
-# ---------------------------------------------------------------- schema checks
-
-
-@cache
-def schema() -> dict[str, Any]:
-    return json.loads(SCHEMA_PATH.read_text())
-
-
-def _line_of(lines: Mapping[Path_, int], path: Path_) -> int:
-    while path not in lines and path:
-        path = path[:-1]
-    return lines.get(path, 1)
-
-
-def schema_problems(data: Any, lines: Mapping[Path_, int],
-                    raw: Mapping[Path_, str]) -> list[Problem]:
-    import jsonschema  # slow to import (~1.5 s with format checkers): only when needed
-
-    validator = jsonschema.Draft202012Validator(schema())
-    problems = []
-    for err in validator.iter_errors(data):
-        path: Path_ = tuple(err.absolute_path)
-        problems.extend(_explain(err, path, lines, raw))
-    return problems
-
-
-def _explain(err: Any, path: Path_, lines: Mapping[Path_, int],
-             raw: Mapping[Path_, str]) -> list[Problem]:
-    line = _line_of(lines, path)
-    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
-        allowed = list(err.schema.get("properties", {}))
-        out = []
-        for key in err.instance:
-            if key not in allowed:
-                hint = suggest(key, allowed)
-                msg = f"unknown key `{limits.shorten(key)}`" + (f"; {hint}" if hint else
-                                                f"; allowed: {', '.join(allowed)}")
-                out.append(Problem(_line_of(lines, path + (key,)), path + (key,), msg))
-        return out
-    if err.validator == "type" and isinstance(err.instance, int | float) and "string" in str(
-            err.validator_value):
-        text = limits.shorten(raw.get(path) or _number_text(err.instance))
-        return [Problem(line, path, f'{_number_text(err.instance)} is a number; write "{text}" '
-                        "(quoted)")]
-    if err.validator == "pattern":
-        shape = err.schema.get("description") or f"the pattern {err.validator_value}"
-        return [Problem(line, path, f"{_shown(err.instance)} is not allowed here; expected "
-                        f"{shape}")]
-    if err.validator == "enum":
-        choices = ", ".join(map(str, err.validator_value))
-        return [Problem(line, path, f"{_shown(err.instance)} is not one of: {choices}")]
-    return [Problem(line, path, err.message)]
-
-
-def _shown(value: Any) -> str:
-    """A value as it appears in a message: JSON, shortened."""
-    return limits.shorten(json.dumps(value, default=str))
-
-
-# ---------------------------------------------------------------- expansion
-
-
-def expand(axes: Mapping[str, Sequence[Any]], include: Sequence[Mapping[str, Any]],
-           exclude: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
-    """GitHub Actions matrix semantics. Returns the combinations and, for each, the index of
-    the include entry that created it (-1 for combinations from the axes).
-
-    An include entry merges into every combination from the axes whose axis values it does not
-    contradict. Those are found by lookup in an index per set of axis keys, not by comparing
-    every entry with every combination, so a long include list costs linear time."""
-    keys = list(axes)
-    combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*axes.values())]
-    excluded = _exclude_matcher(exclude)
-    combos = [c for c in combos if not excluded(c)]
-    matching = _axis_index(combos, keys)
-    added: list[dict[str, Any]] = []
-    origin = [-1] * len(combos)
-    merges = 0
-    for index, entry in enumerate(include):
-        hits = matching(entry)
-        merges += len(hits)
-        if merges > MAX_MERGES:
-            raise ExpansionTooLarge(Problem(0, ("include", index), (
-                f"include merges into more than {MAX_MERGES} combinations in all (the limit): "
-                "name axis values in each entry")))
-        # Only combinations from the axes take merges; those added by include never do.
-        for i in hits:
-            combos[i].update(entry)
-        if not hits:
-            added.append(dict(entry))
-            origin.append(index)
-    return combos + added, origin
-
-
-class ExpansionTooLarge(Exception):
-    def __init__(self, problem: Problem) -> None:
-        super().__init__(problem.message)
-        self.problem = problem
-
-
-def _axis_index(combos: Sequence[Mapping[str, Any]], keys: Sequence[str]
-                ) -> Callable[[Mapping[str, Any]], list[int]]:
-    """entry → the positions of the combinations whose original axis values equal the entry's
-    (on the axis keys it names), from one dict per distinct set of named axis keys."""
-    originals = [tuple(_hashable(c[k]) for k in keys) for c in combos]
-    by_keys: dict[tuple[int, ...], dict[tuple[Any, ...], list[int]]] = {}
-
-    def matching(entry: Mapping[str, Any]) -> list[int]:
-        named = tuple(i for i, k in enumerate(keys) if k in entry)
-        if named not in by_keys:
-            table: dict[tuple[Any, ...], list[int]] = {}
-            for pos, values in enumerate(originals):
-                table.setdefault(tuple(values[i] for i in named), []).append(pos)
-            by_keys[named] = table
-        return by_keys[named].get(tuple(_hashable(entry[keys[i]]) for i in named), [])
-
-    return matching
-
-
-def _exclude_matcher(exclude: Sequence[Mapping[str, Any]]) -> Callable[[Mapping[str, Any]], bool]:
-    """Whether any exclude entry is a subset of a combination, with one set lookup per distinct
-    key set instead of comparing every combination with every entry."""
-    index: dict[tuple[str, ...], set[tuple[Any, ...]]] = {}
-    for entry in exclude:
-        keys = tuple(sorted(entry))
-        index.setdefault(keys, set()).add(tuple(_hashable(entry[k]) for k in keys))
-
-    def excluded(combo: Mapping[str, Any]) -> bool:
-        return any(tuple(_hashable(combo.get(k)) for k in keys) in values
-                   for keys, values in index.items())
-
-    return excluded
-
-
-def _hashable(value: Any) -> Any:
-    try:
-        hash(value)
-    except TypeError:
-        return json.dumps(value, sort_keys=True, default=str)
-    return value
-
-
 # ---------------------------------------------------------------- semantic checks and build
 
 
@@ -606,41 +238,18 @@ def _remember(marker: Path) -> None:
 
 def _build(path: Path, data: dict[str, Any],
            lines: dict[Path_, int]) -> tuple[Matrix, list[Problem]]:
-    problems: list[Problem] = []
+    """The matrix a schema-valid document describes, and the problems only its variants show."""
     bases = {py: Base(**spec) for py, spec in data["bases"].items()}
     try:
-        if too_large := _combinations_problem(data, lines):
+        if too_large := combinations_problem(data, lines):
             raise ExpansionTooLarge(too_large)
         combos, origin = expand(data["axes"], data.get("include", []), data.get("exclude", []))
     except ExpansionTooLarge as exc:  # a problem without a line yet: expand has no lines
         where = exc.problem.path
         return Matrix(path=path, registry=data["registry"], repository=data["repository"],
                       bases=bases, toolkits={}, variants=()), [
-            Problem(_line_of(lines, where), where, exc.problem.message)]
-    combos, origin = expand_platforms(combos, origin, data)
-    defaults = data.get("default", [])
-    variants: list[Variant] = []
-    seen: dict[str, Path_] = {}
-    for combo, index in zip(combos, origin, strict=True):
-        where: Path_ = ("include", index) if index >= 0 else ("axes",)
-        missing = [k for k in AXES if k not in combo]
-        if missing:
-            problems.append(Problem(_line_of(lines, where), where,
-                                    f"a new variant needs {', '.join(AXES)}; missing: "
-                                    + ", ".join(missing)))
-            continue
-        variant, variant_problems = _variant(combo, data, bases, defaults, where, lines)
-        problems += variant_problems
-        if variant is None:
-            continue
-        if variant.key in seen:
-            problems.append(Problem(_line_of(lines, where), where,
-                                    f"duplicate variant `{variant.key}` (also from "
-                                    f"{format_path(seen[variant.key])})"))
-            continue
-        seen[variant.key] = where
-        variants.append(variant)
-    variants = whole_defaults(variants)
+            Problem(line_of(lines, where), where, exc.problem.message)]
+    variants, problems = _variants(data, bases, *expand_platforms(combos, origin, data), lines)
     problems += _selector_problems(data, lines, variants)
     problems += _alias_problems(data.get("aliases", []), lines)
     aliases = tuple(
@@ -656,19 +265,41 @@ def _build(path: Path, data: dict[str, Any],
     return matrix, problems
 
 
-def _combinations_problem(data: Mapping[str, Any], lines: Mapping[Path_, int]) -> Problem | None:
-    """The axes' product past its cap, counted before anything is expanded."""
-    count = math.prod(len(values) for values in data["axes"].values())
-    if count <= MAX_COMBINATIONS:
-        return None
-    return Problem(_line_of(lines, ("axes",)), ("axes",), f"the axes make {count} combinations; "
-                   f"the limit is {MAX_COMBINATIONS}: use include for the rare ones")
+def _variants(data: dict[str, Any], bases: Mapping[str, Base], combos: Sequence[dict[str, Any]],
+              origin: Sequence[int], lines: Mapping[Path_, int]
+              ) -> tuple[list[Variant], list[Problem]]:
+    """One Variant per expanded combination (each problem at the axes or include entry that
+    made it), duplicates refused, `default` extended to whole variants."""
+    defaults = data.get("default", [])
+    problems: list[Problem] = []
+    variants: list[Variant] = []
+    seen: dict[str, Path_] = {}
+    for combo, index in zip(combos, origin, strict=True):
+        where: Path_ = ("include", index) if index >= 0 else ("axes",)
+        missing = [k for k in AXES if k not in combo]
+        if missing:
+            problems.append(Problem(line_of(lines, where), where,
+                                    f"a new variant needs {', '.join(AXES)}; missing: "
+                                    + ", ".join(missing)))
+            continue
+        variant, variant_problems = _variant(combo, data, bases, defaults, where, lines)
+        problems += variant_problems
+        if variant is None:
+            continue
+        if variant.key in seen:
+            problems.append(Problem(line_of(lines, where), where,
+                                    f"duplicate variant `{variant.key}` (also from "
+                                    f"{format_path(seen[variant.key])})"))
+            continue
+        seen[variant.key] = where
+        variants.append(variant)
+    return whole_defaults(variants), problems
 
 
 def _variant(combo: dict[str, Any], data: dict[str, Any], bases: Mapping[str, Base],
              defaults: Sequence[Mapping[str, Any]], where: Path_, lines: Mapping[Path_, int]
              ) -> tuple[Variant | None, list[Problem]]:
-    line = _line_of(lines, where)
+    line = line_of(lines, where)
     problems = []
     base = bases.get(combo["python"])
     if base is None:
@@ -723,7 +354,7 @@ def _alias_problems(aliases: Sequence[Mapping[str, Any]],
             why = f"alias `{tag}` is already aliases[{first[tag]}]"
         first.setdefault(tag, i)
         if why:
-            problems.append(Problem(_line_of(lines, path), path, why))
+            problems.append(Problem(line_of(lines, path), path, why))
     return problems
 
 
@@ -738,29 +369,12 @@ def _selector_problems(data: dict[str, Any], lines: Mapping[Path_, int],
             if key == "exclude":
                 continue  # excluding what the axes never made is harmless
             if not hits:
-                problems.append(Problem(_line_of(lines, path), path, "selects no variant"))
+                problems.append(Problem(line_of(lines, path), path, "selects no variant"))
             elif key == "aliases" and len(hits) > 1:
-                problems.append(Problem(_line_of(lines, path), path,
+                problems.append(Problem(line_of(lines, path), path,
                                         f"alias `{selector['tag']}` selects {len(hits)} variants "
                                         f"({', '.join(v.id for v in hits[:4])}…); add keys until "
                                         "it selects one"))
     return problems
 
 
-def expand_platforms(combos: Sequence[dict[str, Any]], origin: Sequence[int],
-                     data: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[int]]:
-    """One combination per target platform. A combination's platforms come from a `platform`
-    axis, else its own `platforms` (an include entry), else the top-level `platforms`, else
-    linux/amd64. `exclude` entries naming a platform then remove single platforms."""
-    default = data.get("platforms") or [DEFAULT_PLATFORM]
-    dropped = _exclude_matcher([e for e in data.get("exclude", []) if "platform" in e])
-    out: list[dict[str, Any]] = []
-    out_origin: list[int] = []
-    for combo, index in zip(combos, origin, strict=True):
-        names = [combo["platform"]] if "platform" in combo else combo.get("platforms", default)
-        for name in names:
-            single = {k: v for k, v in combo.items() if k != "platforms"} | {"platform": name}
-            if not dropped(single):
-                out.append(single)
-                out_origin.append(index)
-    return out, out_origin

@@ -19,7 +19,7 @@ from builder.commands import sbom as sbom_cmd
 from builder.core import output, proc, state
 from builder.core.errors import BuilderError, GateRefused
 from builder.flows import publish as publish_flow
-from builder.model import matrix, platforms, publication
+from builder.model import matrix, matrix_expand, platforms, publication
 from builder.stages import build, plan, publish, render, smoketest
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -228,7 +228,7 @@ def test_include_merges_by_lookup_not_by_comparing_every_entry_with_every_combin
     include = [{"torch": f"2.{i % 40}", "python": f"3.{i % 50}", "packages": [f"p{i}"]}
                for i in range(2000)]
     Counted.compared = 0
-    combos, _ = matrix.expand(axes, include, [])
+    combos, _ = matrix_expand.expand(axes, include, [])
     assert len(combos) == 2000 and combos[0]["packages"] == ["p1800"]
     assert Counted.compared < 10 * (len(combos) + len(include))  # was about 2000 * 2000
 
@@ -238,7 +238,7 @@ def test_axes_and_include_past_their_caps_are_one_problem_each(tmp_path, monkeyp
     wide.write_text(SHIPPED.replace('torch: ["2.5.1", "2.7.1", "2.9.1", "2.15.0"]', "torch: ["
                                     + ", ".join(f'"2.{i}.0"' for i in range(2000)) + "]"))
     assert "axes: the axes make 12000 combinations; the limit is 10000" in load_error(wide)
-    monkeypatch.setattr(matrix, "MAX_MERGES", 5)  # include[0] and [1] merge 3 each
+    monkeypatch.setattr(matrix_expand, "MAX_MERGES", 5)  # include[0] and [1] merge 3 each
     message = load_error(ROOT / "matrix.yaml")
     assert "include[1]: include merges into more than 5 combinations in all" in message
 

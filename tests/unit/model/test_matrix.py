@@ -10,7 +10,8 @@ import pytest
 from builder.commands import options
 from builder.core import registry_http, settings
 from builder.model import matrix
-from builder.model.matrix import MatrixError, expand
+from builder.model.matrix_expand import expand
+from builder.model.matrix_yaml import MatrixError
 
 HEAD = """\
 registry: 127.0.0.1:5000

@@ -13,7 +13,7 @@ from builder.core import oci
 from builder.core.errors import ConfigError
 from builder.flows import publish as publish_flow
 from builder.model import lockfile, matrix, platforms
-from builder.model.matrix import MatrixError
+from builder.model.matrix_yaml import MatrixError
 from builder.stages import locks, plan, publish, render, smoketest, wheelhouse
 from builder.stages.evidence import Staged
 
