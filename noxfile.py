@@ -43,12 +43,14 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff, deptry, the tool lock is current, the matrix schema, the committed rendered/
-    Dockerfiles are current, hadolint on each of them, workflow linters."""
+    """ruff, deptry, the tool lock is current, every image lock matches the index (`builder lock
+    --check`), the matrix schema, the committed rendered/ Dockerfiles are current, hadolint on
+    each of them, workflow linters."""
     session.run("ruff", "check", ".")
     session.run("deptry", ".")
     session.run(PYTHON, "tools/lock_tools.py", "--check")
     session.run(*BUILDER, "validate")
+    session.run(*BUILDER, "lock", "--check")  # every lock against the index (network)
     session.run("check-jsonschema", "--schemafile", "builder/schema/matrix.schema.json",
                 "matrix.yaml")
     session.run(PYTHON, "tools/rendered.py", "--check")

@@ -7,7 +7,9 @@ import time
 from pathlib import Path
 
 from builder.commands.options import add_command, load_selected
+from builder.core.errors import ConfigError
 from builder.core.output import emit_json, step, table
+from builder.flows import lock_check
 from builder.model import lockfile, matrix
 from builder.model.matrix_yaml import MatrixError
 from builder.stages import base, locks, plan, render, wheels
@@ -22,6 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "lock", cmd_lock, ("matrix", "select", "json", "locks"),
                     "resolve variants into hash-pinned locks")
     p.add_argument("--upgrade", action="store_true", help="re-resolve to the newest allowed pins")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing: re-resolve every lock from its recorded inputs against "
+                   "the index (the locked versions preferred, hashes from the index) and name "
+                   "locks/<id>.txt:LINE for each package, version or hash that differs; exit 1 "
+                   "on any (needs the network)")
 
     p = add_command(sub, "render", cmd_render, ("matrix", "select", "json", "locks"),
                     "write each variant's Dockerfile")
@@ -81,12 +88,28 @@ def cmd_lock(args: argparse.Namespace) -> int:
     variants whose inputs changed are resolved again."""
     m, variants = load_selected(args)
     start = time.monotonic()
+    if args.check:
+        return check_locks(variants, args.locks, start)
     results = locks.lock_all(m, variants, args.locks, upgrade=args.upgrade, progress=step)
     changed = sum(1 for _, c in results if c)
     if args.json:
         emit_json([{"id": lock.variant_id, "changed": c, "facts": lock.facts}
                    for lock, c in results])
     step(f"locked {len(results)} variants ({changed} changed) in {time.monotonic() - start:.1f} s")
+    return 0
+
+
+def check_locks(variants: list[matrix.Variant], locks_dir: Path, start: float) -> int:
+    """`lock --check`: the differences, one line each, then one error (exit 1) when any."""
+    problems = lock_check.check_all(variants, locks_dir, progress=step)
+    for problem in problems:
+        print(problem)
+    if problems:
+        raise ConfigError(f"{len(problems)} lock line(s) differ from what the index resolves: "
+                          f"{problems[0]}",
+                          hint="a lock is changed only by `builder lock`; if the index moved, "
+                          "relock (`builder lock --upgrade`) and review the diff")
+    step(f"{len(variants)} locks match the index ({time.monotonic() - start:.1f} s)")
     return 0
 
 
