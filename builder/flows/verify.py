@@ -92,9 +92,10 @@ def verify(reference: Reference, policy: Policy = Policy()) -> tuple[str, list[R
                  sbom_row(docs["sbom"]),
                  provenance_row(docs["provenance"], desc.digest, image_labels)]
         found_labels = [image_labels]
-    if not reference.ref.startswith("sha256:"):
-        rows += [Row(what, OK if ok else BAD, detail) for what, ok, detail in verify_tags.findings(
-            reg, reference.repository, reference.ref, desc.digest, found_labels, payloads)]
+    if not reference.ref.startswith("sha256:"):  # right after the signature: what TAG is
+        rows[1:1] = [Row(what, OK if ok else BAD, detail) for what, ok, detail in
+                     verify_tags.findings(reg, reference.repository, reference.ref, desc.digest,
+                                          found_labels, payloads)]
     return desc.digest, rows
 
 

@@ -25,13 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from helpers import amd64_matrix, free_port, run_builder
 
-from builder.core import engine, oci, registry, sign
+from builder.core import engine, labels, oci, registry, sign
 
 pytestmark = pytest.mark.docker
 
 CPU = "2.13.0-py3.11-cpu-runtime"
+ALIAS = "latest-cpu-runtime"
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "correct horse"
 
@@ -46,6 +48,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("signing")
     addr = f"127.0.0.1:{free_port()}"
     matrix_path = amd64_matrix(tmp, addr)
+    data = yaml.safe_load(matrix_path.read_text())  # an alias for the CPU runtime, to verify by
+    data["aliases"].append({"tag": ALIAS, "torch": "2.13.0+cpu", "flavor": "runtime"})
+    matrix_path.write_text(yaml.safe_dump(data, sort_keys=False))
     registry.start(addr, tmp / "registry")
     environ = {**os.environ, "COSIGN_PASSWORD": PASSWORD}
     environ.pop("COSIGN_PRIVATE_KEY", None)
@@ -275,7 +280,8 @@ def test_floating_tag_moved_to_another_digest_is_refused(env, published, saved) 
     floating = published["floating_tag"]
     saved.keep("torch", floating)
     reg.tag("torch", fake, floating)
-    print(refused(verify(env, f"{env['addr']}/torch:{floating}"), "signature: no signature"))
+    print(refused(verify(env, f"{env['addr']}/torch:{floating}"),
+                  "signature: published unsigned: no signature"))
 
 
 def test_sbom_replaced_after_signing_is_refused(env, published, saved) -> None:
@@ -357,3 +363,150 @@ def test_a_hand_edited_lock_line_is_refused(env, tmp_path) -> None:
         result = builder(env, command, "--select", f"id={CPU}", "--locks", str(locks),
                          check=False)
         print(refused(result, rf"{txt}:3: option `--extra-index-url https://evil\.example"))
+
+
+# ---- issue 32: every tag checked against what was signed; nothing unverified signed -----------
+
+
+def ours(env: dict[str, Any]) -> sign.SigningKey:
+    return sign.decrypt_private(env["key"].read_bytes(), "ours", PASSWORD.encode())
+
+
+def other_variant(env: dict[str, Any], published: dict[str, Any], *, dated: str = "",
+                  flavor: str = "slim") -> tuple[str, list[str]]:
+    """What publish signs for another variant (here a small image with that variant's labels,
+    signed by the pipeline's key with that variant's tags, as publish would): its digest and
+    its signed tags. `flavor` = runtime and a `dated` tag: an older publication of this one."""
+    reg = oci.Registry(env["addr"])
+    found = real_labels(reg, "torch", published["digest"])
+    floating = published["floating_tag"].replace("-runtime", f"-{flavor}")
+    found[labels.FLAVOR] = flavor
+    digest = fake_image(reg, "torch", found)
+    tags = [dated or f"{floating}-20260101", "build-" + digest[7:27], floating]
+    sign.sign_image(reg, "torch", digest, ours(env),
+                    sign.tag_annotations(found.get(labels.VARIANT, floating), tags))
+    return digest, tags
+
+
+def test_the_genuine_image_verifies_by_floating_dated_build_and_alias_tag(env, published) -> None:
+    assert ALIAS in published["tags"]
+    reg = oci.Registry(env["addr"])
+    body, _ = reg.manifest("torch", sign.sig_tag(published["digest"]))
+    payload = json.loads(reg.blob("torch", json.loads(body)["layers"][0]["digest"]))
+    assert sign.signed_tags(payload["optional"]) == set(published["tags"])
+    assert payload["optional"]["variant"] == CPU
+    for tag in (published["floating_tag"], published["dated_tag"], published["hash_tag"], ALIAS):
+        result = verify(env, f"{env['addr']}/torch:{tag}", "--json")
+        assert result.returncode == 0, result.stdout + result.stderr
+        checks = {c["what"]: c for c in json.loads(result.stdout)["checks"]}
+        assert checks["tag signed"]["status"] == "ok", checks
+        print(f"verify --key …:{tag}: exit 0; {checks['tag signed']['detail']}")
+
+
+def test_build_tag_moved_to_another_signed_digest_is_refused(env, published, saved) -> None:
+    reg = oci.Registry(env["addr"])
+    digest, _ = other_variant(env, published)
+    saved.keep("torch", published["hash_tag"])
+    reg.tag("torch", digest, published["hash_tag"])
+    print(refused(verify(env, f"{env['addr']}/torch:{published['hash_tag']}"),
+                  rf"tag signed: `{published['hash_tag']}` is not among the tags signed"))
+
+
+def test_a_cuda_named_tag_on_the_cpu_image_is_refused(env, published) -> None:
+    reg = oci.Registry(env["addr"])
+    cuda_named = "2.13.0-py3.11-cuda12.8-cudnn9-runtime"
+    reg.tag("torch", published["digest"], cuda_named)
+    result = verify(env, f"{env['addr']}/torch:{cuda_named}", "--json")
+    print(refused(result, f"`{cuda_named}` is not among the tags signed"))
+    checks = {c["what"]: c for c in json.loads(result.stdout)["checks"]}
+    assert "accelerator cuda ≠ label 'cpu'; cuda 12.8 ≠ label ''" in checks["tag"]["detail"]
+
+
+def test_a_floating_tag_on_a_signed_index_of_another_variant_is_refused(env, published,
+                                                                        saved) -> None:
+    """The index lists the genuine (signed, attested) manifest, and is itself validly signed
+    — for another variant's tags: the index branch checks the tag too."""
+    from builder.model import platforms
+
+    reg = oci.Registry(env["addr"])
+    desc = reg.head("torch", published["digest"])
+    doc = platforms.index_document([platforms.PlatformManifest(platforms.get("linux/amd64"),
+                                                               desc)], {})
+    index = reg.push_index("torch", doc).digest
+    slim = published["floating_tag"].replace("-runtime", "-slim")
+    sign.sign_image(reg, "torch", index, ours(env),
+                    sign.tag_annotations(slim, [slim, f"{slim}-20260101"]))
+    floating = published["floating_tag"]
+    saved.keep("torch", floating)
+    reg.tag("torch", index, floating)
+    result = verify(env, f"{env['addr']}/torch:{floating}")
+    print(refused(result, f"`{floating}` is not among the tags signed for {index[:19]}"))
+    assert re.search(r"signature\s+ok", result.stdout)  # a valid signature, of other tags
+
+
+def test_an_alias_moved_to_another_variant_is_refused(env, published, saved) -> None:
+    reg = oci.Registry(env["addr"])
+    digest, _ = other_variant(env, published)
+    saved.keep("torch", ALIAS)
+    reg.tag("torch", digest, ALIAS)
+    print(refused(verify(env, f"{env['addr']}/torch:{ALIAS}"),
+                  f"`{ALIAS}` is not among the tags signed"))
+
+
+def test_the_floating_tag_rolled_back_to_the_previous_signed_publication_is_reported(
+        env, published, saved) -> None:
+    reg = oci.Registry(env["addr"])
+    floating = published["floating_tag"]
+    older = f"{floating}-20200101"
+    previous, _ = other_variant(env, published, dated=older, flavor="runtime")
+    reg.tag("torch", previous, older)  # the previous publication, as it was tagged then
+    for tag in (floating, ALIAS):
+        saved.keep("torch", tag)
+    sign.sign_image(reg, "torch", previous, ours(env), sign.tag_annotations(
+        CPU, [older, floating, ALIAS]))
+    for tag in (floating, ALIAS):
+        reg.tag("torch", previous, tag)
+        print(refused(verify(env, f"{env['addr']}/torch:{tag}"),
+                      rf"tag rollback: `{tag}` is rolled back: it points at the publication of "
+                      rf"`{older}`, older than the latest dated publication "
+                      rf"`{published['dated_tag']}`"))
+
+
+def test_forged_staging_published_unsigned_is_never_signed(env, published, saved) -> None:
+    """The forgery of issue 32: a fake image under the staging content tag with the real
+    labels, a copied SBOM and a smoke report re-pointed at it, no attestation. With a key and
+    --unsigned, publish refuses before anything moves; with --unsigned alone it is promoted
+    without any signature, and `verify --key` fails it as published unsigned. (Last in the file:
+    the forged publication's dated tag stays in the registry.)"""
+    reg = oci.Registry(env["addr"])
+    staging, real = "torch-staging", published["staged"]
+    forged = fake_image(reg, staging, real_labels(reg, staging, real))
+    config = json.loads(reg.manifest(staging, forged)[0])["config"]["digest"]
+    report = json.loads(reg.fetch_artifact(staging, real, "smoke"))
+    report["image"]["id"] = config
+    target = oci.Descriptor(forged, oci.OCI_MANIFEST, 1)
+    reg.push_artifact(staging, target, "application/json", json.dumps(report).encode(),
+                      kind="smoke", title="smoke")
+    reg.push_artifact(staging, target, "application/json",
+                      reg.fetch_artifact(staging, real, "sbom"), kind="sbom", title="sbom")
+    saved.keep(staging, published["hash_tag"])
+    reg.tag(staging, forged, published["hash_tag"])
+    before = tag_digests(env, published)
+    both = builder(env, "publish", "--select", f"id={CPU}", "--key", str(env["key"]),
+                   "--unsigned", "--manifest", str(env["tmp"] / "forged.json"), check=False)
+    assert both.returncode == 2 and "Traceback" not in both.stderr, both.stderr
+    print(both.stderr.splitlines()[0])
+    assert both.stderr.startswith("error: --unsigned with a signing key")
+    assert tag_digests(env, published) == before
+    assert reg.head("torch", sign.sig_tag(forged)) is None
+    for tag in (published["floating_tag"], ALIAS, published["hash_tag"]):
+        saved.keep("torch", tag)
+    alone = builder(env, "publish", "--select", f"id={CPU}", "--unsigned",
+                    "--manifest", str(env["tmp"] / "forged.json"))
+    assert "UNSIGNED" in alone.stdout + alone.stderr
+    [pub] = json.loads((env["tmp"] / "forged.json").read_text())["variants"][CPU]["publications"]
+    assert (pub["digest"], pub["signed"], pub["unsigned"]) == (forged, False, True)
+    assert reg.head("torch", sign.sig_tag(forged)) is None
+    assert reg.head("torch", sign.att_tag(forged)) is None
+    print(refused(verify(env, f"{env['addr']}/torch:{published['floating_tag']}"),
+                  "signature: published unsigned: no signature"))
