@@ -81,7 +81,6 @@ def resolve(args: argparse.Namespace) -> Settings:
         insecure += matrix.declared_insecure_registries(path)
     ca_bundle = getattr(args, "ca_bundle", None)
     return replace(from_env, insecure_registries=tuple(dict.fromkeys(insecure)),
-                   json=bool(getattr(args, "json", False)),
                    ca_bundle=str(ca_bundle) if ca_bundle else from_env.ca_bundle)
 
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from builder.commands.options import REGISTRY_CA_HELP, add_ca_bundle_option, add_command
 from builder.core import sign
-from builder.core.errors import FINDINGS
+from builder.core.errors import CheckFailed
 from builder.core.output import emit_json, table
 from builder.flows.verify import PASSING, Policy, Reference, verify
 
@@ -51,5 +50,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
         table(["check", "status", "detail"], [(r.what, r.status, r.detail) for r in rows],
               title=f"{reference.registry}/{reference.repository}@{digest}")
     if failed:
-        print(f"error: {failed[0].what}: {failed[0].detail}", file=sys.stderr)
-    return FINDINGS if failed else 0
+        more = f" (and {len(failed) - 1} more failed checks)" if len(failed) > 1 else ""
+        raise CheckFailed(f"{failed[0].what}: {failed[0].detail}{more}", printed=args.json)
+    return 0

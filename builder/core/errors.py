@@ -64,6 +64,13 @@ class GateRefused(BuilderError):
     default_hint = "nothing of it was published; see the reasons above"
 
 
+class CheckFailed(BuilderError):
+    """A check of an image (`builder verify`) did not pass: a finding."""
+
+    exit_code = FINDINGS
+    default_hint = "every check is in the table above; run the image only once each passes"
+
+
 UNEXPECTED_HINT = "run again with --debug for the traceback, and please report it"
 
 

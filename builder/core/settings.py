@@ -28,7 +28,6 @@ class Settings:
     ca_bundle: str | None = None  # --ca-bundle / $BUILDER_CA_BUNDLE: beside the system store
     insecure_registries: tuple[str, ...] = ()  # plain HTTP allowed (Docker's setting)
     registry_deadline_s: float = 30.0  # one registry operation; slow links set more
-    json: bool = False  # --json: stdout is one JSON document
     verbose: bool = False  # $BUILDER_VERBOSE: every command line on stderr
 
     @classmethod
