@@ -17,8 +17,7 @@ LOCKS = ROOT / "locks"
 
 def test_rendered_dockerfiles_pass_hadolint(shipped, tmp_path):
     for v in shipped.variants:
-        render.write(render.render(shipped, v, lockfile.require_lock(LOCKS, v),
-                                   lockfile.read_base_lock(LOCKS, v)), tmp_path)
+        render.write(render.render_locked(shipped, v, LOCKS), tmp_path)
     files = sorted(str(p) for p in tmp_path.glob("*/Dockerfile"))
     result = subprocess.run(["hadolint", "--no-color", "--failure-threshold", "info", *files],
                             capture_output=True, text=True, check=False)
