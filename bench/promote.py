@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from builder.core import engine, oci, registry
+from builder.core import engine, oci, oci_blobs, registry
 
 HERE = Path(__file__).resolve().parent
 GOAL_MB = 250.0
@@ -158,7 +158,7 @@ def main(argv: list[str]) -> int:
         # wait4's ru_maxrss also counts the parent's pages the child held between fork and exec
         "ru_maxrss_mb_upper_bound": round(maxrss_mb, 1),
         "goal_peak_rss_mb": GOAL_MB, "met": peak_mb <= GOAL_MB and promoted is not None,
-        "chunk_bytes": oci.CHUNK, "digest": digest,
+        "chunk_bytes": oci_blobs.CHUNK, "digest": digest,
     }
     out = HERE / ("promote-image.json" if args.image else "promote.json")
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.core import oci, zstd
+from builder.core import oci, oci_blobs, zstd
 from builder.core.oci import RegistryError
 
 SUFFIX = "-zstd"
@@ -170,5 +170,5 @@ def _upload(reg: oci.Registry, repository: str, size_hint: int,
     resume a broken upload); its digest."""
     try:
         return reg.upload(repository, None, size_hint, source())
-    except oci.UploadBroken:
+    except oci_blobs.UploadBroken:
         return reg.upload(repository, None, size_hint, source())

@@ -15,7 +15,7 @@ from fakeregistry import Request, Server, Store, basic, digest, serving
 
 from builder import cli
 from builder.commands.options import resolve
-from builder.core import oci, registry_auth, registry_http, settings
+from builder.core import oci, oci_blobs, registry_auth, registry_http, settings
 from builder.core.oci import RegistryError
 from builder.flows import verify
 from builder.stages import plan
@@ -405,7 +405,7 @@ def test_a_token_endpoint_answering_garbage_is_one_line(fake: Server) -> None:
 
 
 def test_an_interrupted_upload_resumes(fake: Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(oci, "CHUNK", 64 << 10)
+    monkeypatch.setattr(oci_blobs, "CHUNK", 64 << 10)
     data = os.urandom(300 << 10)
     received = bytearray()
     patches = []
@@ -442,7 +442,7 @@ def test_an_interrupted_upload_resumes(fake: Server, monkeypatch: pytest.MonkeyP
 
 def test_an_upload_the_registry_cannot_resume_starts_again(
         fake: Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(oci, "CHUNK", 64 << 10)
+    monkeypatch.setattr(oci_blobs, "CHUNK", 64 << 10)
     data = os.urandom(200 << 10)
     sessions: list[bytearray] = []
     fake.ping_ok()
