@@ -25,6 +25,6 @@ OCI = "org.opencontainers.image."
 
 # Inside every image.
 HOME = "/opt/torch-images"
-SMOKE_DIR = HOME  # the smoke package lives at /opt/torch-images/smoke; run with -w HOME
+SMOKE_WORKDIR = HOME  # in the image: the smoke package is HOME/smoke; the suite runs with -w here
 VENV = "/opt/venv"
 USER_UID = 1000

@@ -15,7 +15,7 @@ from builder.model.lockfile import Lock
 from builder.model.matrix import Variant
 
 # The smoke package on the host: copied into every build context and hashed into the plan.
-SMOKE_DIR = Path(__file__).resolve().parents[2] / "smoke"
+SMOKE_SOURCE = Path(__file__).resolve().parents[2] / "smoke"
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from builder.core.output import human_bytes, step
 from builder.model import bases, lockfile, platforms
 from builder.model.lockfile import lock_paths
 from builder.model.matrix import Matrix, Variant
-from builder.model.rendered import SMOKE_DIR, facts_json
+from builder.model.rendered import SMOKE_SOURCE, facts_json
 from builder.stages import base, locks, plan, render
 from builder.stages.wheelhouse import Wheelhouse, local_wheels
 
@@ -184,7 +184,7 @@ def prepare_context(p: plan.PlannedVariant, wheelhouse: Wheelhouse) -> tuple[Pat
     smoke = context / "smoke"
     if smoke.exists():
         shutil.rmtree(smoke)
-    shutil.copytree(SMOKE_DIR, smoke, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(SMOKE_SOURCE, smoke, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     dockerfile_dir = state.path("rendered", p.variant.key)
     state.atomic_write(dockerfile_dir / "Dockerfile", p.rendered.dockerfile)
     state.atomic_write(dockerfile_dir / "Dockerfile.dockerignore", p.rendered.dockerignore)

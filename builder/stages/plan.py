@@ -20,7 +20,7 @@ from builder.core.errors import BuilderError, ConfigError
 from builder.core.output import step
 from builder.model import lockfile, platforms, tags
 from builder.model.matrix import Matrix, Variant
-from builder.model.rendered import SMOKE_DIR, Rendered
+from builder.model.rendered import SMOKE_SOURCE, Rendered
 
 HASH_TAG_PREFIX = tags.HASH_TAG_PREFIX
 
@@ -103,9 +103,9 @@ def check_tags(matrix: Matrix, locks_dir: Path) -> None:
 
 def smoke_files_hash() -> str:
     digest = hashlib.sha256()
-    for path in sorted(SMOKE_DIR.rglob("*")):
+    for path in sorted(SMOKE_SOURCE.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts:
-            digest.update(str(path.relative_to(SMOKE_DIR)).encode() + b"\0")
+            digest.update(str(path.relative_to(SMOKE_SOURCE)).encode() + b"\0")
             digest.update(path.read_bytes())
     return digest.hexdigest()
 

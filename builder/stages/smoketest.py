@@ -63,7 +63,7 @@ def docker_run_args(
         "run", "--rm", "--name", name, "--network", "none", "--read-only",
         "--tmpfs", "/tmp:rw,exec,nosuid,nodev", "--shm-size=8g",
         "-e", "HOME=/tmp", "-e", "PYTHONDONTWRITEBYTECODE=1",
-        "-w", labels.SMOKE_DIR, *gpu_flags, *(["--platform", platform] if platform else []),
+        "-w", labels.SMOKE_WORKDIR, *gpu_flags, *(["--platform", platform] if platform else []),
         image,
         "python", "-m", "smoke", "--report", "-", "--image-ref", image, "--image-id", image_id,
         "--timeout-scale", str(timeout_scale),
@@ -284,7 +284,7 @@ def _hint(output: str) -> str:
     if "could not select device driver" in output:
         return ": docker cannot pass GPUs (install the NVIDIA Container Toolkit or drop --gpus)"
     if "No module named smoke" in output:
-        return f": the image has no smoke suite at {labels.SMOKE_DIR}/smoke"
+        return f": the image has no smoke suite at {labels.SMOKE_WORKDIR}/smoke"
     return ""
 
 
