@@ -1,4 +1,4 @@
-"""#17.5: SIGINT/SIGTERM to the builder process alone stop its children and its containers.
+"""SIGINT/SIGTERM to the builder process alone stop its children and its containers at once.
 
 A fake `docker` (BUILDER_DOCKER) stands in for the engine: `run` records the signal it gets and
 `rm` records its arguments, so no engine is needed.
@@ -18,12 +18,16 @@ from helpers import smoke_with_fake_docker
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
-FAKE_DOCKER = """\
+# Fake `docker` clients (BUILDER_DOCKER): the engine's answers, then what `run` and `rm` do.
+ENGINE = """\
 #!/bin/bash
 log={log}
 case "$1" in
   info) echo '{{"ServerVersion": "24.0"}}' ;;
   image) echo '[{{"Id": "sha256:0123", "RepoDigests": [], "Config": {{"Labels": {{}}}}}}]' ;;
+"""
+# `run` passes the signal to its child and exits by it.
+FAKE_DOCKER = ENGINE + """\
   run)
     sleep 60 & child=$!
     trap 'echo "run got TERM" >> $log; kill $child; exit 143' TERM
@@ -31,6 +35,17 @@ case "$1" in
     echo started >> $log
     wait $child ;;
   rm) echo "rm $*" >> $log ;;
+esac
+"""
+# `run` is a client attached to a container that takes the engine's 10 s stop grace period on
+# SIGTERM (it ignores the signal) and ends only when `rm -f` removes its container.
+SLOW_TO_STOP = ENGINE + """\
+  run)
+    trap 'echo "run got TERM" >> $log' TERM
+    echo started >> $log
+    for _ in $(seq 200); do [ -e $log.removed ] && exit 137; sleep 0.05; done
+    echo "run ended by itself" >> $log ;;
+  rm) echo "rm $*" >> $log; touch $log.removed ;;
 esac
 """
 
@@ -49,6 +64,22 @@ def test_signal_stops_the_smoke_container_and_exits_128_plus_signal(
     assert f"run got {name}" in text  # the docker client was told, not left running
     assert "rm -f builder-smoke-" in text  # and the container it started was removed
     assert not list((tmp_path / "state").rglob("*.json"))  # no report was written
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_kills_the_smoke_container_and_exits_within_3_s(tmp_path, signum):
+    """A container slow to stop is killed and removed (`rm -f`), not stopped: the tool exits
+    within 3 s (CI runners SIGKILL a few seconds after SIGTERM)."""
+    log = tmp_path / "log"
+    tool = smoke_with_fake_docker(tmp_path, SLOW_TO_STOP.format(log=log), log)
+    signalled = time.monotonic()
+    tool.send_signal(signum)  # to the Python process alone, as `timeout` and CI runners do
+    _, stderr = tool.communicate(timeout=30)
+    took = time.monotonic() - signalled
+    assert tool.returncode == 128 + signum, stderr
+    assert took < 3, f"exited {took:.1f} s after {signal.Signals(signum).name}"
+    assert "rm -f builder-smoke-" in log.read_text()  # killed and removed, not stopped
+    assert "run ended by itself" not in log.read_text()
 
 
 CHILD = """\

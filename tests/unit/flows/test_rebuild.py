@@ -9,8 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
+from matrix_files import LOCKS, ROOT
 from records import publication
 
+from builder import cli
 from builder.commands import rebuild as rebuild_cmd
 from builder.core import labels, sign
 from builder.core.errors import BuilderError
@@ -304,3 +306,17 @@ def test_an_image_whose_signature_fails_is_not_run(clean, monkeypatch) -> None:
     findings = checking.check(None, [CPU], keys=(key.public,))  # type: ignore[arg-type]
     [debian] = [f for f in findings if f.reason == "debian-security"]
     assert debian.status == checking.UNKNOWN and "not run: its signature" in debian.detail
+
+
+def test_rebuild_check_with_nothing_published_calls_no_source_clean(capsys, monkeypatch):
+    from builder.flows import record
+
+    monkeypatch.setattr(record, "latest", lambda *_a: {})  # the registry records nothing
+    args = cli.build_parser("rebuild").parse_args([
+        "rebuild", "--check", "--json",
+        "--matrix", str(ROOT / "matrix.yaml"), "--locks", str(LOCKS)])
+    assert args.func(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert "clean" not in doc["sources"].values()
+    assert set(doc["sources"].values()) == {"not-asked"}
+    assert doc["message"].startswith("nothing checked: the registry records no publication")

@@ -1,0 +1,102 @@
+"""What a build run reports per variant: a platform without emulation is skipped in one line while
+the others build, the smoke summary says what stood in and what failed, an up-to-date image
+without evidence gets it, the source label is a public URL."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from matrix_files import CPU, LOCKS, ROOT
+
+from builder.commands import build as build_cmd
+from builder.core import state
+from builder.model import matrix, platforms
+from builder.stages import build, smoketest
+
+ARM_HINT = ("linux/arm64 needs emulation on this linux/amd64 host: run tools/setup_emulation.sh "
+            "(or build on a linux/arm64 host)")
+
+
+def test_a_platform_without_emulation_is_skipped_in_one_line_and_the_others_build(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(platforms, "BINFMT_MISC", tmp_path / "no-binfmt")  # no qemu handler
+    monkeypatch.setattr(platforms, "host", lambda: platforms.get("linux/amd64"))
+    m = matrix.load(ROOT / "matrix.yaml")
+    both = m.select(["id=2.15.0-py3.11-cuda-slim"])
+    assert {v.platform for v in both} == {"linux/amd64", "linux/arm64"}
+    made: list[str] = []
+    monkeypatch.setattr(build, "ensure_buildkit", lambda: None)
+    monkeypatch.setattr(build.base, "ensure_variant",
+                        lambda _m, v, progress: made.append(f"base {v.platform}"))
+    monkeypatch.setattr(build, "build_variant", lambda _m, p, *_a: (
+        made.append(f"build {p.variant.platform}"), build.Outcome(p.variant.key, "built"))[1])
+    options = build.BuildOptions(locks=LOCKS, smoke=False, sbom=False)
+    outcomes = build.build_images(m, both, options)
+    assert made == ["base linux/amd64", "build linux/amd64"]
+    assert [(o.variant_id, o.state) for o in outcomes] == [
+        ("2.15.0-py3.11-cuda-slim", "built"), ("2.15.0-py3.11-cuda-slim.linux-arm64", "skipped")]
+    assert outcomes[1].message == "no emulation: tools/setup_emulation.sh"
+    assert f"linux/arm64: 1 variant skipped: {ARM_HINT}\n" in capsys.readouterr().err
+    assert build_cmd.exit_status(outcomes) == 2
+
+
+def check(name: str, status: str, message: str = "") -> dict[str, object]:
+    return {"name": name, "status": status, "message": message or name}
+
+
+NO_GPU = "no GPU visible: /dev/nvidia* is absent (container started without `--gpus all`, …)"
+
+
+@pytest.mark.parametrize(("status", "checks", "shown"), [
+    ("pass", [check("env", "pass"), check("cuda", "skip", NO_GPU),
+              *(check(n, "substituted") for n in ("cudnn_conv", "nccl_allreduce", "amp_train"))],
+     "pass (3 CPU stand-ins, cuda skipped: no GPU visible)"),
+    ("pass", [check("env", "pass"), check("compile", "pass")], "pass"),
+    ("fail", [check("env", "pass"), check("cudnn_conv", "fail")], "FAIL: cudnn_conv"),
+])
+def test_the_smoke_summary_says_what_stood_in_and_what_failed(status, checks, shown):
+    assert smoketest.summary({"status": status, "checks": checks}) == shown
+    assert smoketest.summary(None) == "-"
+
+
+def test_an_up_to_date_image_without_evidence_gets_its_smoke_report_and_sbom(monkeypatch):
+    """Another checkout (or a test) built the image under this name; this state folder has no
+    smoke report or SBOM for it: `builder build` makes them instead of calling it up to date."""
+    image_id = "sha256:" + "1" * 64
+    made: list[str] = []
+
+    def smoke(image: str, **_kw: object) -> dict[str, object]:
+        made.append("smoke")
+        report = {"status": "pass", "checks": [check("env", "pass")]}
+        state.atomic_write(state.evidence_path("smoke", image_id), json.dumps(report))
+        return report
+
+    def describe(_image_id: str, _image: str) -> Path:
+        made.append("sbom")
+        state.atomic_write(state.evidence_path("sbom", image_id), json.dumps({"components": [{}, {}, {}]}))
+        return state.evidence_path("sbom", image_id)
+
+    monkeypatch.setattr(build.engine, "inspect_image", lambda ref: {"Id": image_id})
+    monkeypatch.setattr(smoketest, "run_smoke", smoke)
+    monkeypatch.setattr(smoketest, "report_passed", lambda report, require_gpu: (True, ""))
+    monkeypatch.setattr(build, "write_image_sbom", describe)
+    options = build.BuildOptions(locks=LOCKS)
+    found = build.Outcome(CPU, "up-to-date", "127.0.0.1:5000/torch:x", message="local")
+    outcome = build.summarized(build.complete_evidence(found, options))
+    assert made == ["smoke", "sbom"]
+    assert (outcome.state, outcome.smoke, outcome.sbom_components) == ("up-to-date", "pass", 3)
+    again = build.summarized(build.complete_evidence(found, options))
+    assert made == ["smoke", "sbom"]  # the second run finds both: nothing is made twice
+    assert (again.smoke, again.sbom_components) == ("pass", 3)
+    assert again.as_json()["smoke"] == "pass" and again.as_json()["sbom_components"] == 3
+
+
+@pytest.mark.parametrize(("remote", "url"), [
+    ("/work/main", ""),
+    ("git@github.com:org/torch-images.git", "https://github.com/org/torch-images"),
+    ("https://user:token@github.com/org/torch-images.git", "https://github.com/org/torch-images"),
+])
+def test_source_label_is_a_public_url_never_a_local_path(remote, url):
+    assert build.public_url(remote) == url
