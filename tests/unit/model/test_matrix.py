@@ -21,6 +21,15 @@ bases:
   "3.12": {image: "python:3.12-slim-bookworm", python_from: image}
 """
 
+# One CUDA runtime variant; tests add `include:` entries or other keys after it.
+ONE_CUDA = HEAD + """\
+axes:
+  torch: ["2.9.1"]
+  python: ["3.11"]
+  accelerator: [cuda]
+  flavor: [runtime]
+"""
+
 
 def problems(path) -> str:
     with pytest.raises(MatrixError) as exc:
@@ -124,12 +133,7 @@ colour: red
 
 
 def test_duplicate_variants_are_refused(write_matrix):
-    path = write_matrix(HEAD + """\
-axes:
-  torch: ["2.9.1"]
-  python: ["3.11"]
-  accelerator: [cuda]
-  flavor: [runtime]
+    path = write_matrix(ONE_CUDA + """\
 include:
   - {torch: "2.9.1", python: "3.11", accelerator: cuda, flavor: runtime, packages: [scipy]}
   - {torch: "2.8.0", python: "3.11", accelerator: cuda, flavor: slim}
@@ -157,12 +161,7 @@ include:
 
 
 def test_new_include_needs_all_axes(write_matrix):
-    path = write_matrix(HEAD + """\
-axes:
-  torch: ["2.9.1"]
-  python: ["3.11"]
-  accelerator: [cuda]
-  flavor: [runtime]
+    path = write_matrix(ONE_CUDA + """\
 include:
   - {torch: "2.8.0", flavor: slim}
 """)
