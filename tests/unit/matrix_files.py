@@ -10,7 +10,7 @@ import pytest
 
 from builder.core.errors import BuilderError
 from builder.model import matrix
-from builder.model.matrix import MatrixError
+from builder.model.matrix_yaml import MatrixError
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCKS = ROOT / "locks"
