@@ -84,6 +84,8 @@ def retry(what: str, registry: str, fn: Callable[[], T],
     for delay in (*backoff, None):
         try:
             return fn()
+        except registry_http.Refused as exc:  # nothing listens: no point in waiting
+            raise RegistryError(f"{what}: {exc}", hint=exc.hint) from None
         except (Transient, OSError, *transient) as exc:
             last = exc
             if delay is None or (deadline is not None and deadline.left() <= delay):

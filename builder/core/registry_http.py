@@ -62,6 +62,19 @@ class RegistryError(CommandFailed):
     """A registry did not answer, refused an operation or answered nonsense (exit 2)."""
 
 
+class Refused(RegistryError):
+    """Nothing listens at the registry's address (connection refused): said at once, never
+    retried, with what to check."""
+
+
+def refused(registry: str, where: str) -> Refused:
+    local = is_loopback(registry)
+    return Refused(f"registry `{registry}`: {where}: connection refused (nothing listens there)",
+                   hint="is it running? `builder registry start` (then `builder registry "
+                   "status`)" if local else f"is `{registry}` the right address, and is its "
+                   "registry up? `curl -sI https://" + registry + "/v2/` asks it")
+
+
 class Transient(RegistryError):
     """Worth another try: a refused or dropped connection, a timeout, a 5xx."""
 
@@ -370,6 +383,8 @@ class Session:
                 dog.cancel()
                 deadline.check(self.registry, f"{method} {url}")
                 reason = str(exc).split("): ", 1)[-1]  # without urllib3's connection repr
+                if isinstance(exc, ConnectionRefusedError) or "Connection refused" in reason:
+                    raise refused(self.registry, f"{method} {url}") from None
                 raise Transient(f"registry `{self.registry}`: {method} {url}: {reason}") from None
             finally:
                 _local.dog = None
@@ -401,7 +416,7 @@ class Session:
             try:
                 answer = self._open("GET", f"{scheme}://{self.host}/v2/", {}, None,
                                     deadline, read_timeout)
-            except Transient:
+            except (Transient, Refused):
                 if n + 1 == len(schemes):
                     raise
                 continue

@@ -7,12 +7,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
 from helpers import free_port, run_builder
 
-from builder.core import registry
+from builder.core import oci, registry
+from builder.core.registry_http import RegistryError
+
+HINT = "is it running? `builder registry start` (then `builder registry status`)"
 
 
 @pytest.fixture
@@ -59,3 +63,30 @@ def test_status_of_its_own_registry_says_it_is_its_own(tmp_path: Path) -> None:
         assert f"registry up on {addr}" in again.stderr
     finally:
         registry.stop(folder)
+
+
+# ---- a registry that is not running ------------------------------------------------------------
+
+
+def test_a_refused_connection_fails_within_two_seconds_with_a_hint() -> None:
+    reg = oci.Registry(f"127.0.0.1:{free_port()}")  # closed again: connecting is refused
+    started = time.monotonic()
+    with pytest.raises(RegistryError) as caught:
+        reg.tags("torch")
+    assert time.monotonic() - started < 2.0  # no retries: nothing listens there
+    assert "connection refused (nothing listens there)" in str(caught.value)
+    assert caught.value.hint == HINT and caught.value.exit_code == 2
+
+
+@pytest.mark.parametrize("argv", [("verify", "--contents-only", "{addr}/torch:x"),
+                                  ("catalog", "{addr}/torch", "--out", "{tmp}/site")])
+def test_verify_and_catalog_say_to_start_the_registry(argv: tuple[str, ...],
+                                                      tmp_path: Path) -> None:
+    addr = f"127.0.0.1:{free_port()}"
+    args = [a.format(addr=addr, tmp=tmp_path) for a in argv]
+    result = run_builder(*args, check=False)
+    assert result.returncode == 2
+    assert "connection refused (nothing listens there)" in result.stderr.splitlines()[0]
+    assert f"hint: {HINT}" in result.stderr
+    doc = json.loads(run_builder(*args, "--json", check=False).stdout)
+    assert doc["hint"] == HINT
