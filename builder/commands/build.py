@@ -1,4 +1,4 @@
-"""`builder build`: its options and output; the work is `builder.stages.build`."""
+"""`builder build`: its options and output; the work is `builder.flows.build`."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from builder.commands.options import (
 )
 from builder.core import sign
 from builder.core.output import emit_json, human_bytes, step, table
+from builder.flows.build import BuildOptions, Outcome, build_images, build_lock
 from builder.model import platforms
 from builder.model.matrix import Variant
 from builder.stages import base, render
-from builder.stages.build import BuildOptions, Outcome, build_images, build_lock
 
 
 def register(sub: argparse._SubParsersAction) -> None:

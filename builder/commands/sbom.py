@@ -65,16 +65,16 @@ def run_sbom(args: argparse.Namespace) -> int:
     if len(args.target) != 1:
         raise UsageError("`builder sbom` takes one image", hint="or: builder sbom diff OLD NEW")
     import sbom
-    from builder.stages import evidence
+    from builder.stages import staging
 
     start = time.monotonic()
     to_file = args.output not in (None, "-")
     if to_file:
         check_writable(Path(args.output))  # before the slow part, not after it
-    staged = evidence.from_reference(args.target[0])
-    image = evidence.pull(staged) if staged else args.target[0]
+    staged = staging.from_reference(args.target[0])
+    image = staging.pull(staged) if staged else args.target[0]
     doc = sbom.generate(image, reproducible=args.reproducible)
-    evidence.record(staged, "sbom", (json.dumps(doc, indent=2) + "\n").encode(),
+    staging.record(staged, "sbom", (json.dumps(doc, indent=2) + "\n").encode(),
                     sign.signing_key(args.key) if staged else None)
     if not to_file:
         from sbom.validate import render
@@ -156,10 +156,10 @@ def run_audit(args: argparse.Namespace) -> int:
     report = sbom.audit(doc, debian_security_suite=args.debian_security_suite,
                         debian_mirror=args.debian_mirror or DEBIAN_SECURITY_MIRROR)
     if staged:
-        from builder.stages import evidence
+        from builder.stages import staging
 
         report["audited_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        evidence.attach(staged, "audit", (json.dumps(report, indent=2) + "\n").encode())
+        staging.attach(staged, "audit", (json.dumps(report, indent=2) + "\n").encode())
     if args.write_into:
         base = _load(args.write_into) if args.write_into.exists() else doc
         sbom.write(add_to_sbom(base, report), args.write_into)
@@ -171,9 +171,9 @@ def run_audit(args: argparse.Namespace) -> int:
 
 def attached_to(text: str) -> Any:
     """The image `REGISTRY/REPOSITORY@sha256:…` whose attached SBOM `--attach` audits."""
-    from builder.stages import evidence
+    from builder.stages import staging
 
-    staged = evidence.from_reference(text)
+    staged = staging.from_reference(text)
     if staged is None:
         raise BuilderError(f"--attach needs REGISTRY/REPOSITORY@sha256:DIGEST, not `{text}`",
                            hint="a platform manifest's digest (the catalog page lists them)")

@@ -62,13 +62,13 @@ def positive_float(text: str) -> float:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from builder.stages import evidence
+    from builder.stages import staging
 
-    staged = evidence.from_reference(args.image)
-    image = evidence.pull(staged) if staged else args.image
+    staged = staging.from_reference(args.image)
+    image = staging.pull(staged) if staged else args.image
     report = run_smoke(image, require_gpu=args.require_gpu, gpus=args.gpus,
                        report_path=args.report, timeout_scale=args.timeout_scale)
-    evidence.record(staged, "smoke", (json.dumps(report, indent=2) + "\n").encode(),
+    staging.record(staged, "smoke", (json.dumps(report, indent=2) + "\n").encode(),
                     sign.signing_key(args.key) if staged else None)
     passed, reason = report_passed(report, require_gpu=args.require_gpu)
     if args.json:

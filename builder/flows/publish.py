@@ -34,8 +34,8 @@ from builder.model import platforms, publication
 from builder.model.matrix import Matrix, Variant
 from builder.model.publication import Artifact, PlatformEntry, Publication
 from builder.stages import plan, publish
-from builder.stages.evidence import Staged
 from builder.stages.publish import Candidate
+from builder.stages.staging import Staged
 
 # What a platform's entry keeps of its own publication (the rest is the variant's).
 PLATFORM_ENTRY_FIELDS = {f.name for f in fields(PlatformEntry)}

@@ -17,6 +17,7 @@ from typing import Any
 from builder.core import layerdiff, media, oci, sign, state
 from builder.core.errors import BuilderError
 from builder.core.output import step
+from builder.flows import build as build_mod
 from builder.flows import publish as publish_flow
 from builder.flows.rebuild_check import (
     REBUILD,
@@ -28,7 +29,6 @@ from builder.flows.rebuild_check import (
 from builder.model import lockfile
 from builder.model.matrix import Matrix, Variant
 from builder.model.publication import Publication
-from builder.stages import build as build_mod
 from builder.stages import locks
 
 # ---- re-locking one package -------------------------------------------------------------------

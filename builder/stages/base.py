@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, oci, proc, registry_auth, reproducible
+from builder.core import engine, oci, proc, reproducible
 from builder.core.errors import BuilderError, EngineError
+from builder.core.output import step
 from builder.model import platforms
 from builder.model.bases import DPKG_EXCLUDES, SOURCE_DATE_EPOCH, bootstrap_ref, local_ref
 from builder.model.matrix import Base, Matrix, Variant
@@ -44,7 +45,7 @@ def bootstrap_key(suite: str, day: dt.date | None = None, options: tuple[str, ..
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def ensure(base: Base, *, progress=print) -> str:
+def ensure(base: Base, *, progress=step) -> str:
     """Make the base exist locally; returns its digest (see `digest_of`)."""
     engine.ensure_engine()
     suite = base.bootstrap_suite
@@ -64,7 +65,7 @@ def ensure(base: Base, *, progress=print) -> str:
     return digest_of(info)
 
 
-def ensure_variant(matrix: Matrix, variant: Variant, *, progress=print) -> str | None:
+def ensure_variant(matrix: Matrix, variant: Variant, *, progress=step) -> str | None:
     """`ensure` for the variant's platform. Off linux/amd64 a bootstrapped base is served from
     the registry (BuildKit resolves a foreign-platform FROM there, not in the local store); a
     normal ref is left to BuildKit, which pulls that platform's manifest (digest unknown)."""
@@ -118,7 +119,7 @@ def digest_of(info: dict) -> str:
     return "sha256:" + hashlib.sha256(layers.encode()).hexdigest()
 
 
-def bootstrap(suite: str, *, slim: bool = True, progress=print) -> str:
+def bootstrap(suite: str, *, slim: bool = True, progress=step) -> str:
     """Bootstrap `suite` into a local image (the slim one unless told); returns its digest."""
     ref = bootstrap_ref(suite, slim)
     options = SLIM_OPTIONS if slim else ()
@@ -144,25 +145,17 @@ def registry_tag(base_digest: str) -> str:
     return "layers-" + base_digest.removeprefix("sha256:")[:32]
 
 
-def push_to_registry(matrix: Matrix, variant: Variant, base_digest: str | None) -> None:
-    """Keep a locally bootstrapped base in the registry (`<repository>-base:layers-<hex>`), so
-    `builder reproduce` finds the exact base once Debian has moved on. Best effort."""
+def registry_copy(matrix: Matrix, variant: Variant,
+                  base_digest: str | None) -> tuple[str, str] | None:
+    """(local ref, registry ref) of a locally bootstrapped base that the registry keeps
+    (`<repository>-base:layers-<hex>`, pushed by the staging path), so `builder reproduce` finds
+    the exact base once Debian has moved on; None for a pulled base (it is in its own registry)
+    or a foreign one (served from ours already)."""
     suite = variant.base.bootstrap_suite
     if not (suite and base_digest) or platforms.get(variant.platform).suffix:
-        return  # a pulled base is in its own registry; a foreign one is served from ours
-    repository, tag = platforms.base_repository(matrix.repository), registry_tag(base_digest)
-    try:
-        if oci.Registry(matrix.registry).head(repository, tag):
-            return
-        ref = f"{matrix.registry}/{repository}:{tag}"
-        engine.docker("tag", local_ref(variant.base), ref)
-        try:
-            with registry_auth.docker_env(matrix.registry) as env:
-                engine.docker("push", ref, timeout=1800, env=env)
-        finally:
-            engine.docker("image", "rm", ref, check=False)
-    except BuilderError as exc:
-        print(f"  the base was not kept in the registry ({exc})")
+        return None
+    repository = platforms.base_repository(matrix.repository)
+    return local_ref(variant.base), f"{matrix.registry}/{repository}:{registry_tag(base_digest)}"
 
 
 def known_digests(variants: list[Variant], m: Matrix | None = None) -> dict[str, str | None]:
@@ -228,7 +221,7 @@ def registry_base_digest(reg: oci.Registry, repository: str, tag: str) -> str | 
 
 def ensure_registry_base(registry: str, repository: str, suite: str, platform: Platform,
                          key: str, bootstrap: Callable[[Path], None],
-                         progress: Callable[[str], None] = print) -> str:
+                         progress: Callable[[str], None] = step) -> str:
     """Bootstrap `suite` for `platform` (once per key) and serve it from the registry, where
     BuildKit looks for a foreign-platform FROM. Returns the base digest (see layers_digest)."""
     reg = oci.Registry(registry)

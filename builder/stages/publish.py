@@ -29,8 +29,8 @@ from builder.core import engine, labels, limits, oci, reproducible, sign, state
 from builder.core.oci import RegistryError
 from builder.model.matrix import Matrix
 from builder.model.publication import Signed
-from builder.stages import evidence, plan, provenance, smoketest
-from builder.stages.evidence import Staged
+from builder.stages import plan, provenance, smoketest, staging
+from builder.stages.staging import Staged
 
 MAX_SUFFIX = 99
 
@@ -59,12 +59,12 @@ def gate(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: bool,
     its config is the plan's, its smoke report and SBOM are signed by a trusted key (unless
     `trust.unsigned`), the report passed every check on this very image, the SBOM is valid."""
     cand = Candidate(p, p.local_image, trust=trust)
-    cand.staged = evidence.find_staged(matrix, p.hash_tag)
+    cand.staged = staging.find_staged(matrix, p.hash_tag)
     cand.image_id = cand.staged.image_id if cand.staged else _local_image(cand)
     if cand.reason:
         return cand
     for kind in ("smoke", "sbom"):
-        data = evidence.fetch(cand.staged, kind) if cand.staged else _local_evidence(cand, kind)
+        data = staging.fetch(cand.staged, kind) if cand.staged else _local_evidence(cand, kind)
         if data is not None:
             cand.evidence[kind] = data
     cand.reason = (_staged_config_gate(cand) or _signed_gate(cand)
@@ -103,7 +103,7 @@ def config_problem(p: plan.PlannedVariant, config: dict[str, Any]) -> str:
 def _staged_config_gate(cand: Candidate) -> str:
     if cand.staged is None:
         return ""
-    problem = config_problem(cand.planned, evidence.image_config(cand.staged))
+    problem = config_problem(cand.planned, staging.image_config(cand.staged))
     return f"the staged image {cand.staged.digest[:19]} is not the plan's: {problem}" if problem \
         else ""
 
@@ -116,7 +116,7 @@ def _signed_gate(cand: Candidate) -> str:
     documents, and a file attached beside them must be the same document."""
     if cand.staged is None or cand.trust.unsigned:
         return ""  # a local image's evidence was made here: signed when publish stages it
-    files, problems = evidence.signed(cand.staged, list(cand.trust.keys))
+    files, problems = staging.signed(cand.staged, list(cand.trust.keys))
     reg = oci.Registry(cand.staged.registry)
     for kind, name in EVIDENCE_NAMES.items():
         if kind not in files:
@@ -205,10 +205,11 @@ def dated_tag(reg: oci.Registry, repository: str, floating: str, date: str,
 def stage(matrix: Matrix, cand: Candidate) -> Staged:
     """The staged image, staging the local one first, with this machine's evidence attached
     there too, so the next machine finds it."""
-    staged = cand.staged or evidence.stage(matrix, cand.image_id, cand.planned.hash_tag)
-    for kind, data in cand.evidence.items():
-        evidence.attach(staged, kind, data, key=cand.trust.key)
-    return staged
+    if cand.staged is None:
+        return staging.stage(matrix, cand.image_id, cand.planned.hash_tag,
+                             evidence_files=cand.evidence, key=cand.trust.key)
+    staging.attach_all(cand.staged, cand.evidence, cand.trust.key)
+    return cand.staged
 
 
 def promote(matrix: Matrix, staged: Staged) -> Staged:
@@ -220,20 +221,20 @@ def promote(matrix: Matrix, staged: Staged) -> Staged:
 
 
 def attach(vetted: Staged, kind: str, data: bytes, trust: sign.Trust) -> dict[str, str]:
-    return evidence.attach(vetted, kind, data, key=trust.key)
+    return staging.attach(vetted, kind, data, key=trust.key)
 
 
 def attach_provenance(vetted: Staged, trust: sign.Trust) -> dict[str, str]:
     """The SLSA provenance statement, from the image's labels in the registry; it says when
     the staged evidence was taken unsigned (--unsigned)."""
-    config = evidence.image_config(vetted)
+    config = staging.image_config(vetted)
     doc = provenance.statement(f"{vetted.registry}/{vetted.repository}", vetted.digest,
                                (config.get("config") or {}).get("Labels") or {},
                                reproducible.record(config))
     if trust.unsigned:
         doc["predicate"]["buildDefinition"]["internalParameters"]["unsigned_staging"] = True
     data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
-    return evidence.attach(vetted, "provenance", data, key=trust.key)
+    return staging.attach(vetted, "provenance", data, key=trust.key)
 
 
 def sign_digest(vetted: Staged, trust: sign.Trust,

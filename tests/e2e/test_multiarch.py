@@ -20,7 +20,7 @@ from builder.core import engine, labels, oci, state
 from builder.flows import publish as publish_flow
 from builder.flows import verify
 from builder.model import matrix, platforms
-from builder.stages import evidence, plan, publish, render, smoketest
+from builder.stages import plan, publish, render, smoketest, staging
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,9 +153,9 @@ def test_platforms_staged_apart_are_promoted_into_one_index(tmp_path: Path, regi
     for variant in m.select([f"id={VARIANT}"]):
         monkeypatch.setenv("BUILDER_STATE", str(tmp_path / f"runner-{variant.platform[6:]}"))
         p, image_id = scratch_variant(tmp_path, m, variant, made)
-        staged = evidence.stage(m, image_id, p.hash_tag)
-        evidence.attach(staged, "smoke", json.dumps(smoke_report(image_id, "cuda")).encode())
-        evidence.attach(staged, "sbom", json.dumps(SBOM_DOC).encode())
+        staged = staging.stage(m, image_id, p.hash_tag)
+        staging.attach(staged, "smoke", json.dumps(smoke_report(image_id, "cuda")).encode())
+        staging.attach(staged, "sbom", json.dumps(SBOM_DOC).encode())
         engine.remove_image(f"{m.image_name}:{p.local_tag}")
         assert p.floating_tag not in tags(registry_addr, m.repository)  # nothing a user reads, yet
         planned.append(p)

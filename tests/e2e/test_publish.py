@@ -24,7 +24,7 @@ from builder.core import engine, labels, media, oci, registry, state
 from builder.core.oci import RegistryError
 from builder.flows import publish as publish_flow
 from builder.model import matrix, publication
-from builder.stages import evidence, plan, publish, render, smoketest
+from builder.stages import plan, publish, render, smoketest, staging
 from smoke.checks import CHECKS, GPU_CHECKS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -385,7 +385,7 @@ def test_verify_reads_the_evidence_attached_to_a_digest(images: Images, tmp_path
 
     # A staged image nobody smoked or described: each piece is reported missing.
     _, image_id = images.build(CPU_ID, nonce="bare")
-    bare = evidence.stage(images.matrix, image_id, "build-bare")
+    bare = staging.stage(images.matrix, image_id, "build-bare")
     _, rows = verify.verify(verify.Reference.parse(bare.reference))
     assert {r.what: r.status for r in rows if r.what in ("sbom", "smoke", "provenance")} == {
         "sbom": verify.MISSING, "smoke": verify.MISSING, "provenance": verify.MISSING}
@@ -397,9 +397,9 @@ def test_a_staged_image_is_published_from_an_empty_workspace(
     """Built and smoked on one machine, published from another: the registry carries the image
     and its evidence; the second machine has neither the image nor a .state/."""
     p, image_id = images.build(CPU_ID)
-    staged = evidence.stage(images.matrix, image_id, p.hash_tag)
+    staged = staging.stage(images.matrix, image_id, p.hash_tag)
     for kind in ("smoke", "sbom"):
-        evidence.attach(staged, kind, state.evidence_path(kind, image_id).read_bytes())
+        staging.attach(staged, kind, state.evidence_path(kind, image_id).read_bytes())
     monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "another-machine"))
     engine.remove_image(image_id)
     assert engine.inspect_image(image_id) is None
@@ -419,10 +419,10 @@ def test_staging_on_another_registry_is_promoted_across(
     try:
         images.matrix = dataclasses.replace(images.matrix, staging=f"{addr}/ci/torch-staging")
         p, image_id = images.build(CPU_ID)
-        staged = evidence.stage(images.matrix, image_id, p.hash_tag)
+        staged = staging.stage(images.matrix, image_id, p.hash_tag)
         assert (staged.registry, staged.repository) == (addr, "ci/torch-staging")
         for kind in ("smoke", "sbom"):
-            evidence.attach(staged, kind, state.evidence_path(kind, image_id).read_bytes())
+            staging.attach(staged, kind, state.evidence_path(kind, image_id).read_bytes())
         monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "another-machine"))
         [result] = run(images, [p], tmp_path)
         assert result["status"] == "published", result

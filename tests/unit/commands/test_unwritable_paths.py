@@ -13,9 +13,10 @@ from matrix_files import CPU, LOCKS, ROOT
 from builder.commands import sbom as sbom_cmd
 from builder.core import state, swap
 from builder.core.errors import BuilderError
+from builder.flows import build as build_flow
 from builder.model import lockfile, matrix
 from builder.model.rendered import Rendered
-from builder.stages import build, render
+from builder.stages import render
 
 
 def rendered_cpu() -> Rendered:
@@ -81,5 +82,5 @@ def test_a_read_only_state_folder_is_a_message_at_the_build_lock(tmp_path, monke
     state.path()  # the folder exists; only writing into it fails, as on a read-only mount
     monkeypatch.setattr(Path, "open", read_only)
     with (pytest.raises(BuilderError, match=r"cannot write .*build\.lock: Read-only file system"),
-          build.build_lock()):
+          build_flow.build_lock()):
         pass

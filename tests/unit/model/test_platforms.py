@@ -15,7 +15,7 @@ from builder.flows import publish as publish_flow
 from builder.model import lockfile, matrix, platforms
 from builder.model.matrix_yaml import MatrixError
 from builder.stages import locks, plan, publish, render, smoketest, wheelhouse
-from builder.stages.evidence import Staged
+from builder.stages.staging import Staged
 
 ROOT = Path(__file__).resolve().parents[3]
 ARM = platforms.get("linux/arm64")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -19,11 +18,10 @@ def fake_builds(monkeypatch, tmp_path: Path, failures: list[str]) -> list[list[s
     succeeds; returns the cache_from of every call."""
     calls: list[list[str]] = []
 
-    def docker_build(p, image, context, dockerfile, locks_dir, log, *, apt_refresh="",
-                     cache_from=None):
+    def docker_build(spec, cache_from=None):
         calls.append(list(cache_from or []))
         if len(calls) <= len(failures):
-            log.write_text(failures[len(calls) - 1])
+            spec.log.write_text(failures[len(calls) - 1])
             raise CommandFailed("`docker build` exited 1")
         return "sha256:" + "a" * 64
 
@@ -32,10 +30,9 @@ def fake_builds(monkeypatch, tmp_path: Path, failures: list[str]) -> list[list[s
 
 
 def run(tmp_path: Path, cache_from: list[str]) -> str:
-    planned = SimpleNamespace(variant=SimpleNamespace(key="2.15.0-py3.11-cuda-runtime"))
-    return build.build_from_registry_cache(
-        planned, "img", tmp_path, tmp_path / "Dockerfile", tmp_path, tmp_path / "build.log",
-        apt_refresh="", cache_from=cache_from)
+    spec = build.Spec("2.15.0-py3.11-cuda-runtime", "img", "linux/amd64", {}, tmp_path,
+                      tmp_path / "Dockerfile", tmp_path / "build.log")
+    return build.build_from_registry_cache(spec, cache_from)
 
 
 def test_a_lazy_layer_export_failure_is_retried_with_the_cache(monkeypatch, tmp_path, capsys):

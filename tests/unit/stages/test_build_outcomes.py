@@ -12,6 +12,7 @@ from matrix_files import CPU, LOCKS, ROOT
 
 from builder.commands import build as build_cmd
 from builder.core import state
+from builder.flows import build as build_flow
 from builder.model import matrix, platforms
 from builder.stages import build, smoketest
 
@@ -28,12 +29,16 @@ def test_a_platform_without_emulation_is_skipped_in_one_line_and_the_others_buil
     assert {v.platform for v in both} == {"linux/amd64", "linux/arm64"}
     made: list[str] = []
     monkeypatch.setattr(build, "ensure_buildkit", lambda: None)
-    monkeypatch.setattr(build.base, "ensure_variant",
+    monkeypatch.setattr(build_flow.base, "ensure_variant",
                         lambda _m, v, progress: made.append(f"base {v.platform}"))
-    monkeypatch.setattr(build, "build_variant", lambda _m, p, *_a: (
-        made.append(f"build {p.variant.platform}"), build.Outcome(p.variant.key, "built"))[1])
-    options = build.BuildOptions(locks=LOCKS, smoke=False, sbom=False)
-    outcomes = build.build_images(m, both, options)
+
+    def build_step(_run, o):
+        made.append(f"build {o.planned.variant.platform}")
+        return build_flow.Outcome(o.variant_id, "built")
+
+    monkeypatch.setattr(build_flow, "STEPS", (build_step,))
+    options = build_flow.BuildOptions(locks=LOCKS, smoke=False, sbom=False)
+    outcomes = build_flow.build_images(m, both, options)
     assert made == ["base linux/amd64", "build linux/amd64"]
     assert [(o.variant_id, o.state) for o in outcomes] == [
         ("2.15.0-py3.11-cuda-slim", "built"), ("2.15.0-py3.11-cuda-slim.linux-arm64", "skipped")]
@@ -78,16 +83,16 @@ def test_an_up_to_date_image_without_evidence_gets_its_smoke_report_and_sbom(mon
         state.atomic_write(state.evidence_path("sbom", image_id), json.dumps({"components": [{}, {}, {}]}))
         return state.evidence_path("sbom", image_id)
 
-    monkeypatch.setattr(build.engine, "inspect_image", lambda ref: {"Id": image_id})
+    monkeypatch.setattr(build_flow.engine, "inspect_image", lambda ref: {"Id": image_id})
     monkeypatch.setattr(smoketest, "run_smoke", smoke)
     monkeypatch.setattr(smoketest, "report_passed", lambda report, require_gpu: (True, ""))
-    monkeypatch.setattr(build, "write_image_sbom", describe)
-    options = build.BuildOptions(locks=LOCKS)
-    found = build.Outcome(CPU, "up-to-date", "127.0.0.1:5000/torch:x", message="local")
-    outcome = build.summarized(build.complete_evidence(found, options))
+    monkeypatch.setattr(build_flow, "write_image_sbom", describe)
+    run = build_flow.Run(None, build_flow.BuildOptions(locks=LOCKS), None)  # type: ignore[arg-type]
+    found = build_flow.Outcome(CPU, "up-to-date", "127.0.0.1:5000/torch:x", message="local")
+    outcome = build_flow.through_steps(run, found)
     assert made == ["smoke", "sbom"]
     assert (outcome.state, outcome.smoke, outcome.sbom_components) == ("up-to-date", "pass", 3)
-    again = build.summarized(build.complete_evidence(found, options))
+    again = build_flow.through_steps(run, found)
     assert made == ["smoke", "sbom"]  # the second run finds both: nothing is made twice
     assert (again.smoke, again.sbom_components) == ("pass", 3)
     assert again.as_json()["smoke"] == "pass" and again.as_json()["sbom_components"] == 3

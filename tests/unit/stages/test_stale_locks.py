@@ -10,6 +10,7 @@ from matrix_files import CPU, LOCKS, ROOT, shipped_with, validate_args
 
 from builder.commands import matrix as matrix_cmd
 from builder.core.errors import ConfigError
+from builder.flows import build as build_flow
 from builder.model import lockfile, matrix
 from builder.stages import build, plan, render
 
@@ -36,7 +37,7 @@ def test_build_refuses_a_stale_lock_before_touching_the_engine(tmp_path, monkeyp
     m = matrix.load(path)
     stale = [v for v in m.variants if v.id == CPU]
     with pytest.raises(ConfigError, match=r"\(packages changed\): run builder lock"):
-        build.build_images(m, stale, build.BuildOptions(locks=LOCKS))
+        build_flow.build_images(m, stale, build_flow.BuildOptions(locks=LOCKS))
 
 
 def test_the_shipped_locks_record_their_inputs():

@@ -1,4 +1,11 @@
-"""An image's evidence — smoke report, SBOM, provenance — where every machine can find it.
+"""The one staging path, and an image's evidence where every machine can find it.
+
+A built image, its build cache, its base and its evidence go to the registry through `stage`:
+every `docker push` through `push` (one retry policy: the registry client's backoff, a failed
+push counted as transient), every file through `attach`. Progress and warnings go to stderr
+(`output.step`), never to stdout, which stays one JSON document under `--json`. The image must
+arrive (its digest is checked); the cache and the base are best effort: a failure is one warning
+line and the build goes on.
 
 The registry is the truth between machines: a built image waits in the staging repository
 (`<repository>-staging`, tag `build-<hash20>`) and its evidence is attached to its digest there,
@@ -9,11 +16,13 @@ an empty checkout. `.state/` (reports and SBOMs by image id) is only a cache of 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from builder.core import engine, media, oci, registry_auth, sign, state
-from builder.core.errors import CommandFailed
+from builder.core.errors import BuilderError, CommandFailed
+from builder.core.output import step
 from builder.model.matrix import Matrix
 
 
@@ -35,20 +44,10 @@ class Staged:
         return f"{self.registry}/{self.repository}@{self.digest}"
 
 
-def staging_repository(matrix: Matrix) -> str:
-    """Where images wait, by digest, until their evidence is complete and they are promoted
-    (on `staging_registry(matrix)`: the matrix's `staging`, else `<repository>-staging`)."""
-    return matrix.staging_repository
-
-
-def staging_registry(matrix: Matrix) -> str:
-    return matrix.staging_registry
-
-
 def find_staged(matrix: Matrix, hash_tag: str) -> Staged | None:
     """The staged image of this content hash, if any machine staged it."""
-    reg = oci.Registry(staging_registry(matrix))
-    return staged_at(reg, staging_repository(matrix), hash_tag)
+    reg = oci.Registry(matrix.staging_registry)
+    return staged_at(reg, matrix.staging_repository, hash_tag)
 
 
 def staged_at(reg: oci.Registry, repository: str, ref: str) -> Staged | None:
@@ -58,23 +57,6 @@ def staged_at(reg: oci.Registry, repository: str, ref: str) -> Staged | None:
     body, desc = found
     config = (json.loads(body).get("config") or {}).get("digest", "")
     return Staged(reg.registry, repository, desc, config)
-
-
-def stage(matrix: Matrix, image_id: str, hash_tag: str) -> Staged:
-    """`docker push` the local image to the staging repository under its content tag."""
-    ref = f"{staging_registry(matrix)}/{staging_repository(matrix)}:{hash_tag}"
-    engine.docker("tag", image_id, ref)
-    try:
-        with registry_auth.docker_env(staging_registry(matrix)) as env:
-            oci.retry(f"pushing `{ref}`", staging_registry(matrix),
-                      lambda: engine.docker("push", ref, timeout=3600, env=env),
-                      (CommandFailed,))
-    finally:
-        engine.docker("image", "rm", ref, check=False)
-    staged = find_staged(matrix, hash_tag)
-    if staged is None or staged.image_id != image_id:
-        raise oci.RegistryError(f"`{ref}` does not hold image {image_id[:19]} after the push")
-    return staged
 
 
 def fetch(staged: Staged, kind: str) -> bytes | None:
@@ -162,3 +144,75 @@ def record(staged: Staged | None, kind: str, data: bytes,
         return
     state.atomic_write(state.evidence_path(kind, staged.image_id), data)
     attach(staged, kind, data, key=key)
+
+
+# ---- the staging path ------------------------------------------------------------------------
+
+
+def push(local: str, ref: str, *, untag: bool = True, timeout: float = 3600) -> None:
+    """`docker push` the local image `local` as `ref` (tagged for the push, the tag removed
+    after it unless `untag` is false), retried like every registry call."""
+    registry = ref.split("/", 1)[0]
+    if local != ref:
+        engine.docker("tag", local, ref)
+    try:
+        with registry_auth.docker_env(registry) as env:
+            oci.retry(f"pushing `{ref}`", registry,
+                      lambda: engine.docker("push", ref, timeout=timeout, env=env),
+                      (CommandFailed,))
+    finally:
+        if untag and local != ref:
+            engine.docker("image", "rm", ref, check=False)
+
+
+def stage(matrix: Matrix, image_id: str, hash_tag: str, *,
+          evidence_files: Mapping[str, bytes] | None = None,
+          key: sign.SigningKey | None = None, cache: str | None = None,
+          base: tuple[str, str] | None = None, label: str = "") -> Staged:
+    """Stage, in this order: the image by its content tag in the staging repository (checked
+    by digest), the build cache image `cache` (kept locally under that name), the base
+    (`(local ref, registry ref)`, pushed when the registry lacks it), then the evidence files
+    attached to the staged digest (signed with `key`). Returns the staged image."""
+    staged = stage_image(matrix, image_id, hash_tag)
+    if cache and engine.inspect_image(cache) is not None:
+        best_effort(label, "the cache image was not pushed", "the next cold build installs "
+                    "every layer again", lambda: push(cache, cache, untag=False))
+    if base:
+        best_effort(label, "the base was not kept in the registry", "`builder reproduce` "
+                    "needs the exact base", lambda: push_base(*base))
+    attach_all(staged, evidence_files or {}, key)
+    return staged
+
+
+def stage_image(matrix: Matrix, image_id: str, hash_tag: str) -> Staged:
+    """The local image in the staging repository under its content tag (the local tag is
+    removed again); fails unless the registry then holds that very image."""
+    ref = f"{matrix.staging_registry}/{matrix.staging_repository}:{hash_tag}"
+    push(image_id, ref)
+    staged = find_staged(matrix, hash_tag)
+    if staged is None or staged.image_id != image_id:
+        raise oci.RegistryError(f"`{ref}` does not hold image {image_id[:19]} after the push")
+    return staged
+
+
+def push_base(local: str, ref: str) -> None:
+    """A locally bootstrapped base kept in the registry, unless it is there already."""
+    registry, _, rest = ref.partition("/")
+    repository, _, tag = rest.rpartition(":")
+    if oci.Registry(registry).head(repository, tag):
+        return
+    push(local, ref, timeout=1800)
+
+
+def attach_all(staged: Staged, files: Mapping[str, bytes], key: sign.SigningKey | None) -> None:
+    """Each evidence file attached to the staged digest (with its signed attestation)."""
+    for kind, data in files.items():
+        attach(staged, kind, data, key=key)
+
+
+def best_effort(label: str, what: str, consequence: str, fn: Callable[[], None]) -> None:
+    """`fn()`; a registry or engine failure is one warning line (the caller goes on)."""
+    try:
+        fn()
+    except BuilderError as exc:
+        step(f"  {f'[{label}] ' if label else ''}warning: {what} ({exc}); {consequence}")

@@ -1,0 +1,338 @@
+"""`builder build`: the selected variants planned, then each one through the same steps.
+
+  prepare   runnable here, locks current (--relock), BuildKit, bases, the plan
+  per variant, one record (`Outcome`: planned → built → staged) through STEPS in order:
+    local      up to date here: the local image's id (its missing evidence is made below)
+    context    to build: the build context (sets, uv, facts, smoke suite, Dockerfile)
+    build      to build: BuildKit, from the registry's cache → image id, size
+    smoke      the smoke suite (a new image, or an up-to-date one without its report)
+    sbom       the SBOM (likewise)
+    stage      --stage: image, build cache, base and evidence in the staging registry
+    summarize  the smoke summary and SBOM size for the table and --json
+A failed variant leaves existing images and tags as they were, does not stop the others unless
+--fail-fast, and makes the exit code non-zero. A file lock keeps two builds on one machine from
+racing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from builder.core import engine, limits, reproducible, sign, state
+from builder.core.errors import BuilderError
+from builder.core.output import human_bytes, step
+from builder.model import lockfile, platforms, rendered
+from builder.model.matrix import Matrix, Variant
+from builder.stages import base, build, locks, plan, render, smoketest, staging
+from builder.stages.wheelhouse import Wheelhouse, local_wheels
+
+OK = ("built", "up-to-date")
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """What a build was asked for: `builder build` makes it from its arguments
+    (commands/build.py), `rebuild` passes its own."""
+
+    locks: Path = Path("locks")
+    force: bool = False
+    relock: bool = False
+    fail_fast: bool = False
+    smoke: bool = True
+    sbom: bool = True
+    stage: bool = False
+    require_gpu: bool = False
+    apt_refresh: str = ""
+    registry_cache: bool = True  # --cache-from the registry's cache image of the variant
+    key: sign.SigningKey | None = None  # signs the evidence attached at staging
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One planned variant's record through the steps: built (image id, size, smoke report,
+    SBOM), then staged (`message`: the staged reference)."""
+
+    variant_id: str
+    state: str  # build (planned) | built | up-to-date | failed | smoke-failed | skipped
+    image: str = ""
+    image_id: str = ""
+    size: int = 0
+    seconds: float = 0.0
+    message: str = ""
+    report: dict | None = field(default=None, repr=False)
+    sbom_path: str = ""
+    planned: plan.PlannedVariant | None = field(default=None, repr=False, compare=False)
+    smoke: str = "-"  # smoketest.summary of its report: `pass (3 CPU stand-ins, …)`, `FAIL: x`
+    sbom_components: int | None = None
+    missing: tuple[str, ...] = field(default=(), repr=False, compare=False)  # evidence to make
+    started: float = field(default=0.0, repr=False, compare=False)
+
+    def as_json(self) -> dict[str, Any]:
+        internal = ("report", "planned", "missing", "started")
+        return {k: v for k, v in self.__dict__.items() if k not in internal}
+
+
+@dataclass(frozen=True)
+class Run:
+    """What every step of one build reads: the matrix, the options, the shared wheelhouse."""
+
+    matrix: Matrix
+    options: BuildOptions
+    wheelhouse: Wheelhouse
+
+
+Step = Callable[[Run, Outcome], Outcome]
+
+
+def build_images(matrix: Matrix, variants: list[Variant], options: BuildOptions) -> list[Outcome]:
+    """Plan the variants, then take each through STEPS. Variants of a platform this host cannot
+    run are skipped, with the command that enables it."""
+    variants, skipped = runnable(variants)
+    if not variants:
+        return skipped
+    planned = prepare(matrix, variants, options)
+    run = Run(matrix, options, Wheelhouse())
+    todo = [p for p in planned if p.state == "build" or options.force]
+    step(f"{len(todo)} of {len(planned)} variants to build"
+         + ("" if todo else ": everything is up to date"))
+    outcomes: list[Outcome] = []
+    for p in planned:
+        outcome = Outcome(p.variant.key, "build", p.local_image, planned=p) if p in todo else \
+            Outcome(p.variant.key, "up-to-date", p.local_image, message=p.where, planned=p)
+        outcome = through_steps(run, outcome)
+        outcomes.append(outcome)
+        if outcome.state not in OK and options.fail_fast:
+            break
+    return outcomes + skipped
+
+
+def through_steps(run: Run, outcome: Outcome) -> Outcome:
+    """One variant's record through every step, in order (each passes over a record it has
+    nothing to do for)."""
+    for each in STEPS:
+        outcome = each(run, outcome)
+    return outcome
+
+
+def prepare(matrix: Matrix, variants: list[Variant],
+            options: BuildOptions) -> list[plan.PlannedVariant]:
+    """Locks current (re-locked with --relock), BuildKit there, every base made, the plan."""
+    if options.relock:
+        stale = [v for v in variants if not lockfile.is_current(options.locks, v)]
+        locks.lock_all(matrix, stale, options.locks, progress=step)
+    for v in variants:  # a missing or stale lock fails now, not after the bases are made
+        lockfile.require_lock(options.locks, v)
+    build.ensure_buildkit()
+    digests: dict[str, str | None] = {}
+    for v in variants:
+        key = platforms.base_key(v.base.image, v.platform)
+        if key not in digests:
+            digests[key] = base.ensure_variant(matrix, v, progress=step)
+    rendered = [render.render_locked(matrix, v, options.locks) for v in variants]
+    return plan.make_plan(matrix, rendered, digests, check_registry=False)
+
+
+# ---- the steps of one variant, in order -------------------------------------------------------
+
+
+def local_image(run: Run, o: Outcome) -> Outcome:
+    """An image up to date here: its id, and which of its evidence this state folder lacks
+    (built by another checkout, by a test, or with --no-smoke), so that up to date always
+    means ready to stage and publish."""
+    if o.state != "up-to-date" or o.message != "local":
+        return o
+    info = engine.inspect_image(o.image)
+    if info is None:
+        return o
+    o = replace(o, image_id=info["Id"])
+    names = {"smoke": "smoke report", "sbom": "SBOM"}
+    wanted = {"smoke": run.options.smoke, "sbom": run.options.sbom}
+    missing = tuple(k for k in names
+                    if wanted[k] and not state.evidence_path(k, o.image_id).is_file())
+    if missing:
+        step(f"  [{o.variant_id}] up to date, but no "
+             f"{' and '.join(names[k] for k in missing)} in {state.root()}: making it")
+    return replace(o, missing=missing)
+
+
+def context(run: Run, o: Outcome) -> Outcome:
+    """Disk space, then the shared build context filled for this variant."""
+    if o.state != "build":
+        return o
+    p = planned_of(o)
+    o = replace(o, started=time.monotonic())
+    try:
+        engine.ensure_disk(state.root(), build.NEED_GB[p.variant.accelerator])
+        step(f"  [{o.variant_id}] wheels")
+        uv = render.uv_requirements()
+        sets = [(s.source, s.requirements, tuple(local_wheels(s.find_links, s.requirements)))
+                for s in p.rendered.steps]
+        sets.append((render.uv_source(p.variant.platform), uv,
+                     tuple(run.wheelhouse.ensure(p.variant, uv, progress=step))))
+        build.prepare_context(build.Context(
+            p.variant.key, tuple(sets), (p.rendered.facts_source,
+                                         rendered.facts_json(p.rendered.facts)),
+            rendered.SMOKE_SOURCE, p.rendered.dockerfile, p.rendered.dockerignore),
+            run.wheelhouse.link_set)
+    except BuilderError as exc:
+        return failed(o, exc)
+    return o
+
+
+def buildkit(run: Run, o: Outcome) -> Outcome:
+    """The BuildKit build (from the registry's cache), its config made reproducible."""
+    if o.state != "build":
+        return o
+    p, log = planned_of(o), state.path("logs") / f"{o.variant_id}.log"
+    spec = build.Spec(o.variant_id, p.local_image, p.variant.platform, build.build_labels(
+        lockfile.lock_paths(run.options.locks, p.variant), p.base_digest, p.content_hash,
+        p.lock_hash), state.root() / "context", state.root() / "rendered" / p.variant.key /
+        "Dockerfile", log, run.options.apt_refresh)
+    step(f"  [{o.variant_id}] building (log: {log})")
+    try:
+        cache = build.registry_cache(run.matrix, p.local_image) \
+            if run.options.registry_cache else []
+        image_id = build.build_from_registry_cache(spec, cache)
+        image_id = reproducible.normalise_image(image_id, p.local_image,
+                                                keep=build.cache_ref(run.matrix, p.local_image))
+    except BuilderError as exc:
+        return failed(o, exc)
+    info = engine.inspect_image(image_id) or {}
+    o = replace(o, state="built", image_id=image_id, size=int(info.get("Size", 0)),
+                seconds=time.monotonic() - o.started)
+    step(f"  [{o.variant_id}] built {o.image} ({human_bytes(o.size)}, {o.seconds:.0f} s)")
+    return replace(o, missing=tuple(k for k in ("smoke", "sbom")
+                                    if getattr(run.options, k)))
+
+
+def smoke(run: Run, o: Outcome) -> Outcome:
+    """The smoke suite in the image; a failed report is the `smoke-failed` state."""
+    if "smoke" not in o.missing or not o.image_id:
+        return o
+    step(f"  [{o.variant_id}] smoke")
+    require_gpu = run.options.require_gpu
+    report = smoketest.run_smoke(o.image, require_gpu=require_gpu, gpus=None, report_path=None)
+    passed, why = smoketest.report_passed(report, require_gpu=require_gpu)
+    return replace(o, report=report) if passed else replace(
+        o, report=report, state="smoke-failed", message=why)
+
+
+def sbom(run: Run, o: Outcome) -> Outcome:
+    """The image's SBOM, generated, validated and kept by image id."""
+    if "sbom" not in o.missing or not o.image_id:
+        return o
+    step(f"  [{o.variant_id}] sbom")
+    return replace(o, sbom_path=str(write_image_sbom(o.image_id, o.image)))
+
+
+def stage(run: Run, o: Outcome) -> Outcome:
+    """--stage: the image by digest in the staging repository with its evidence attached
+    there (signed with --key), its build cache and its base, so that any other machine can
+    smoke, describe, publish or reproduce it."""
+    if not (run.options.stage and o.state in OK and o.image_id):
+        return o
+    p, matrix = planned_of(o), run.matrix
+    step(f"  [{o.variant_id}] staging in {matrix.staging_registry}/{matrix.staging_repository}")
+    files = {kind: path.read_bytes() for kind in ("smoke", "sbom")
+             if (path := state.evidence_path(kind, o.image_id)).is_file()}
+    staged = staging.stage(matrix, o.image_id, p.hash_tag, evidence_files=files,
+                           key=run.options.key, cache=build.cache_ref(matrix, p.local_image),
+                           base=base.registry_copy(matrix, p.variant, p.base_digest),
+                           label=o.variant_id)
+    return replace(o, message=staged.reference)
+
+
+def summarize(run: Run, o: Outcome) -> Outcome:
+    return summarized(o)
+
+
+STEPS: tuple[Step, ...] = (local_image, context, buildkit, smoke, sbom, stage, summarize)
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+
+def planned_of(o: Outcome) -> plan.PlannedVariant:
+    assert o.planned is not None
+    return o.planned
+
+
+def failed(o: Outcome, exc: BuilderError) -> Outcome:
+    step(f"  [{o.variant_id}] FAILED: {exc}" + (f"\n{exc.hint}" if exc.hint else ""))
+    return replace(o, state="failed", seconds=time.monotonic() - o.started, message=str(exc))
+
+
+def summarized(outcome: Outcome) -> Outcome:
+    """The outcome with its smoke summary and SBOM component count for the table and --json,
+    from this run's evidence or the stored one."""
+    report, sbom_path = outcome.report, outcome.sbom_path
+    if outcome.image_id:
+        report = report or _read_json(state.evidence_path("smoke", outcome.image_id))
+        sbom_path = sbom_path or str(state.evidence_path("sbom", outcome.image_id))
+    sbom_doc = _read_json(Path(sbom_path)) if sbom_path else None
+    return replace(outcome, report=report, smoke=smoketest.summary(report),
+                   sbom_path=sbom_path if sbom_doc else "",
+                   sbom_components=len(sbom_doc.get("components") or []) if sbom_doc else None)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = limits.parse_json(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def write_image_sbom(image_id: str, image: str) -> Path:
+    """Generate (validated) and store the SBOM of a built image, keyed by image id."""
+    import sbom as sbom_lib
+
+    doc = sbom_lib.generate(image, reproducible=True)
+    target = state.evidence_path("sbom", image_id)
+    sbom_lib.write(doc, target)
+    return target
+
+
+def runnable(variants: list[Variant]) -> tuple[list[Variant], list[Outcome]]:
+    """The variants this host can bootstrap, build and smoke-test, and a `skipped` outcome for
+    each of the others (one line per platform says why and what enables it)."""
+    why = {name: platforms.cannot_run(name) for name in {v.platform for v in variants}}
+    for name, reason in sorted(why.items()):
+        if reason:
+            count = sum(v.platform == name for v in variants)
+            step(f"{name}: {count} variant{'s' * (count != 1)} skipped: {reason}")
+    return ([v for v in variants if not why[v.platform]],
+            [Outcome(v.key, "skipped", message=f"no emulation: {platforms.ENABLE_EMULATION}")
+             for v in variants if why[v.platform]])
+
+
+@contextlib.contextmanager
+def build_lock() -> Iterator[None]:
+    """One build at a time per state folder; a second run waits and says so."""
+    path = state.path() / "build.lock"
+    try:
+        fh = path.open("a+")
+    except OSError as exc:
+        raise state.path_error(path, exc, hint="BUILDER_STATE must name a folder this user can "
+                               "write (default: .state)") from None
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            step(f"another `builder build` holds {path}; waiting for it to finish…")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
