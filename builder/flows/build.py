@@ -135,8 +135,8 @@ def prepare(matrix: Matrix, variants: list[Variant],
         key = platforms.base_key(v.base.image, v.platform)
         if key not in digests:
             digests[key] = base.ensure_variant(matrix, v, progress=step)
-    rendered = [render.render_locked(matrix, v, options.locks) for v in variants]
-    return plan.make_plan(matrix, rendered, digests, check_registry=False)
+    renders = [render.render_locked(matrix, v, options.locks) for v in variants]
+    return plan.make_plan(matrix, renders, digests, check_registry=False)
 
 
 # ---- the steps of one variant, in order -------------------------------------------------------
