@@ -21,6 +21,7 @@ from typing import Any
 
 from builder.core import oci, sign, state
 from builder.core.errors import BuilderError
+from builder.model import catalog_unreadable
 from builder.model.catalog_doc import (
     SCHEMA_VERSION,
     TagSet,
@@ -283,8 +284,14 @@ def collect(source: Source, site: Path, cache_path: Path | None, *, keys: list[A
     by_tag = {t: digests[t] for t in tags.images if t in digests}
     with ThreadPoolExecutor(WORKERS) as pool:
         images = dict(zip(set(by_tag.values()), pool.map(
-            lambda d: image_facts(reader, d, tags, digests), set(by_tag.values())), strict=True))
+            lambda d: readable_facts(reader, d, tags, digests), set(by_tag.values())),
+            strict=True))
     cache.save()
+    unreadable = [catalog_unreadable.entry(d, [t for t, x in by_tag.items() if x == d], why)
+                  for d, why in sorted((d, i["unreadable"]) for d, i in images.items()
+                                       if "unreadable" in i)]
+    images = {d: i for d, i in images.items() if "unreadable" not in i}
+    by_tag = {t: d for t, d in by_tag.items() if d in images}
     doc = {
         "schema_version": SCHEMA_VERSION,
         "generated_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -293,11 +300,24 @@ def collect(source: Source, site: Path, cache_path: Path | None, *, keys: list[A
         "images": dict(sorted(images.items())),
         "variants": variants(by_tag, images),
         "public_keys": public_keys(keys or []),
+        **({"unreadable": unreadable} if unreadable else {}),
     }
     for image in images.values():  # the changelogs are made: the SBOM itself is downloadable
         for platform in image["platforms"]:
             platform["evidence"]["sbom"].pop("components", None)
     return doc, cache.fetched
+
+
+def readable_facts(reader: Reader, digest: str, tags: TagSet,
+                   digests: dict[str, str]) -> dict[str, Any]:
+    """image_facts, or `{"unreadable": reason}` for an image whose manifest, config or labels
+    are off the schema (one such image must not stop the catalog)."""
+    try:
+        facts = image_facts(reader, digest, tags, digests)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return {"unreadable": f"{type(exc).__name__}: {exc}"}
+    problem = catalog_unreadable.problem(facts)
+    return {"unreadable": problem} if problem else facts
 
 
 def image_facts(reader: Reader, digest: str, tags: TagSet,
