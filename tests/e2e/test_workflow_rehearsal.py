@@ -170,7 +170,8 @@ def plant_commit(doc: dict[str, Any]) -> None:
     """A publish job (contents: read) that commits its report to the repository."""
     doc["jobs"]["publish"]["steps"].append({
         "name": "Record the publication in git",
-        "run": "git add -f published.json\n"
+        "run": "date -u > publication-record.txt\n"
+               "git add publication-record.txt\n"
                "git -c user.name=ci -c user.email=ci@example.org commit -qm record\n"
                "git push origin HEAD:main"})
 
@@ -218,6 +219,7 @@ def test_the_workflows_rehearsed(stage: dict[str, Any]) -> None:
                          inputs={"select": f"id={CPU}"}, rerun=built, only={"publish"})
     assert planted["publish"].result == "failure"
     assert ("Record the publication in git", "failure") in planted["publish"].steps
+    assert any("Permission to rehearsal/torch-images denied" in line for line in runner.log)
 
     # 4. numpy bumped in the lock (the shipped lock)
     tree = stage["tree"]
