@@ -335,8 +335,9 @@ def setup_python(runner: Runner, _with: dict[str, str], env: dict[str, str], wor
 
 def upload_artifact(runner: Runner, with_: dict[str, str], _env: dict[str, str],
                     work: Path) -> str:
-    """actions/upload-artifact: the files into the run's artifact storage, by name."""
-    store = runner.root / "artifacts" / with_["name"]
+    """actions/upload-artifact: the files into the run's artifact storage, by name (Pages'
+    artifact is `github-pages`)."""
+    store = runner.root / "artifacts" / with_.get("name", "github-pages")
     store.mkdir(parents=True, exist_ok=True)
     for pattern in with_.get("path", "").split():
         for found in work.glob(pattern.rstrip("/")):
