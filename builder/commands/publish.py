@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import Any
 
 from builder.commands.options import (
     REGISTRY_CA_HELP,
@@ -15,7 +16,7 @@ from builder.commands.options import (
 )
 from builder.core import sign
 from builder.core.errors import GateRefused
-from builder.core.output import emit_json, table
+from builder.core.output import emit_json, step, table
 from builder.flows.publish import publish_variants
 from builder.stages import base, plan, render
 
@@ -56,6 +57,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
               [(r["id"], r["status"] + (" UNSIGNED" if r.get("unsigned") else ""),
                 r.get("reason") or ", ".join(r.get("tags", [])))
                for r in results])
+    if line := nothing_to_do(results, args.dry_run):
+        step(line)
     refused = [r for r in results if r["status"] == "refused"]
     if refused:
         reasons = "; ".join(f"{r['id']}: {r['reason']}" for r in refused)
@@ -63,6 +66,15 @@ def cmd_publish(args: argparse.Namespace) -> int:
         raise GateRefused(f"{len(refused)} of {total} variants refused: {reasons}",
                           hint=refusal_hint(args.select, refused), printed=args.json)
     return 0
+
+
+def nothing_to_do(results: list[dict[str, Any]], dry_run: bool) -> str | None:
+    """The line a run with nothing new ends with: the registry already holds every selected
+    variant with this content (a dry run then would push nothing)."""
+    if not results or any(r["status"] != "already-published" for r in results):
+        return None
+    return ("nothing to do: " + ("the dry run would push nothing; " if dry_run else "")
+            + f"all {len(results)} selected variants are already published with this content")
 
 
 def refusal_hint(typed: list[str], refused: list[dict[str, object]]) -> str:

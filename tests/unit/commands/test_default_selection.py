@@ -39,3 +39,15 @@ def test_publish_hints_name_only_what_the_user_typed() -> None:
     assert "platform=" not in refusal_hint(["default=true"], refused)
     typed = refusal_hint(["id=" + SLIM, "platform=linux/amd64"], refused)
     assert "`--select platform=linux/amd64`" in typed and "id=" not in typed
+
+
+def test_a_publish_with_nothing_new_says_nothing_to_do() -> None:
+    from builder.commands import publish as publish_cmd
+
+    held = [{"id": "a", "status": "already-published"}, {"id": "b", "status": "already-published"}]
+    assert publish_cmd.nothing_to_do(held, dry_run=True) == (
+        "nothing to do: the dry run would push nothing; all 2 selected variants are already "
+        "published with this content")
+    assert publish_cmd.nothing_to_do(held, dry_run=False).startswith("nothing to do: all 2")
+    assert publish_cmd.nothing_to_do([*held, {"id": "c", "status": "would-publish"}],
+                                     dry_run=True) is None
