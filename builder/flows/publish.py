@@ -26,14 +26,14 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, oci, sign
+from builder.core import engine, oci, reproducible, sign
 from builder.core.errors import ConfigError
 from builder.core.output import step
 from builder.flows import record
 from builder.model import platforms, publication
 from builder.model.matrix import Matrix, Variant
 from builder.model.publication import Artifact, PlatformEntry, Publication
-from builder.stages import plan, publish
+from builder.stages import plan, provenance, publish, staging
 from builder.stages.publish import Candidate
 from builder.stages.staging import Staged
 
@@ -228,11 +228,34 @@ def promote_with_evidence(matrix: Matrix, cand: Candidate
     provenance attached to that digest and (with a key) their signed attestations; no tag
     points at it yet (sign_digest signs it next)."""
     trust = cand.trust
-    vetted = publish.promote(matrix, publish.stage(matrix, cand))
+    vetted = publish.promote(matrix, stage(matrix, cand))
     refs = {"sbom": publish.attach(vetted, "sbom", cand.evidence["sbom"], trust),
             "smoke_report": publish.attach(vetted, "smoke", cand.evidence["smoke"], trust),
-            "provenance": publish.attach_provenance(vetted, trust)}
+            "provenance": publish.attach(vetted, "provenance", provenance_of(vetted, trust),
+                                         trust)}
     return vetted, refs
+
+
+def stage(matrix: Matrix, cand: Candidate) -> Staged:
+    """The staged image (the local one staged first, through the one staging path), with this
+    machine's evidence attached there too, so the next machine finds it."""
+    if cand.staged is None:
+        return staging.stage(matrix, cand.image_id, cand.planned.hash_tag,
+                             evidence_files=cand.evidence, key=cand.trust.key)
+    staging.attach_all(cand.staged, cand.evidence, cand.trust.key)
+    return cand.staged
+
+
+def provenance_of(vetted: Staged, trust: sign.Trust) -> bytes:
+    """The SLSA provenance statement, from the image's labels in the registry; it says when
+    the staged evidence was taken unsigned (--unsigned)."""
+    config = staging.image_config(vetted)
+    doc = provenance.statement(f"{vetted.registry}/{vetted.repository}", vetted.digest,
+                               (config.get("config") or {}).get("Labels") or {},
+                               reproducible.record(config))
+    if trust.unsigned:
+        doc["predicate"]["buildDefinition"]["internalParameters"]["unsigned_staging"] = True
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
 def push_index(matrix: Matrix, promoted: list[Promoted]) -> Staged:

@@ -25,11 +25,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.core import engine, labels, limits, oci, reproducible, sign, state
+from builder.core import engine, labels, limits, oci, sign, state
 from builder.core.oci import RegistryError
 from builder.model.matrix import Matrix
 from builder.model.publication import Signed
-from builder.stages import plan, provenance, smoketest, staging
+from builder.stages import plan, smoketest, staging
 from builder.stages.staging import Staged
 
 MAX_SUFFIX = 99
@@ -202,16 +202,6 @@ def dated_tag(reg: oci.Registry, repository: str, floating: str, date: str,
     raise RegistryError(f"`{floating}-{date}` has {MAX_SUFFIX} suffixes taken today")
 
 
-def stage(matrix: Matrix, cand: Candidate) -> Staged:
-    """The staged image, staging the local one first, with this machine's evidence attached
-    there too, so the next machine finds it."""
-    if cand.staged is None:
-        return staging.stage(matrix, cand.image_id, cand.planned.hash_tag,
-                             evidence_files=cand.evidence, key=cand.trust.key)
-    staging.attach_all(cand.staged, cand.evidence, cand.trust.key)
-    return cand.staged
-
-
 def promote(matrix: Matrix, staged: Staged) -> Staged:
     """Copy the staged image into the vetted repository, by digest: no tag points at it yet.
     Staging may be another registry: each missing blob is then streamed across once."""
@@ -222,19 +212,6 @@ def promote(matrix: Matrix, staged: Staged) -> Staged:
 
 def attach(vetted: Staged, kind: str, data: bytes, trust: sign.Trust) -> dict[str, str]:
     return staging.attach(vetted, kind, data, key=trust.key)
-
-
-def attach_provenance(vetted: Staged, trust: sign.Trust) -> dict[str, str]:
-    """The SLSA provenance statement, from the image's labels in the registry; it says when
-    the staged evidence was taken unsigned (--unsigned)."""
-    config = staging.image_config(vetted)
-    doc = provenance.statement(f"{vetted.registry}/{vetted.repository}", vetted.digest,
-                               (config.get("config") or {}).get("Labels") or {},
-                               reproducible.record(config))
-    if trust.unsigned:
-        doc["predicate"]["buildDefinition"]["internalParameters"]["unsigned_staging"] = True
-    data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
-    return staging.attach(vetted, "provenance", data, key=trust.key)
 
 
 def sign_digest(vetted: Staged, trust: sign.Trust,

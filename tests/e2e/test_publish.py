@@ -321,8 +321,9 @@ def test_registry_start_is_idempotent(registry_addr: str, tmp_path: Path) -> Non
 
 # ---- interrupted publications ------------------------------------------------------------------
 
-STEPS = [("stage", 1), ("promote", 1), ("attach", 1), ("attach", 2), ("attach_provenance", 1),
-         ("tag_image", 1), ("tag_image", 2), ("tag_image", 3)]
+# (the flow's own steps: `stage`, `provenance_of`; the rest are stages.publish's)
+STEPS = [("stage", 1), ("promote", 1), ("attach", 1), ("attach", 2), ("provenance_of", 1),
+         ("attach", 3), ("tag_image", 1), ("tag_image", 2), ("tag_image", 3)]
 
 
 @pytest.mark.docker
@@ -334,7 +335,8 @@ def test_a_crash_at_any_step_leaves_nothing_half_done(
     image without its SBOM and smoke report; the next `publish` completes the publication."""
     addr, repo = images.matrix.registry, images.matrix.repository
     p, _ = images.build(CPU_ID)
-    real = getattr(publish, function)
+    owner = publish_flow if function in ("stage", "provenance_of") else publish
+    real = getattr(owner, function)
     calls = []
 
     def crash(*args: Any, **kwargs: Any) -> Any:
@@ -343,7 +345,7 @@ def test_a_crash_at_any_step_leaves_nothing_half_done(
             raise RuntimeError(f"injected crash in {function} #{nth}")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(publish, function, crash)
+    monkeypatch.setattr(owner, function, crash)
     with pytest.raises(RuntimeError, match="injected crash"):
         run(images, [p], tmp_path)
     user_tags = [t for t in tags(addr, repo) if not t.startswith("sha256-")]
@@ -353,7 +355,7 @@ def test_a_crash_at_any_step_leaves_nothing_half_done(
         assert evidence <= set(tags(addr, repo)), tag
     assert not (tmp_path / "published.json").exists()
 
-    monkeypatch.setattr(publish, function, real)
+    monkeypatch.setattr(owner, function, real)
     [result] = run(images, [p], tmp_path)
     assert result["status"] == "published"
     hexd = result["digest"].removeprefix("sha256:")

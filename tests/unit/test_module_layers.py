@@ -43,7 +43,7 @@ ALLOWED = {
 PENDING: dict[str, set[str]] = {
     "builder.stages.catalog": {"builder.stages.provenance"},  # dependencies_by_role
     "builder.stages.publish": {"builder.stages.staging", "builder.stages.plan",
-                               "builder.stages.provenance", "builder.stages.smoketest"},
+                               "builder.stages.smoketest"},
 }
 
 
