@@ -67,9 +67,9 @@ def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
         publication.check(manifest)  # a report that cannot be written stops us before a push
     plan.check_tags(matrix, locks_dir)
     engine.ensure_engine()
-    known = record.latest(matrix, trust.keys)
     results: list[dict[str, Any]] = []
     try:
+        known = record.latest(matrix, trust.keys)  # a registry down: the same hint as below
         for group in groups(planned):
             if held := already_published(known, group):
                 results.append(held)
