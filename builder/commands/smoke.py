@@ -11,7 +11,7 @@ from typing import Any
 
 from builder.commands.options import add_command, add_key_option
 from builder.core import sign
-from builder.stages.smoketest import report_passed, run_smoke
+from builder.stages.smoketest import format_table, report_passed, report_row, run_smoke
 from smoke.checks import CHECKS
 
 HELP = f"""\
@@ -80,30 +80,6 @@ def _cmd(args: argparse.Namespace) -> int:
     return 0 if passed else 1
 
 
-def _row(check: dict[str, Any]) -> tuple[str, str, str, str]:
-    status = check["status"]
-    if "original_status" in check:
-        status += f" (was {check['original_status']})"
-    message = check.get("message", "")
-    for warning in check.get("warnings", []):
-        message += f"\nwarning: {warning}"
-    return check["name"], status, f"{check.get('duration_s', 0):.1f}s", message
-
-
-def format_table(report: dict[str, Any], passed: bool, reason: str) -> str:
-    rows = [("check", "status", "time", "message"), *(_row(c) for c in report["checks"])]
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = []
-    for row in rows:
-        first, *rest = row[3].splitlines() or [""]
-        lines.append(f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:>{widths[2]}}  "
-                     f"{first}")
-        lines += [" " * (sum(widths) + 6) + f"  {more}" for more in rest]
-    image = report.get("image") or {}
-    lines.append(f"{'PASS' if passed else 'FAIL'}: {reason} — {image.get('ref')} {image.get('id')}")
-    return "\n".join(lines)
-
-
 def _print_rich(report: dict[str, Any], passed: bool, reason: str) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -114,7 +90,7 @@ def _print_rich(report: dict[str, Any], passed: bool, reason: str) -> None:
     for column in ("check", "status", "time", "message"):
         table.add_column(column, justify="right" if column == "time" else "left")
     for check in report["checks"]:
-        name, status, time_s, message = _row(check)
+        name, status, time_s, message = report_row(check)
         table.add_row(name, f"[{colours.get(check['status'], 'white')}]{status}[/]", time_s,
                       message, )
     console = Console()

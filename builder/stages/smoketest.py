@@ -348,3 +348,28 @@ def run_smoke(
     store_report(report, image_id, report_path)
     return report
 
+
+def report_row(check: dict[str, Any]) -> tuple[str, str, str, str]:
+    """One check of a report as the table shows it: name, status, time, message (+ warnings)."""
+    status = check["status"]
+    if "original_status" in check:
+        status += f" (was {check['original_status']})"
+    message = check.get("message", "")
+    for warning in check.get("warnings", []):
+        message += f"\nwarning: {warning}"
+    return check["name"], status, f"{check.get('duration_s', 0):.1f}s", message
+
+
+def format_table(report: dict[str, Any], passed: bool, reason: str) -> str:
+    """A smoke report as a plain-text table and its verdict (`builder smoke`, bench/arm64.py)."""
+    rows = [("check", "status", "time", "message"), *(report_row(c) for c in report["checks"])]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = []
+    for row in rows:
+        first, *rest = row[3].splitlines() or [""]
+        lines.append(f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:>{widths[2]}}  "
+                     f"{first}")
+        lines += [" " * (sum(widths) + 6) + f"  {more}" for more in rest]
+    image = report.get("image") or {}
+    lines.append(f"{'PASS' if passed else 'FAIL'}: {reason} — {image.get('ref')} {image.get('id')}")
+    return "\n".join(lines)
