@@ -28,3 +28,6 @@ HOME = "/opt/torch-images"
 SMOKE_WORKDIR = HOME  # in the image: the smoke package is HOME/smoke; the suite runs with -w here
 VENV = "/opt/venv"
 USER_UID = 1000
+# Every layer's file times and created time: one fixed moment (core/reproducible.py, the
+# templates' SOURCE_DATE_EPOCH), so identical layers are identical blobs.
+SOURCE_DATE_EPOCH = 1704067200

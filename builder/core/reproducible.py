@@ -29,8 +29,7 @@ from typing import Any
 from builder.core import engine, labels
 from builder.core.errors import BuilderError
 
-# The layers' fixed file time (builder.stages.base.SOURCE_DATE_EPOCH).
-SOURCE_DATE_EPOCH = 1704067200
+SOURCE_DATE_EPOCH = labels.SOURCE_DATE_EPOCH  # the layers' fixed file time
 METHOD = ("config and history `created` set to the image's org.opencontainers.image.created "
           "label (the lock's commit time) and the config loaded again with `docker load`; layer "
           f"file times clamped to SOURCE_DATE_EPOCH={SOURCE_DATE_EPOCH} by the templates")

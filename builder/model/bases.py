@@ -4,10 +4,10 @@ build (its SOURCE_DATE_EPOCH), so none of them imports another's step."""
 
 from __future__ import annotations
 
-from builder.core import reproducible
+from builder.core import labels
 from builder.model.matrix import Base
 
-SOURCE_DATE_EPOCH = str(reproducible.SOURCE_DATE_EPOCH)  # same packages → byte-identical rootfs
+SOURCE_DATE_EPOCH = str(labels.SOURCE_DATE_EPOCH)  # same packages → byte-identical rootfs
 # What no image reads at run time never enters the base layer (a later layer could only white it
 # out): translations, docs except copyright (the SBOM reads those), man/info pages. The dpkg
 # excludes stay in the image, so later apt installs skip them too.

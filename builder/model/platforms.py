@@ -9,15 +9,19 @@ changes nothing for amd64. Every other platform adds a `.linux-<arch>` suffix.
 
 from __future__ import annotations
 
+import hashlib
 import platform as host_platform
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from builder.core import oci
+from builder.core import media
 from builder.core.errors import ConfigError
+
+if TYPE_CHECKING:  # render reads this table: no registry client at run time
+    from builder.core.oci import Descriptor
 
 
 @dataclass(frozen=True)
@@ -184,7 +188,7 @@ def base_tag(suite: str, platform: Platform) -> str:
 def layers_digest(diff_ids: Sequence[str]) -> str:
     """The same base digest `builder.stages.base.digest_of` computes for a local image: over its
     filesystem layers, so a re-bootstrap with the same packages changes nothing."""
-    return oci.sha256("\n".join(diff_ids).encode())
+    return "sha256:" + hashlib.sha256("\n".join(diff_ids).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------- the multi-arch index
@@ -193,7 +197,7 @@ def layers_digest(diff_ids: Sequence[str]) -> str:
 @dataclass(frozen=True)
 class PlatformManifest:
     platform: Platform
-    descriptor: oci.Descriptor
+    descriptor: Descriptor
 
 
 def index_document(manifests: Sequence[PlatformManifest],
@@ -208,7 +212,7 @@ def index_document(manifests: Sequence[PlatformManifest],
                                                if m.platform.name in order else len(order),
                                                m.platform.name))
     doc: dict[str, Any] = {
-        "schemaVersion": 2, "mediaType": oci.OCI_INDEX,
+        "schemaVersion": 2, "mediaType": media.OCI_INDEX,
         "manifests": [{**m.descriptor.as_json(), "platform": m.platform.as_oci()}
                       for m in entries],
     }
