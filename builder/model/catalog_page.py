@@ -28,23 +28,28 @@ def smoke_verdict(smoke: dict[str, Any], accelerator: str) -> dict[str, str]:
     counted as GPU-smoked), not-applicable (a CPU image: there is no CUDA to check), fail,
     missing. `css`: the status class the page colours it with."""
     if not smoke.get("present"):
-        return {"state": "missing", "css": "fail", "line": "no smoke report"}
+        return {"state": "missing", "css": "fail", "line": "no smoke report",
+                "short": "no smoke report"}
     emulated = " (emulated)" if smoke.get("emulated") else ""
     if smoke.get("status") != "pass":
-        return {"state": "fail", "css": "fail", "line": f"{smoke.get('status')}{emulated}"}
+        return {"state": "fail", "css": "fail", "line": f"{smoke.get('status')}{emulated}",
+                "short": f"{smoke.get('status')}{emulated}"}
     if accelerator != "cuda":
         return {"state": "not-applicable", "css": "pass",
-                "line": f"pass on CPU{emulated}; GPU checks not applicable (CPU image)"}
+                "line": f"pass on CPU{emulated}; GPU checks not applicable (CPU image)",
+                "short": f"pass (CPU image){emulated}"}
     host = smoke.get("host") or {}
     gpus = host.get("gpus") or []
     gpu_checks = [c for c in smoke.get("checks") or [] if c.get("name") in GPU_CHECKS]
     if gpus and gpu_checks and all(c.get("status") == "pass" for c in gpu_checks):
         where = host.get("summary") or \
             f"{len(gpus)}× {gpus[0]['name']}, driver {host.get('driver') or '?'}"
-        return {"state": "gpu", "css": "pass", "line": f"pass on GPU: {where}{emulated}"}
+        return {"state": "gpu", "css": "pass", "line": f"pass on GPU: {where}{emulated}",
+                "short": f"pass on GPU{emulated}"}
     return {"state": "stand-in", "css": "standin",
             "line": f"CPU stand-in{emulated}: passed without a GPU (GPU checks ran on the CPU "
-                    "or were skipped); not yet checked on a GPU"}
+                    "or were skipped); not yet checked on a GPU",
+            "short": f"CPU stand-in: no GPU{emulated}"}
 
 
 def check_status(check: dict[str, Any], accelerator: str) -> tuple[str, str]:

@@ -220,7 +220,7 @@ def test_a_cpu_image_is_not_applicable_and_a_cuda_one_smoked_without_gpu_is_a_st
     summary = re.search(r'<p id="smoke-summary">(.*?)</p>', index, re.S)[1]
     assert "0 passed on a GPU" in summary and "2 CUDA images only with a CPU stand-in" in summary
     assert "2 CPU images (GPU checks not applicable)" in summary
-    cells = re.findall(r'<td class="status-(\w+)" data-smoke="([\w-]+)">', index)
+    cells = re.findall(r'<td class="status-(\w+)" data-smoke="([\w-]+)"', index)
     assert sorted(cells) == [("pass", "not-applicable")] * 2 + [("standin", "stand-in")] * 2
     # Amber in the browser: the stand-in's colour is neither the pass nor the fail colour.
     css = (site.out / "style.css").read_text()

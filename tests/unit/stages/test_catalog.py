@@ -63,7 +63,8 @@ def test_evidence_summaries_keep_what_a_page_shows() -> None:
     assert smoke["status"] == "pass" and smoke["host"]["gpus"] == []
     assert howto.smoke_verdict({"present": True, **smoke}, "cpu") == {
         "state": "not-applicable", "css": "pass",
-        "line": "pass on CPU; GPU checks not applicable (CPU image)"}
+        "line": "pass on CPU; GPU checks not applicable (CPU image)",
+        "short": "pass (CPU image)"}
     gpu = {"present": True, "status": "pass", "host": {"gpus": [{"name": "NVIDIA H100"}] * 2,
                                                      "driver": "580.95.05"},
            "checks": [{"name": "cuda", "status": "pass"}]}
