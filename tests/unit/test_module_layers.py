@@ -56,12 +56,17 @@ def modules_of(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Pa
     return {module_name(p, root): p for pkg in packages for p in sorted((root / pkg).rglob("*.py"))}
 
 
-def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+def imports_of(name: str, path: Path, known: set[str], *, runtime: bool = False) -> set[str]:
     """The known modules `name` imports, at any depth: `from a.b import c` names `a.b.c` when that
-    is a module, else `a.b`; relative imports are resolved against the package."""
+    is a module, else `a.b`; relative imports are resolved against the package. `runtime`: not
+    those under `if TYPE_CHECKING:` (only a type checker follows them)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree) if runtime else ():
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -74,11 +79,23 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return {n for n in found if n in known and n != name}
 
 
-def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES, *,
+                 runtime: bool = False) -> dict[str, set[str]]:
     mods = modules_of(root, packages)
     # a package's __init__ is not a dependency of its modules' importers: only real modules count
     known = {m for m, p in mods.items() if p.name != "__init__.py"} | {"builder"}
-    return {m: imports_of(m, p, known) for m, p in mods.items()}
+    return {m: imports_of(m, p, known, runtime=runtime) for m, p in mods.items()}
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for dep in graph.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
 
 
 def layer(module: str) -> str:
@@ -143,6 +160,25 @@ def test_no_import_cycles() -> None:
 
 def test_every_module_keeps_to_its_layer() -> None:
     assert layer_violations(import_graph()) == {}
+
+
+# What drives the engine, runs processes or talks to a registry.
+ONLINE = {"builder.core.engine", "builder.core.proc", "builder.core.oci", "builder.core.oci_blobs",
+          "builder.core.registry_http", "builder.core.registry_transport",
+          "builder.core.registry_auth", "builder.core.registry"}
+
+
+def test_render_is_pure_and_offline() -> None:
+    """`builder render` (README: pure and offline) imports nothing that reaches the engine, a
+    process or a registry, through any module it imports at run time."""
+    assert reachable(import_graph(runtime=True), "builder.stages.render") & ONLINE == set()
+
+
+def test_a_type_checking_import_is_not_a_runtime_one(planted: Path) -> None:
+    (planted / "builder/stages/render.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from builder.core import proc\n")
+    assert "builder.core.proc" in import_graph(planted, ("builder",))["builder.stages.render"]
+    assert import_graph(planted, ("builder",), runtime=True)["builder.stages.render"] == set()
 
 
 def test_every_pending_exception_is_still_imported() -> None:
