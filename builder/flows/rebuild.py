@@ -17,7 +17,7 @@ from typing import Any
 from builder.core import layerdiff, media, oci, sign, state
 from builder.core.errors import BuilderError
 from builder.core.output import step
-from builder.flows import build as build_mod
+from builder.flows import build as build_flow
 from builder.flows import publish as publish_flow
 from builder.flows.rebuild_check import (
     REBUILD,
@@ -125,9 +125,9 @@ def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_di
         return actions
     run = Run(matrix, variants, manifest, locks_dir, findings,
               latest_publications(matrix, trust.keys),
-              build or build_mod.build_images, publish_fn or publish_flow.publish_variants,
+              build or build_flow.build_images, publish_fn or publish_flow.publish_variants,
               allow_cpu_smoke, trust)
-    with build_mod.build_lock():
+    with build_flow.build_lock():
         for a in actions:
             try:
                 rebuild_one(run, a)
@@ -142,7 +142,7 @@ def rebuild_one(run: Run, a: Action) -> None:
     group = [v for v in run.variants if v.id == a.variant_id]
     if a.upgrade and not relocked(run, a, group):
         return
-    options = build_mod.BuildOptions(locks=run.locks_dir, force=True, fail_fast=True,
+    options = build_flow.BuildOptions(locks=run.locks_dir, force=True, fail_fast=True,
                                      apt_refresh=a.apt_refresh)
     outcomes = run.build_fn(run.matrix, group, options)
     bad = [o for o in outcomes if o.state != "built"]
