@@ -15,6 +15,16 @@ if sys.argv[1:2] == ["promote-worker"]:  # the measured process of `bench promot
 
     sys.exit(worker(sys.argv[2:]))
 
+if sys.argv[1:2] == ["pull"]:  # containerd pulls of the gzip tag and its zstd twin
+    from bench.pull import main as pull_main
+
+    sys.exit(pull_main(sys.argv[2:]))
+
+if sys.argv[1:2] == ["pull-twin"]:  # the measured process of `bench pull`: promote, then twin
+    from bench.pull import twin_worker
+
+    sys.exit(twin_worker(sys.argv[2:]))
+
 if sys.argv[1:2] == ["catalog"]:  # builder catalog on a 200-tag registry
     from bench.catalog import main as catalog_main
 

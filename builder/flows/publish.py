@@ -10,8 +10,11 @@ users and `builder plan` read comes last):
              report and provenance attached, and signed
   index      several platforms (or one off linux/amd64): an OCI image index of those manifests,
              pushed by digest and signed; a linux/amd64-only variant keeps its plain manifest
+  twin       the zstd twin of that manifest or index (builder.stages.twin; unless the matrix's
+             `compression` is [gzip]): same config, tar+zstd layers, attested and signed alike
   tags       `<floating>-YYYYMMDD` (never overwritten), the content tag `build-<hash20>`, the
-             floating tag, then the aliases: on the manifest, or on the index
+             floating tag, then the aliases: on the manifest, or on the index; then the same
+             tags with `-zstd` on the twin
   record     published.json, as soon as the tags moved
 A run stopped at any step leaves no tag on an image without its evidence; run it again to
 complete it.
@@ -21,19 +24,20 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, oci, reproducible, sign
+from builder.core import engine, oci, reproducible, sign, zstd
 from builder.core.errors import ConfigError
-from builder.core.output import step
+from builder.core.output import human_bytes, step
 from builder.flows import record
 from builder.model import platforms, publication
 from builder.model.matrix import Matrix, Variant
-from builder.model.publication import Artifact, PlatformEntry, Publication
-from builder.stages import plan, provenance, publish, staging
+from builder.model.publication import Artifact, PlatformEntry, Publication, ZstdTwin
+from builder.stages import plan, provenance, publish, staging, twin
 from builder.stages.publish import Candidate
 from builder.stages.staging import Staged
 
@@ -107,12 +111,17 @@ def publish_group(matrix: Matrix, group: list[plan.PlannedVariant], *, allow_cpu
     first = cands[0].planned
     tags = [*([] if multi else [first.hash_tag]), *first.tags]
     dated = publish.next_dated(top, first.floating_tag)
+    twins = promote_twins(matrix, top, [(p.vetted, p.cand) for p in promoted], first.floating_tag)
     signed = publish.sign_digest(top, cands[0].trust,
                                  sign.tag_annotations(first.variant.id, [dated[0], *tags]))
     if not signed["signed"]:
         step(f"  [{first.variant.id}] published UNSIGNED (--unsigned): no signature, no signed "
              "attestations; `builder verify --key` refuses it")
+    platform_tags = {p.vetted.digest: p.cand.planned.hash_tag for p in promoted} if multi \
+        else None
+    sign_twins(twins, cands[0].trust, first.variant.id, [dated[0], *tags], platform_tags)
     publish.write_tags(top, first.floating_tag, tags, dated)
+    zstd_tags = write_twin_tags(twins, [dated[0], *tags], platform_tags)
     dated = dated[0]
     if multi:
         step(f"  [{first.variant.id}] index {top.digest[:19]} "
@@ -123,6 +132,9 @@ def publish_group(matrix: Matrix, group: list[plan.PlannedVariant], *, allow_cpu
                       promoted[0].refs, signed)
     if multi:
         pub = replace(pub, platforms=tuple(platform_entry(matrix, p) for p in promoted))
+    if twins is not None:
+        pub = replace(pub, zstd=ZstdTwin(twins.top.digest, f"{matrix.image_name}@"
+                                         f"{twins.top.digest}", tuple(zstd_tags)))
     return [{"id": first.variant.id, "status": "published", **pub.to_json()}]
 
 
@@ -312,3 +324,82 @@ def publication_of(matrix: Matrix, cand: Candidate, digest: str, dated: str,
         **{kind: Artifact.from_json(ref) for kind, ref in refs.items()},
         smoke_gpu=cand.smoke_gpu, allow_cpu_smoke=cand.allow_cpu_smoke, **(signed or {}),
     )
+
+
+# ---- the zstd twins (builder.stages.twin) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Twins:
+    """The twins of one publication in the vetted repository: the top one (a manifest, or an
+    index) and each platform manifest's, by its gzip sibling's digest."""
+
+    top: Staged
+    platforms: dict[str, Staged]
+    report: twin.Report
+
+
+def promote_twins(matrix: Matrix, top: Staged, images: Sequence[tuple[Staged, Candidate]],
+                  floating: str) -> Twins | None:
+    """Step `twin` of `builder publish` (none when the matrix's `compression` lacks zstd): the
+    zstd twin of the promoted manifest or index, each platform's twin with the same SBOM and
+    smoke report attached and its own provenance (naming its gzip sibling). Not signed and not
+    tagged yet: `sign_twins` signs them with their tags, `write_twin_tags` writes those last."""
+    if not matrix.zstd_twins:
+        return None
+    reg, report, start = oci.Registry(top.registry), twin.Report(), time.monotonic()
+    desc = twin.make(reg, top.repository, top.digest, known=twin.tag_of(floating),
+                     report=report)
+    twins: dict[str, Staged] = {}
+    for vetted, cand in images:
+        mine = Staged(vetted.registry, vetted.repository, report.twins[vetted.digest],
+                      vetted.image_id)
+        for kind in ("sbom", "smoke"):
+            publish.attach(mine, kind, cand.evidence[kind], cand.trust)
+        publish.attach(mine, "provenance", twin_provenance(provenance_of(mine, cand.trust),
+                                                          vetted.digest), cand.trust)
+        twins[vetted.digest] = mine
+    report.seconds = time.monotonic() - start
+    step(f"  zstd twin {desc.digest[:19]} of {top.digest[:19]}: "
+         + ("already there" if report.reused else
+            f"{human_bytes(report.gzip_bytes)} gzip → {human_bytes(report.zstd_bytes)} zstd "
+            f"in {report.seconds:.0f} s"))
+    return Twins(twins.get(top.digest) or Staged(top.registry, top.repository, desc, ""),
+                     twins, report)
+
+
+def twin_provenance(statement: bytes, gzip_digest: str) -> bytes:
+    """The twin's provenance statement (its own subject) saying what it was made from."""
+    doc = json.loads(statement)
+    doc["predicate"]["buildDefinition"]["internalParameters"].update(
+        {"zstd_twin_of": gzip_digest, "zstd_encoder": zstd.ENCODER})
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+def sign_twins(published: Twins | None, trust: sign.Trust, variant: str,
+               tags: Sequence[str], platform_tags: dict[str, str] | None = None) -> None:
+    """Sign each twin as its gzip sibling is signed, naming the `-zstd` tags it will carry: an
+    index's platform twins their content tag's twin, the top one every twin tag."""
+    if published is None:
+        return
+    for gzip_digest, tag in (platform_tags or {}).items():
+        publish.sign_digest(published.platforms[gzip_digest], trust,
+                            sign.tag_annotations(variant, [twin.tag_of(tag)]))
+    publish.sign_digest(published.top, trust,
+                        sign.tag_annotations(variant, [twin.tag_of(t) for t in tags]))
+
+
+def write_twin_tags(published: Twins | None, tags: Sequence[str],
+               platform_tags: dict[str, str] | None = None) -> list[str]:
+    """`<tag>-zstd` for each of the gzip image's `tags` (dated, content, floating, aliases, in
+    that order) and, in an index, for each platform's content tag; the twin tags written."""
+    if published is None:
+        return []
+    written = []
+    for tag in tags:
+        publish.tag_image(published.top, twin.tag_of(tag))
+        written.append(twin.tag_of(tag))
+    for gzip_digest, tag in (platform_tags or {}).items():
+        publish.tag_image(published.platforms[gzip_digest], twin.tag_of(tag))
+        written.append(twin.tag_of(tag))
+    return written

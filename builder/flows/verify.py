@@ -11,11 +11,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from builder.core import labels, oci, sign
+from builder.core import labels, oci, sign, zstd
 from builder.core.errors import BuilderError
 from builder.flows import verify_tags
 from builder.model import platforms
-from builder.stages import provenance, smoketest
+from builder.stages import provenance, smoketest, twin
 from smoke.host import host_summary
 
 OK, MISSING, BAD = "ok", "missing", "fail"
@@ -91,6 +91,8 @@ def verify(reference: Reference, policy: Policy = Policy()) -> tuple[str, list[R
                  *smoke_rows(docs["smoke"], config_digest, image_labels, policy),
                  sbom_row(docs["sbom"]),
                  provenance_row(docs["provenance"], desc.digest, image_labels)]
+        if (twin_found := twin_row(reg, reference.repository, manifest)) is not None:
+            rows.append(twin_found)
         found_labels = [image_labels]
     if not reference.ref.startswith("sha256:"):  # right after the signature: what TAG is
         rows[1:1] = [Row(what, OK if ok else BAD, detail) for what, ok, detail in
@@ -111,6 +113,24 @@ def _labels(reg: oci.Registry, repository: str, digest: str) -> dict[str, str]:
 
 NOT_CHECKED = ("signature not checked: give --key cosign.pub (the pipeline's public key), or "
                "--contents-only to check the contents alone")
+
+
+def twin_row(reg: oci.Registry, repository: str, manifest: dict[str, Any]) -> Row | None:
+    """A zstd twin (builder.stages.twin) must be its gzip sibling's image: the same config
+    (so the same diff ids) and as many layers, all tar+zstd."""
+    source = (manifest.get("annotations") or {}).get(twin.SOURCE_ANNOTATION)
+    if source is None:
+        return None
+    found = reg.manifest(repository, oci.check_digest(source, "the twin's source annotation"))
+    if found is None:
+        return Row("zstd twin", BAD, f"its gzip sibling {source[:19]} is not in the repository")
+    sibling = json.loads(found[0])
+    same = ((sibling.get("config") or {}).get("digest") == (manifest.get("config") or {})
+            .get("digest") and len(sibling.get("layers") or []) == len(manifest["layers"]))
+    zstd_only = {x.get("mediaType") for x in manifest["layers"]} == {zstd.MEDIA_TYPE}
+    return Row("zstd twin", OK if same and zstd_only else BAD,
+               f"tar+zstd layers of {source[:19]}'s image, same config" if same and zstd_only
+               else f"not the image of its gzip sibling {source[:19]} (config or layers differ)")
 
 
 def signature_row(reg: oci.Registry, repository: str, digest: str, policy: Policy

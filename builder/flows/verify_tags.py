@@ -13,11 +13,12 @@ from typing import Any
 from builder.core import labels, oci, sign
 from builder.model import tags as tag_rules
 
-# A floating tag, maybe dated, maybe a zstd twin: `<torch>-py<python>-<cpu|cudaX.Y-cudnnN>-<flavor>`
+# A floating tag, maybe dated, maybe a zstd twin (builder.stages.twin: `<tag>-zstd`):
+# `<torch>-py<python>-<cpu|cudaX.Y-cudnnN>-<flavor>[-YYYYMMDD[.n]][-zstd]`
 FLOATING = re.compile(
     r"(?P<torch>[0-9][0-9A-Za-z.]*)-py(?P<python>[0-9.]+)-"
     r"(?:(?P<cpu>cpu)|cuda(?P<cuda>[0-9.]+)-cudnn(?P<cudnn>[0-9]+))-"
-    r"(?P<flavor>devel|runtime|slim)(?P<twin>-zstd)?(?P<date>-[0-9]{8}(?:\.[0-9]+)?)?")
+    r"(?P<flavor>devel|runtime|slim)(?P<date>-[0-9]{8}(?:\.[0-9]+)?)?(?P<twin>-zstd)?")
 
 Finding = tuple[str, bool, str]  # (what, passed, detail)
 
@@ -90,7 +91,9 @@ def rollback(reg: oci.Registry, repository: str, tag: str, digest: str,
                                        if (m := FLOATING.fullmatch(t)) and not m["date"]), "")
     if not floating or tag.startswith(tag_rules.HASH_TAG_PREFIX):
         return ""
-    dated = re.compile(re.escape(floating) + r"-(?P<date>[0-9]{8})(?:\.(?P<n>[0-9]+))?")
+    twin = "-zstd" if floating.endswith("-zstd") else ""  # a twin's dated tags are twins too
+    dated = re.compile(re.escape(floating.removesuffix(twin))
+                       + r"-(?P<date>[0-9]{8})(?:\.(?P<n>[0-9]+))?" + re.escape(twin))
     found = [(m["date"], int(m["n"] or 0), t) for t in reg.tags(repository)
              if (m := dated.fullmatch(t))]
     if not found:

@@ -10,7 +10,7 @@ import itertools
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ SCHEMA_VERSION = 1
 ARTIFACT_TAG = re.compile(r"^sha256-([0-9a-f]{64})\.([a-z]+)$")
 DATED_TAG = re.compile(r"^(?P<floating>.+)-(?P<date>\d{8})(?:\.(?P<n>\d+))?$")
 BUILD_TAG = re.compile(r"^build-[0-9a-f]+$")
+TWIN_SUFFIX = "-zstd"  # builder.stages.twin.SUFFIX (the model does not import stages)
 # cosign's annotation of a keyless (Fulcio certificate) signature.
 CERTIFICATE_ANNOTATION = "dev.sigstore.cosign/certificate"
 # Debian packages that give an image a shell (`docker exec … sh` works).
@@ -44,18 +45,21 @@ class TagSet:
     images: list[str]  # floating, dated and alias tags
     artifacts: dict[tuple[str, str], str]  # (subject digest, kind) → tag
     builds: list[str]
+    twins: list[str] = field(default_factory=list)  # `<tag>-zstd` (builder.stages.twin)
 
 
 def classify(tags: Iterable[str]) -> TagSet:
-    images, builds, artifacts = [], [], {}
+    images, builds, artifacts, twins = [], [], {}, []
     for tag in tags:
         if match := ARTIFACT_TAG.match(tag):
             artifacts[(f"sha256:{match[1]}", match[2])] = tag
+        elif tag.endswith(TWIN_SUFFIX):
+            twins.append(tag)
         elif BUILD_TAG.match(tag):
             builds.append(tag)
         else:
             images.append(tag)
-    return TagSet(sorted(images), artifacts, sorted(builds))
+    return TagSet(sorted(images), artifacts, sorted(builds), sorted(twins))
 
 
 def dated_key(tag: str) -> tuple[str, str, int] | None:

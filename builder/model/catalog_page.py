@@ -12,6 +12,7 @@ import shlex
 from pathlib import PurePosixPath
 from typing import Any
 
+from builder.core.output import human_bytes
 from smoke.checks import GPU_CHECKS
 
 SHM = {"cuda": "8g", "cpu": "2g"}  # NCCL wants 512 MiB a GPU; DataLoader workers share /dev/shm
@@ -70,6 +71,28 @@ def smoke_counts(verdicts: list[dict[str, str]]) -> dict[str, int]:
     for verdict in verdicts:
         out[verdict["state"]] += 1
     return out
+
+
+# ---- which tag to pull --------------------------------------------------------------------------
+
+TWIN_RUNTIMES = ("Kubernetes nodes (containerd ≥ 1.5), Docker Engine ≥ 23, CRI-O, podman: "
+                 "the same image (same config, diff ids and evidence, signed alike), unpacked "
+                 "several times faster")
+GZIP_RUNTIMES = "every runtime, Docker 20.10 included (it cannot unpack zstd)"
+
+
+def pull_choices(doc: dict[str, Any], variant: dict[str, Any], tag: str
+                 ) -> list[tuple[str, str]]:
+    """(who should pull it, how) for a tag and its `-zstd` twin (a pod's `image:`, since
+    Docker 20.10 cannot pull it); [] without a twin."""
+    twin = variant.get("zstd")
+    if not twin:
+        return []
+    name = f"{doc['registry']}/{doc['repository']}"
+    sizes = ((f", {human_bytes(twin['gzip_size'])}", f", {human_bytes(twin['size'])}")
+             if tag == variant["tag"] else ("", ""))
+    return [(f"gzip layers{sizes[0]}: {GZIP_RUNTIMES}", f"docker pull {name}:{tag}"),
+            (f"zstd layers{sizes[1]}: {TWIN_RUNTIMES}", f"image: {name}:{tag}-zstd")]
 
 
 # ---- how to run it ----------------------------------------------------------------------------

@@ -115,6 +115,7 @@ class Matrix:
     staging: str = ""  # registry/repository; "" is <registry>/<repository>-staging
     trust_keys: tuple[Path, ...] = ()  # cosign.pub files staged evidence must be signed by
     insecure_registries: tuple[str, ...] = ()  # plain HTTP allowed, as Docker's daemon setting
+    compression: tuple[str, ...] = ("gzip", "zstd")  # zstd: a `<tag>-zstd` twin of each tag
 
     @property
     def image_name(self) -> str:
@@ -127,6 +128,11 @@ class Matrix:
     @property
     def staging_repository(self) -> str:
         return self.staging.partition("/")[2] if self.staging else f"{self.repository}-staging"
+
+    @property
+    def zstd_twins(self) -> bool:
+        """Whether `builder publish` gives each tag a `<tag>-zstd` twin (builder.stages.twin)."""
+        return "zstd" in self.compression
 
     def select(self, selectors: Iterable[str] = ()) -> list[Variant]:
         """Variants matching every key of the KEY=VALUE selectors (any of a repeated key's)."""
@@ -261,6 +267,7 @@ def _build(path: Path, data: dict[str, Any],
         staging=data.get("staging", ""),
         trust_keys=tuple(path.parent / key for key in data.get("trust_keys", [])),
         insecure_registries=tuple(data.get("insecure_registries", [])),
+        compression=tuple(data.get("compression", ("gzip", "zstd"))),
     )
     return matrix, problems
 

@@ -56,6 +56,20 @@ class Signed(Record):
 
 
 @dataclass(frozen=True)
+class ZstdTwin(Record):
+    """The publication's `<tag>-zstd` twin (builder.stages.twin): the same config and diff ids,
+    tar+zstd layers, for runtimes that unpack zstd (containerd ≥ 1.5, Docker ≥ 23, CRI-O)."""
+
+    digest: str
+    reference: str
+    tags: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Self:
+        return cls(doc["digest"], doc["reference"], tuple(doc["tags"]))
+
+
+@dataclass(frozen=True)
 class PlatformEntry(Record):
     """One platform manifest of a multi-platform publication (its index is the record's digest)."""
 
@@ -116,12 +130,14 @@ class Publication(Record):
     unsigned: bool = False  # --unsigned: staged evidence was not required to be signed
     signature: Signed | None = field(default=None, metadata=OPTIONAL)
     platforms: tuple[PlatformEntry, ...] = field(default=(), metadata=OPTIONAL)
+    zstd: ZstdTwin | None = field(default=None, metadata=OPTIONAL)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Publication:
         values = artifacts_of(doc)
         values["tags"], values["aliases"] = tuple(doc["tags"]), tuple(doc["aliases"])
         values["platforms"] = tuple(PlatformEntry.from_json(p) for p in doc.get("platforms", ()))
+        values["zstd"] = ZstdTwin.from_json(doc["zstd"]) if doc.get("zstd") else None
         return cls(**values)
 
     def for_platform(self, name: str) -> Publication | None:

@@ -24,6 +24,7 @@ from builder.core.errors import BuilderError
 from builder.model import catalog_unreadable
 from builder.model.catalog_doc import (
     SCHEMA_VERSION,
+    TWIN_SUFFIX,
     TagSet,
     audit_state,
     audit_summary,
@@ -102,6 +103,23 @@ class Cache:
         if self.path and self.fetched:
             state.atomic_write(self.path, json.dumps({"version": CACHE_VERSION, **self.data},
                                                      separators=(",", ":")))
+
+
+def add_twins(reader: Reader, out: list[dict[str, Any]], images: dict[str, dict[str, Any]],
+              twins: dict[str, str]) -> None:
+    """Each variant whose tag has a `<tag>-zstd` twin names it, with both sizes (what a node
+    downloads: the first platform's layers and config)."""
+    for entry in out:
+        digest = twins.get(entry["tag"] + TWIN_SUFFIX)
+        image = images.get(entry["digest"] or "")
+        if digest is None or image is None or not image["platforms"]:
+            continue
+        top = reader.manifest(digest)
+        first = (top.get("children") or [{"digest": digest}])[0]["digest"]
+        facts = reader.manifest(first)
+        entry["zstd"] = {"tag": entry["tag"] + TWIN_SUFFIX, "digest": digest,
+                         "size": sum(x["size"] for x in facts["layers"]) + facts["config_size"],
+                         "gzip_size": image["platforms"][0]["size"]}
 
 
 # ---- reading one image ------------------------------------------------------------------------
@@ -292,13 +310,15 @@ def collect(source: Source, site: Path, cache_path: Path | None, *, keys: list[A
                                        if "unreadable" in i)]
     images = {d: i for d, i in images.items() if "unreadable" not in i}
     by_tag = {t: d for t, d in by_tag.items() if d in images}
+    listed = variants(by_tag, images)
+    add_twins(reader, listed, images, reader.resolve(tags.twins))
     doc = {
         "schema_version": SCHEMA_VERSION,
         "generated_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "registry": source.registry, "repository": source.repository,
         "tags": dict(sorted(by_tag.items())),
         "images": dict(sorted(images.items())),
-        "variants": variants(by_tag, images),
+        "variants": listed,
         "public_keys": public_keys(keys or []),
         **({"unreadable": unreadable} if unreadable else {}),
     }

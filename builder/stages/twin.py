@@ -16,7 +16,6 @@ encoder in its annotations, so the same staged image always gives the same twin 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +46,7 @@ class Report:
     layers: int = 0
     reused: bool = False
     seconds: float = 0.0
-    manifests: list[str] = field(default_factory=list)
+    twins: dict[str, oci.Descriptor] = field(default_factory=dict)  # gzip digest → its twin
 
     def as_json(self) -> dict[str, Any]:
         return {"gzip_bytes": self.gzip_bytes, "zstd_bytes": self.zstd_bytes,
@@ -71,9 +70,9 @@ def make(reg: oci.Registry, repository: str, digest: str, *, known: str | None =
     """The twin of `repository@digest` (an image or an index) in the same repository, stored
     by digest (no tag). `known`: a tag that may already hold it (then nothing is recompressed)."""
     report = report if report is not None else Report()
-    start = time.monotonic()
     if known and (there := existing(reg, repository, known, digest)) is not None:
         report.reused = True
+        _known_pairs(reg, repository, digest, there, report)
         return there
     found = reg.manifest(repository, digest)
     if found is None:
@@ -89,9 +88,20 @@ def make(reg: oci.Registry, repository: str, digest: str, *, known: str | None =
                             f"`{desc.media_type}`, not an image or an index: no zstd twin")
     out = json.dumps(twin, sort_keys=True, separators=(",", ":")).encode()
     reg.put_manifest(repository, oci.sha256(out), out, twin["mediaType"])
-    report.seconds += time.monotonic() - start
-    report.manifests.append(oci.sha256(out))
-    return oci.Descriptor(oci.sha256(out), twin["mediaType"], len(out))
+    report.twins[digest] = oci.Descriptor(oci.sha256(out), twin["mediaType"], len(out))
+    return report.twins[digest]
+
+
+def _known_pairs(reg: oci.Registry, repository: str, source: str, twin: oci.Descriptor,
+                 report: Report) -> None:
+    """An existing twin's pairs (gzip digest → twin), its platform manifests' included."""
+    report.twins[source] = twin
+    if twin.media_type not in oci.INDEX_TYPES:
+        return
+    for entry in json.loads(reg.manifest(repository, twin.digest)[0])["manifests"]:  # type: ignore[index]
+        child = json.loads(reg.manifest(repository, entry["digest"])[0])  # type: ignore[index]
+        gzip = (child.get("annotations") or {}).get(SOURCE_ANNOTATION, "")
+        report.twins[gzip] = oci.Descriptor(entry["digest"], entry["mediaType"], entry["size"])
 
 
 def _annotations(source: str) -> dict[str, str]:
@@ -148,7 +158,7 @@ def layer_twin(reg: oci.Registry, repository: str, layer: dict[str, Any], diff_i
 
     def recompressed() -> Iterator[bytes]:
         tar = zstd.background(lambda: reg.stream_blob(repository, gz_digest, size))
-        return zstd.recompress(tar if plain else zstd.inflate(tar), counted,
+        return zstd.recompress(tar if plain else zstd.inflate(tar, where), counted,
                                expect_diff_id=diff_id, workers=workers, where=where)
 
     def source() -> Iterator[bytes]:

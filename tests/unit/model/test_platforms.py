@@ -14,7 +14,7 @@ from builder.core.errors import ConfigError
 from builder.flows import publish as publish_flow
 from builder.model import lockfile, matrix, platforms
 from builder.model.matrix_yaml import MatrixError
-from builder.stages import locks, plan, publish, render, smoketest, wheelhouse
+from builder.stages import locks, plan, publish, render, smoketest, twin, wheelhouse
 from builder.stages.staging import Staged
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -284,8 +284,20 @@ def promoted(monkeypatch):
         staged = Staged(matrix.registry, matrix.repository, desc(n), cand.image_id)
         return staged, {"sbom": ARTIFACT, "smoke_report": ARTIFACT, "provenance": ARTIFACT}
 
+    def twin_promote(matrix, top, platforms, floating):  # the twins: desc(10 + n)
+        if not matrix.zstd_twins:
+            return None
+        mine = {v.digest: dataclasses.replace(v, descriptor=desc(10 + n))
+                for n, (v, _) in enumerate(platforms, 1)}
+        for t in mine.values():
+            reg.manifests[t.digest] = (b"{}", oci.OCI_MANIFEST)
+        reg.manifests[desc(20).digest] = (b"{}", oci.OCI_INDEX)
+        top_twin = mine.get(top.digest) or dataclasses.replace(top, descriptor=desc(20))
+        return publish_flow.Twins(top_twin, mine, twin.Report())
+
     monkeypatch.setattr(publish, "gate", gate)
     monkeypatch.setattr(publish_flow, "promote_with_evidence", promote_with_evidence)
+    monkeypatch.setattr(publish_flow, "promote_twins", twin_promote)
     return reg, refuse, done
 
 
@@ -307,6 +319,24 @@ def test_publish_group_promotes_each_platform_then_points_every_tag_at_the_index
     assert [p["smoke_emulated"] for p in pub["platforms"]] == [False, True]
     assert pub["platforms"][1]["digest"] == desc(2).digest
     assert pub["hash_tag"] == group[1].hash_tag and group[0].hash_tag in pub["tags"]
+
+
+def test_publish_group_gives_every_tag_a_zstd_twin_unless_compression_is_gzip(promoted):
+    reg, _, _ = promoted
+    m = matrix.load(ROOT / "matrix.yaml")
+    group = planned_pair(m)
+    [pub] = publish_flow.publish_group(m, group, allow_cpu_smoke=True, dry_run=False)
+    twins = {t: reg.tags[t] for t in reg.tags if t.endswith("-zstd")}
+    floating, alias = group[0].tags
+    assert pub["zstd"]["digest"] == desc(20).digest
+    assert pub["zstd"]["tags"] == [f"{t}-zstd" for t in (pub["dated_tag"], floating, alias,
+                                                          group[0].hash_tag, group[1].hash_tag)]
+    assert {twins[f"{t}-zstd"] for t in (pub["dated_tag"], floating, alias)} == {desc(20).digest}
+    assert twins[f"{group[0].hash_tag}-zstd"] == desc(11).digest  # each platform's own twin
+    reg.tags.clear()
+    gzip_only = dataclasses.replace(m, compression=("gzip",))
+    [pub] = publish_flow.publish_group(gzip_only, group, allow_cpu_smoke=True, dry_run=False)
+    assert "zstd" not in pub and not [t for t in reg.tags if t.endswith("-zstd")]
 
 
 def test_one_refused_or_unselected_platform_refuses_the_variant(promoted):

@@ -7,14 +7,18 @@ import gzip
 import hashlib
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 import zstandard
 
 from builder.core import oci, zstd
+from builder.model import matrix
 from builder.stages import twin
 
+ROOT = Path(__file__).resolve().parents[3]
 GZIP_DOCKER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 
 
@@ -150,3 +154,38 @@ def test_a_twin_already_under_its_tag_is_reused() -> None:
     assert not other.reused and other.layers == 3
     assert twin.tag_of("2.15.0-py3.11-cuda13.2-cudnn9-slim") == \
         "2.15.0-py3.11-cuda13.2-cudnn9-slim-zstd"
+
+
+def test_the_catalog_sets_twin_tags_apart_and_offers_both() -> None:
+    from builder.model import catalog_doc, catalog_page
+
+    tags = catalog_doc.classify(["t", "t-zstd", "t-20260102", "t-20260102-zstd", "build-ab12"])
+    assert tags.images == ["t", "t-20260102"] and tags.twins == ["t-20260102-zstd", "t-zstd"]
+    assert catalog_doc.TWIN_SUFFIX == twin.SUFFIX
+    doc = {"registry": "r:5000", "repository": "torch"}
+    variant = {"tag": "t", "zstd": {"tag": "t-zstd", "digest": "sha256:" + "a" * 64,
+                                    "size": 1_900_000_000, "gzip_size": 2_000_000_000}}
+    (gz_who, gz_cmd), (zs_who, zs_cmd) = catalog_page.pull_choices(doc, variant, "t")
+    assert gz_cmd == "docker pull r:5000/torch:t" and "2.0 GB" in gz_who
+    assert zs_cmd == "image: r:5000/torch:t-zstd" and "1.9 GB" in zs_who
+    assert "containerd" in zs_who and "Docker 20.10" in gz_who
+    assert catalog_page.pull_choices(doc, {"tag": "t"}, "t") == []
+
+
+@pytest.mark.parametrize(("compression", "twins"), [(None, True), (["gzip"], False),
+                                                     (["gzip", "zstd"], True)])
+def test_the_matrix_turns_twins_on_and_off(tmp_path, compression, twins) -> None:
+    data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    if compression is not None:
+        data["compression"] = compression
+    (tmp_path / "matrix.yaml").write_text(yaml.safe_dump(data))
+    assert matrix.load(tmp_path / "matrix.yaml").zstd_twins is twins
+
+
+@pytest.mark.parametrize("compression", [["zstd"], ["gzip", "xz"], []])
+def test_gzip_cannot_be_left_out(tmp_path, compression) -> None:
+    data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    data["compression"] = compression
+    (tmp_path / "matrix.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(matrix.MatrixError, match="compression"):
+        matrix.load(tmp_path / "matrix.yaml")

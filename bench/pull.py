@@ -1,0 +1,288 @@
+"""`python -m bench pull`: bytes to a node: containerd pulls the gzip tag and its zstd twin.
+
+Per variant (default: the CPU runtime and the CUDA 13.2 slim), in one run:
+  push     the local image into a source registry (`docker push`: the gzip layers as published;
+           the registry's folder is kept in --work, so a second run pushes nothing)
+  promote  into an empty registry by digest, then make the zstd twin there (builder.stages.twin),
+           in a child process: the twin's added seconds and the process's peak RSS (VmHWM)
+  pull     `ctr images pull` against dockerd's own containerd, as a Kubernetes node pulls: a
+           fresh namespace each time, the image and its content removed after (`--sync`),
+           `sync` before each; gzip and zstd alternate (gz,zs then zs,gz …), min of --runs
+  parts    where the time goes, each part alone: download (`ctr content fetch` into a fresh
+           namespace: HTTP, the digest check, containerd's content store), unpack (the pull
+           once the content is there: decompress, diff-id digest, write), decompression alone
+           (`unpigz -dc`, as containerd runs it, and `zstd -dc`), sha256 of the compressed
+           and the uncompressed bytes (`sha256sum`), and the floor: `tar -x` of the same
+           uncompressed layers from local files into an empty folder
+Writes bench/PULL.md and the `pull` entry of bench/results.json; the load average (1 min) is
+recorded beside every timing. The machine's other work is not stopped: read the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench import pullreport
+from builder.core import engine, oci, proc, registry, zstd
+from builder.stages import twin
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SOCK = "/run/docker/containerd/containerd.sock"
+VARIANTS = ("2.15.0-py3.11-cuda-slim", "2.13.0-py3.11-cpu-runtime")
+SOURCE_REPO, REPO = "staging", "torch"
+
+
+def log(msg: str) -> None:
+    print(f"# {msg}", file=sys.stderr, flush=True)
+
+
+def load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def timed(argv: list[str], timeout: float = 3600) -> dict[str, float]:
+    """Seconds of one command, with the 1-minute load average just before it."""
+    before = load()
+    start = time.monotonic()
+    proc.run(argv, timeout=timeout)
+    return {"s": round(time.monotonic() - start, 2), "load": before}
+
+
+def sh(script: str, timeout: float = 3600) -> dict[str, float]:
+    return timed(["bash", "-c", f"set -euo pipefail; {script}"], timeout)
+
+
+def best(runs: list[dict[str, float]]) -> dict[str, Any]:
+    """The fastest run, with every run's seconds and loads kept beside it."""
+    fastest = min(runs, key=lambda r: r["s"])
+    return {**fastest, "runs": runs}
+
+
+# ---- containerd -------------------------------------------------------------------------------
+
+
+def ctr(namespace: str, *args: str, timeout: float = 3600) -> list[str]:
+    return ["ctr", "--address", SOCK, "-n", namespace, *args]
+
+
+def fresh_namespace() -> str:
+    return f"bench-pull-{uuid.uuid4().hex[:10]}"
+
+
+def remove_namespace(namespace: str, ref: str) -> None:
+    """The image, then (synchronously) its content and snapshots, then the namespace."""
+    proc.run(ctr(namespace, "images", "rm", "--sync", ref), check=False, timeout=600)
+    left = proc.run(ctr(namespace, "content", "ls", "-q"), check=False).stdout.split()
+    for digest in left:
+        proc.run(ctr(namespace, "content", "rm", digest), check=False)
+    proc.run(ctr(namespace, "namespaces", "rm", namespace), check=False)
+
+
+def pull(ref: str) -> dict[str, float]:
+    """One cold pull + unpack in a fresh namespace, removed after."""
+    namespace = fresh_namespace()
+    proc.run(["sync"])
+    try:
+        return timed(ctr(namespace, "images", "pull", "--plain-http", ref))
+    finally:
+        remove_namespace(namespace, ref)
+
+
+def fetch_then_unpack(ref: str) -> dict[str, dict[str, float]]:
+    """The pull in two parts: the content alone (`content fetch`), then the pull that finds
+    the content there and only unpacks."""
+    namespace = fresh_namespace()
+    proc.run(["sync"])
+    try:
+        fetch = timed(ctr(namespace, "content", "fetch", "--plain-http", ref))
+        proc.run(["sync"])
+        unpack = timed(ctr(namespace, "images", "pull", "--plain-http", ref))
+        return {"fetch": fetch, "unpack": unpack}
+    finally:
+        remove_namespace(namespace, ref)
+
+
+def check_runs(ref: str, argv: list[str]) -> str:
+    """What the image prints when containerd runs it (the twin must really be usable)."""
+    namespace = fresh_namespace()
+    try:
+        proc.run(ctr(namespace, "images", "pull", "--plain-http", ref))
+        out = proc.run(ctr(namespace, "run", "--rm", ref, f"bench-{uuid.uuid4().hex[:6]}",
+                           *argv), timeout=600)
+        return out.stdout.strip()
+    finally:
+        remove_namespace(namespace, ref)
+
+
+# ---- registries and the twin ------------------------------------------------------------------
+
+
+def push_source(addr: str, local: str) -> str:
+    """`docker push` the local image into the source registry; its manifest digest."""
+    ref = f"{addr}/{SOURCE_REPO}:{local.rsplit(':', 1)[-1]}"
+    engine.docker("tag", local, ref)
+    try:
+        engine.docker("push", ref, timeout=7200)
+    finally:
+        engine.docker("image", "rm", ref, check=False)
+    found = oci.Registry(addr).head(SOURCE_REPO, local.rsplit(":", 1)[-1])
+    assert found is not None
+    return found.digest
+
+
+def twin_worker(argv: list[str]) -> int:
+    """`pull-twin SRC DST DIGEST`: promote, then make the twin; prints seconds and VmHWM."""
+    source, target, digest = argv[:3]
+    dst = oci.Registry(target)
+    started = {"promote_load": load()}
+    start = time.monotonic()
+    oci.promote(oci.Registry(source), SOURCE_REPO, dst, REPO, digest)
+    promoted = time.monotonic()
+    hwm_promote = vm_hwm_mb()
+    started["twin_load"] = load()
+    report = twin.Report()
+    desc = twin.make(dst, REPO, digest, report=report)
+    done = time.monotonic()
+    dst.tag(REPO, digest, "gzip")
+    dst.tag(REPO, desc.digest, "zstd")
+    print(json.dumps({**started, "promote_s": round(promoted - start, 1),
+                      "twin_s": round(done - promoted, 1), "hwm_promote_mb": hwm_promote,
+                      "hwm_mb": vm_hwm_mb(), "twin": desc.digest, "workers": zstd.threads(),
+                      **report.as_json()}))
+    return 0
+
+
+def vm_hwm_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def make_twin(source: str, target: str, digest: str) -> dict[str, Any]:
+    out = proc.run([sys.executable, "-m", "bench", "pull-twin", source, target, digest],
+                   cwd=ROOT, timeout=7200)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---- one variant ------------------------------------------------------------------------------
+
+
+def local_blobs(reg: oci.Registry, digest: str, folder: Path) -> list[Path]:
+    """The image's layer blobs as local files (for the parts measured alone)."""
+    doc = json.loads(reg.manifest(REPO, digest)[0])  # type: ignore[index]
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for n, layer in enumerate(doc["layers"]):
+        path = folder / f"{n:02d}"
+        with path.open("wb") as fh:
+            for chunk in reg.stream_blob(REPO, layer["digest"], layer["size"]):
+                fh.write(chunk)
+        paths.append(path)
+    return paths
+
+
+def parts(gz: list[Path], zs: list[Path], work: Path, runs: int) -> dict[str, Any]:
+    """Each part of an unpack alone, min of `runs`: decompression, sha256, the tar -x floor."""
+    tars = work / "tars"
+    tars.mkdir(parents=True, exist_ok=True)
+    for path in gz:
+        proc.run(["bash", "-c", f"unpigz -dc {path} > {tars / path.name}"], timeout=3600)
+    tar_files = sorted(tars.iterdir())
+    target = work / "floor"
+
+    def floor() -> dict[str, float]:
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir()
+        proc.run(["sync"])
+        result = sh("; ".join(f"tar -x -f {t} -C {target}" for t in tar_files))
+        result["sync_s"] = sh("sync")["s"]
+        return result
+
+    out = {
+        "floor_tar_x": best([floor() for _ in range(runs)]),
+        "unpigz_dc": best([sh("; ".join(f"unpigz -dc {p} > /dev/null" for p in gz))
+                           for _ in range(runs)]),
+        "zstd_dc": best([sh("; ".join(f"zstd -qdc {p} > /dev/null" for p in zs))
+                         for _ in range(runs)]),
+        "sha256_gzip": best([sh(f"sha256sum {' '.join(map(str, gz))} > /dev/null")]),
+        "sha256_zstd": best([sh(f"sha256sum {' '.join(map(str, zs))} > /dev/null")]),
+        "sha256_tar": best([sh(f"sha256sum {' '.join(map(str, tar_files))} > /dev/null")]),
+        "tar_bytes": sum(t.stat().st_size for t in tar_files),
+    }
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.rmtree(tars, ignore_errors=True)
+    return out
+
+
+def variant(variant_id: str, source: str, vetted: str, work: Path, runs: int,
+            run_check: list[str] | None) -> dict[str, Any]:
+    local = image_of(variant_id)
+    log(f"{variant_id}: docker push {local} into {source} (kept between runs)")
+    digest = push_source(source, local)
+    log(f"{variant_id}: promote into {vetted}, then its zstd twin (child process)")
+    made = make_twin(source, vetted, digest)
+    gz_ref, zs_ref = f"{vetted}/{REPO}:gzip", f"{vetted}/{REPO}:zstd"
+    timings: dict[str, list[dict[str, float]]] = {"gzip": [], "zstd": []}
+    for n in range(runs):
+        order = ("gzip", "zstd") if n % 2 == 0 else ("zstd", "gzip")
+        for kind in order:
+            log(f"{variant_id}: pull {kind} (run {n + 1}/{runs}, load {load()})")
+            timings[kind].append(pull(gz_ref if kind == "gzip" else zs_ref))
+    split = {kind: fetch_then_unpack(gz_ref if kind == "gzip" else zs_ref)
+             for kind in ("gzip", "zstd")}
+    reg = oci.Registry(vetted)
+    log(f"{variant_id}: the parts alone (local blobs under {work})")
+    gz = local_blobs(reg, digest, work / "gzip")
+    zs = local_blobs(reg, made["twin"], work / "zstd")
+    alone = parts(gz, zs, work, runs)
+    shutil.rmtree(work / "gzip", ignore_errors=True)
+    shutil.rmtree(work / "zstd", ignore_errors=True)
+    ran = check_runs(zs_ref, run_check) if run_check else ""
+    return {"id": variant_id, "local_image": local, "gzip_digest": digest, "twin": made,
+            "pull": {k: best(v) for k, v in timings.items()}, "split": split,
+            "parts": alone, "twin_runs": ran}
+
+
+def image_of(variant_id: str) -> str:
+    out = proc.run([sys.executable, "-m", "builder", "plan", "--offline", "--json",
+                    "--select", f"id={variant_id}", "--select", "platform=linux/amd64"],
+                   cwd=ROOT, timeout=600)
+    return json.loads(out.stdout)["include"][0]["image"]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench pull", description=__doc__)
+    parser.add_argument("--variant", action="append", help=f"default: {', '.join(VARIANTS)}")
+    parser.add_argument("--runs", type=int, default=2, help="pulls of each tag (min is kept)")
+    parser.add_argument("--work", type=Path, default=Path("/var/tmp/bench-pull"),
+                        help="the source registry's folder (kept) and scratch space")
+    parser.add_argument("--source-port", type=int, default=5035)
+    args = parser.parse_args(argv)
+    proc.which("ctr")
+    source = f"127.0.0.1:{args.source_port}"
+    registry.start(source, args.work / "src")
+    vetted = f"127.0.0.1:{pullreport.free_port()}"
+    scratch = args.work / f"run-{uuid.uuid4().hex[:8]}"
+    registry.start(vetted, scratch / "vetted")
+    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    results = []
+    try:
+        for vid in args.variant or VARIANTS:
+            check = ["python", "-c", "import torch; print(torch.__version__)"]
+            results.append(variant(vid, source, vetted, scratch, args.runs, check))
+            pullreport.write(results, started, args.runs, HERE)  # each variant as it is done
+    finally:
+        registry.stop(scratch / "vetted")
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
