@@ -28,7 +28,7 @@ import yaml
 from bench.layers import free_port
 from bench.runner import Figure, Results, _mb, _ratio, builder_cli, figure_table, log
 from builder.core import engine, oci, registry, state
-from builder.model import lockfile, matrix, platforms
+from builder.model import lockfile, matrix, platforms, smokereport
 from builder.stages import smoketest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,7 +75,7 @@ def build_platform(res: Results, mpath: Path, platform: str) -> dict[str, Any]:
 
 def smoke_table(res: Results, image_id: str) -> dict[str, Any]:
     report = smoketest.load_report(image_id) or {}
-    passed, reason = smoketest.report_passed(report, require_gpu=False)
+    passed, reason = smokereport.report_passed(report, require_gpu=False)
     runner = report.get("runner") or {}
     res.details["smoke_table"] = smoketest.format_table(report, passed, reason) if report else ""
     res.add(Figure("smoke linux/arm64", "pass" if passed else "fail",

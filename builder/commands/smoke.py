@@ -11,7 +11,8 @@ from typing import Any
 
 from builder.commands.options import add_command, add_key_option
 from builder.core import sign
-from builder.stages.smoketest import format_table, report_passed, report_row, run_smoke
+from builder.model.smokereport import report_passed
+from builder.stages.smoketest import format_table, report_row, run_smoke
 from smoke.checks import CHECKS
 
 HELP = f"""\

@@ -28,7 +28,7 @@ from typing import Any
 from builder.core import engine, limits, reproducible, sign, state
 from builder.core.errors import BuilderError
 from builder.core.output import human_bytes, step
-from builder.model import lockfile, platforms, rendered
+from builder.model import lockfile, platforms, rendered, smokereport
 from builder.model.matrix import Matrix, Variant
 from builder.stages import base, build, locks, plan, render, smoketest, staging
 from builder.stages.wheelhouse import Wheelhouse, local_wheels
@@ -69,7 +69,7 @@ class Outcome:
     report: dict | None = field(default=None, repr=False)
     sbom_path: str = ""
     planned: plan.PlannedVariant | None = field(default=None, repr=False, compare=False)
-    smoke: str = "-"  # smoketest.summary of its report: `pass (3 CPU stand-ins, …)`, `FAIL: x`
+    smoke: str = "-"  # smokereport.summary of its report: `pass (3 CPU stand-ins, …)`, `FAIL: x`
     sbom_components: int | None = None
     missing: tuple[str, ...] = field(default=(), repr=False, compare=False)  # evidence to make
     started: float = field(default=0.0, repr=False, compare=False)
@@ -219,7 +219,7 @@ def smoke(run: Run, o: Outcome) -> Outcome:
     step(f"  [{o.variant_id}] smoke")
     require_gpu = run.options.require_gpu
     report = smoketest.run_smoke(o.image, require_gpu=require_gpu, gpus=None, report_path=None)
-    passed, why = smoketest.report_passed(report, require_gpu=require_gpu)
+    passed, why = smokereport.report_passed(report, require_gpu=require_gpu)
     return replace(o, report=report) if passed else replace(
         o, report=report, state="smoke-failed", message=why)
 
@@ -277,7 +277,7 @@ def summarized(outcome: Outcome) -> Outcome:
         report = report or _read_json(state.evidence_path("smoke", outcome.image_id))
         sbom_path = sbom_path or str(state.evidence_path("sbom", outcome.image_id))
     sbom_doc = _read_json(Path(sbom_path)) if sbom_path else None
-    return replace(outcome, report=report, smoke=smoketest.summary(report),
+    return replace(outcome, report=report, smoke=smokereport.summary(report),
                    sbom_path=sbom_path if sbom_doc else "",
                    sbom_components=len(sbom_doc.get("components") or []) if sbom_doc else None)
 

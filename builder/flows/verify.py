@@ -14,7 +14,7 @@ from typing import Any
 from builder.core import labels, oci, sign, zstd
 from builder.core.errors import BuilderError
 from builder.flows import verify_tags
-from builder.model import platforms
+from builder.model import platforms, smokereport
 from builder.stages import provenance, smoketest, twin
 from smoke.host import host_summary
 
@@ -227,7 +227,7 @@ def smoke_rows(report: Any, config_digest: str, image_labels: dict[str, str],
                policy: Policy = Policy()) -> list[Row]:
     if report is None:
         return [Row("smoke", MISSING, "no smoke report attached (builder smoke, then publish)")]
-    if not isinstance(report, dict) or (problem := smoketest.validation_error(report)):
+    if not isinstance(report, dict) or (problem := smokereport.validation_error(report)):
         return [Row("smoke", BAD, f"the report does not match its schema: {problem}")]
     host = host_summary(report.get("host") or {})
     rows = [Row(f"smoke {c['name']}", OK if c["status"] in smoketest.OK_STATUSES else BAD,
@@ -238,7 +238,7 @@ def smoke_rows(report: Any, config_digest: str, image_labels: dict[str, str],
     ran_on = (report.get("image") or {}).get("id")
     if ran_on != config_digest:
         problems.append(f"it ran on image {ran_on}, not this one ({config_digest[:19]})")
-    if lacking := smoketest.required_checks_missing(report):
+    if lacking := smokereport.required_checks_missing(report):
         problems.append(f"it lacks required checks: {', '.join(lacking)}")
     facts = report.get("facts") or {}
     problems += [f"{name} {facts.get(name)!r} ≠ label {image_labels.get(key)!r}"

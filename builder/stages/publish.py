@@ -27,10 +27,12 @@ from typing import Any
 
 from builder.core import engine, labels, limits, oci, sign, state
 from builder.core.oci import RegistryError
+from builder.model import smokereport
 from builder.model.matrix import Matrix
 from builder.model.publication import Signed
-from builder.stages import plan, smoketest, staging
+from builder.stages import plan, staging
 from builder.stages.staging import Staged
+from smoke.checks import gpu_checks_not_run
 
 MAX_SUFFIX = 99
 
@@ -147,7 +149,7 @@ def _smoke_gate(cand: Candidate, allow_cpu_smoke: bool) -> str:
         report = limits.parse_json(cand.evidence["smoke"]) if "smoke" in cand.evidence else None
     except ValueError as exc:
         return f"the smoke report is not JSON: {exc}"
-    passed, why = smoketest.report_passed(report, require_gpu=is_cuda and not allow_cpu_smoke)
+    passed, why = smokereport.report_passed(report, require_gpu=is_cuda and not allow_cpu_smoke)
     if not passed:
         return why
     assert report is not None
@@ -158,9 +160,9 @@ def _smoke_gate(cand: Candidate, allow_cpu_smoke: bool) -> str:
     ran_on = (report.get("image") or {}).get("id")
     if ran_on != cand.image_id:
         return f"the smoke report ran on image {ran_on}, not on {cand.image_id[:19]}"
-    if lacking := smoketest.required_checks_missing(report):
+    if lacking := smokereport.required_checks_missing(report):
         return f"the smoke report lacks required checks: {', '.join(lacking)}"
-    gpu_passed = not smoketest.gpu_checks_not_run(report["checks"])  # the suite's own rule
+    gpu_passed = not gpu_checks_not_run(report["checks"])  # the suite's own rule
     cand.smoke_gpu = is_cuda and bool(report.get("require_gpu")) and gpu_passed
     cand.allow_cpu_smoke = is_cuda and not cand.smoke_gpu  # the waiver was needed, and used
     return ""

@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 
 from builder.core import sign
-from builder.model import matrix
-from builder.stages import provenance, smoketest
+from builder.model import matrix, smokereport
+from builder.stages import provenance
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "admission"
@@ -168,7 +168,7 @@ def test_kyverno_requires_the_signature_and_every_attestation_by_the_same_attest
     assert set(types) == set(sign.PREDICATES.values())
     smoke = types[sign.PREDICATES["smoke"]]["conditions"][0]["all"][0]
     assert (smoke["key"], smoke["value"]) == ("{{ status }}", "pass")
-    assert "status" in smoketest.schema()["required"]
+    assert "status" in smokereport.schema()["required"]
     build_type = types[sign.PREDICATES["provenance"]]["conditions"][0]["all"][0]["value"]
     assert build_type == provenance.BUILD_TYPE
 

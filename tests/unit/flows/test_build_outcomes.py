@@ -13,7 +13,7 @@ from matrix_files import CPU, LOCKS, ROOT
 from builder.commands import build as build_cmd
 from builder.core import state
 from builder.flows import build as build_flow
-from builder.model import matrix, platforms
+from builder.model import matrix, platforms, smokereport
 from builder.stages import build, smoketest
 
 ARM_HINT = ("linux/arm64 needs emulation on this linux/amd64 host: run tools/setup_emulation.sh "
@@ -62,8 +62,8 @@ NO_GPU = "no GPU visible: /dev/nvidia* is absent (container started without `--g
     ("fail", [check("env", "pass"), check("cudnn_conv", "fail")], "FAIL: cudnn_conv"),
 ])
 def test_the_smoke_summary_says_what_stood_in_and_what_failed(status, checks, shown):
-    assert smoketest.summary({"status": status, "checks": checks}) == shown
-    assert smoketest.summary(None) == "-"
+    assert smokereport.summary({"status": status, "checks": checks}) == shown
+    assert smokereport.summary(None) == "-"
 
 
 def test_an_up_to_date_image_without_evidence_gets_its_smoke_report_and_sbom(monkeypatch):
@@ -85,7 +85,7 @@ def test_an_up_to_date_image_without_evidence_gets_its_smoke_report_and_sbom(mon
 
     monkeypatch.setattr(build_flow.engine, "inspect_image", lambda ref: {"Id": image_id})
     monkeypatch.setattr(smoketest, "run_smoke", smoke)
-    monkeypatch.setattr(smoketest, "report_passed", lambda report, require_gpu: (True, ""))
+    monkeypatch.setattr(smokereport, "report_passed", lambda report, require_gpu: (True, ""))
     monkeypatch.setattr(build_flow, "write_image_sbom", describe)
     run = build_flow.Run(None, build_flow.BuildOptions(locks=LOCKS), None)  # type: ignore[arg-type]
     found = build_flow.Outcome(CPU, "up-to-date", "127.0.0.1:5000/torch:x", message="local")

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from builder.core import engine, labels
-from builder.model import gpuhost, lockfile, matrix
+from builder.model import gpuhost, lockfile, matrix, smokereport
 from builder.stages import render
 from builder.stages import smoketest as bsmoke
 from smoke import DEGRADED, ERROR, FAIL, PASS, SKIP, runner
@@ -155,7 +155,7 @@ def test_one_gpu_passes_nccl_as_a_single_rank_and_the_gate(monkeypatch):
     assert ran_fully_on_gpu(named) and runner.apply_require_gpu(named)["status"] == PASS
     report = checks_report({**GPU_OK, "nccl_allreduce": check["status"]})
     assert report["status"] == "pass"
-    assert bsmoke.report_passed(report, require_gpu=True) == (
+    assert smokereport.report_passed(report, require_gpu=True) == (
         True, "smoke passed (5 checks, with --require-gpu)")
 
 
@@ -228,7 +228,7 @@ def test_hidden_gpus_are_degraded_and_fail_require_gpu_and_the_gate(monkeypatch)
     failed = runner.apply_require_gpu({"name": "nccl_allreduce", **check})
     assert failed["status"] == FAIL and failed["original_status"] == DEGRADED
     report = checks_report({**GPU_OK, "nccl_allreduce": DEGRADED})
-    passed, why = bsmoke.report_passed(report, require_gpu=True)
+    passed, why = smokereport.report_passed(report, require_gpu=True)
     assert not passed and "nccl_allreduce" in why
     # The same rule without --require-gpu: degraded is ok, but it is not a full GPU run.
     soft = checks_report({**GPU_OK, "nccl_allreduce": DEGRADED}, require_gpu=False)
@@ -489,7 +489,7 @@ def test_a_report_with_the_new_host_fields_matches_the_schema():
             "cuda_devices": [{"index": 0, "name": H200, "capability": "9.0", "memory": 1,
                               "mig": True}]}
     report = {**checks_report({**GPU_OK, "nccl_allreduce": PASS}), "host": host}
-    assert bsmoke.validation_error(report) is None
+    assert smokereport.validation_error(report) is None
 
 
 def test_a_stopped_suite_still_writes_its_report(monkeypatch, tmp_path):
@@ -510,4 +510,4 @@ def test_a_stopped_suite_still_writes_its_report(monkeypatch, tmp_path):
     report = json.loads(out.read_text())
     assert [c["name"] for c in report["checks"]] == ["env", "suite"]
     assert report["checks"][1]["message"] == "stopped by SIGTERM before cuda, nccl_allreduce ran"
-    assert report["status"] == "fail" and bsmoke.validation_error(report) is None
+    assert report["status"] == "fail" and smokereport.validation_error(report) is None

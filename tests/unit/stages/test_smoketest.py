@@ -18,7 +18,7 @@ import pytest
 from builder.commands import smoke as smoke_cmd
 from builder.core import engine, labels
 from builder.core.errors import CommandFailed, EngineError
-from builder.model import gpuhost, platforms
+from builder.model import gpuhost, platforms, smokereport
 from builder.stages import smoketest as bsmoke
 
 IMAGE_ID = "sha256:" + "c0ffee" * 10 + "abcd"
@@ -58,43 +58,43 @@ CPU_HOST = {"env": "pass", "cuda": "skip", "cudnn_conv": "substituted",
 
 
 def test_no_report_does_not_pass() -> None:
-    passed, reason = bsmoke.report_passed(None, require_gpu=False)
+    passed, reason = smokereport.report_passed(None, require_gpu=False)
     assert not passed and "builder smoke" in reason
 
 
 def test_cpu_image_passes_even_when_gpu_demanded() -> None:
-    assert bsmoke.report_passed(report("cpu"), require_gpu=False)[0]
-    assert bsmoke.report_passed(report("cpu"), require_gpu=True)[0]
+    assert smokereport.report_passed(report("cpu"), require_gpu=False)[0]
+    assert smokereport.report_passed(report("cpu"), require_gpu=True)[0]
 
 
 def test_failed_check_is_named() -> None:
     bad = report("cpu", statuses={"env": "fail", "cuda": "skip"})
-    passed, reason = bsmoke.report_passed(bad, require_gpu=False)
+    passed, reason = smokereport.report_passed(bad, require_gpu=False)
     assert not passed and "env fail: env fail" in reason
 
 
 def test_cuda_report_from_cpu_host_passes_only_without_require_gpu() -> None:
     cpu_host = report("cuda", statuses=CPU_HOST)
-    assert bsmoke.report_passed(cpu_host, require_gpu=False)[0]
-    passed, reason = bsmoke.report_passed(cpu_host, require_gpu=True)
+    assert smokereport.report_passed(cpu_host, require_gpu=False)[0]
+    passed, reason = smokereport.report_passed(cpu_host, require_gpu=True)
     assert not passed and "without --require-gpu" in reason
 
 
 def test_cuda_report_with_require_gpu() -> None:
-    assert bsmoke.report_passed(report("cuda", require_gpu=True, statuses=GPU_PASS),
+    assert smokereport.report_passed(report("cuda", require_gpu=True, statuses=GPU_PASS),
                                 require_gpu=True)[0]
     # Defence in depth: a report claiming --require-gpu yet holding a degraded GPU check.
     odd = report("cuda", require_gpu=True, statuses={**GPU_PASS, "nccl_allreduce": "degraded"})
-    passed, reason = bsmoke.report_passed(odd, require_gpu=True)
+    passed, reason = smokereport.report_passed(odd, require_gpu=True)
     assert not passed and "nccl_allreduce" in reason
 
 
 def test_report_without_facts_or_schema_does_not_pass() -> None:
     no_facts = {**report("cpu"), "facts": None}
-    assert not bsmoke.report_passed(no_facts, require_gpu=False)[0]
+    assert not smokereport.report_passed(no_facts, require_gpu=False)[0]
     broken = copy.deepcopy(report("cpu"))
     broken["checks"][0]["status"] = "great"
-    passed, reason = bsmoke.report_passed(broken, require_gpu=False)
+    passed, reason = smokereport.report_passed(broken, require_gpu=False)
     assert not passed and "schema" in reason and "checks/0/status" in reason
 
 
@@ -155,7 +155,7 @@ def test_garbage_output_becomes_error_report(
     assert json.loads(out.read_text()) == result
     stored = tmp_path / "state" / "reports" / f"{IMAGE_ID.removeprefix('sha256:')}.json"
     assert stored.is_file()
-    assert not bsmoke.report_passed(result, require_gpu=False)[0]
+    assert not smokereport.report_passed(result, require_gpu=False)[0]
     args = fake.run_args
     for flag in ("--rm", "--read-only", "--shm-size=8g", "--image-id"):
         assert flag in args
@@ -174,7 +174,7 @@ def test_valid_report_is_stored_with_runner(
     assert result["checks"] == good["checks"] and result["runner"]["kind"] == "docker"
     assert "--require-gpu" in fake.run_args
     assert fake.run_args[fake.run_args.index("--gpus") + 1] == "all"
-    assert bsmoke.report_passed(bsmoke.load_report(IMAGE_ID), require_gpu=True)[0]
+    assert smokereport.report_passed(bsmoke.load_report(IMAGE_ID), require_gpu=True)[0]
 
 
 def test_schema_invalid_report_becomes_error(
@@ -277,7 +277,7 @@ def test_cli_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 
 def test_require_gpu_failures_count_as_stand_ins_when_the_gate_allows_cpu_smoke():
     """A later `--require-gpu` run on a CPU host must not turn an allowed CPU smoke into a fail."""
-    from builder.stages.smoketest import _only_gpu_demand_failed
+    from builder.model.smokereport import _only_gpu_demand_failed
 
     report = {"require_gpu": True, "status": "fail", "checks": [
         {"name": "env", "status": "pass"},
