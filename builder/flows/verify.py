@@ -15,7 +15,9 @@ from builder.core import labels, oci, sign, zstd
 from builder.core.errors import BuilderError
 from builder.flows import verify_tags
 from builder.model import platforms, smokereport
-from builder.stages import provenance, smoketest, twin
+from builder.stages import provenance, twin
+from smoke import OK_STATUSES
+from smoke.checks import gpu_checks_not_run
 from smoke.host import host_summary
 
 OK, MISSING, BAD = "ok", "missing", "fail"
@@ -230,7 +232,7 @@ def smoke_rows(report: Any, config_digest: str, image_labels: dict[str, str],
     if not isinstance(report, dict) or (problem := smokereport.validation_error(report)):
         return [Row("smoke", BAD, f"the report does not match its schema: {problem}")]
     host = host_summary(report.get("host") or {})
-    rows = [Row(f"smoke {c['name']}", OK if c["status"] in smoketest.OK_STATUSES else BAD,
+    rows = [Row(f"smoke {c['name']}", OK if c["status"] in OK_STATUSES else BAD,
                 f"{c['status']}: {c.get('message', '')}"[:90]) for c in report["checks"]]
     problems = []
     if report["status"] != "pass":
@@ -246,7 +248,7 @@ def smoke_rows(report: Any, config_digest: str, image_labels: dict[str, str],
                  if (facts.get(name) or "") != (image_labels.get(key) or "")]
     if problems:
         return [Row("smoke", BAD, "; ".join(problems)), *rows]
-    stand_ins = smoketest.gpu_checks_not_run(report["checks"])
+    stand_ins = gpu_checks_not_run(report["checks"])
     if facts.get("accelerator") == "cuda" and stand_ins:
         status = BAD if policy.require_gpu else CPU_ONLY
         return [Row("smoke", status, f"GPU checks not run on a GPU ({', '.join(stand_ins)}): "
