@@ -22,7 +22,9 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     generate-key-pair` writes it; mode 600) and `cosign.pub` into the current folder (or
     --out). The password comes from COSIGN_PASSWORD (may be empty) or a prompt. Sign with
     `--key cosign.key` or COSIGN_PRIVATE_KEY=<its text>; verify with `builder verify --key
-    cosign.pub` or `cosign verify --key cosign.pub`. Existing files are never overwritten."""
+    cosign.pub REF` or `cosign verify --key cosign.pub --insecure-ignore-tlog=true REF` (an
+    offline key signature has no Rekor entry). Never overwrites a file, never writes through a
+    symlink."""
     key_path, pub_path = sign.keygen(args.out)
     if args.json:
         emit_json({"private_key": str(key_path), "public_key": str(pub_path)})
