@@ -24,6 +24,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import resource
 import shutil
 import sys
 import time
@@ -150,16 +151,23 @@ def twin_worker(argv: list[str]) -> int:
     promoted = time.monotonic()
     hwm_promote = vm_hwm_mb()
     started["twin_load"] = load()
-    report = twin.Report()
+    report, cpu = twin.Report(), cpu_seconds()
     desc = twin.make(dst, REPO, digest, report=report)
-    done = time.monotonic()
+    done, cpu = time.monotonic(), cpu_seconds() - cpu
     dst.tag(REPO, digest, "gzip")
     dst.tag(REPO, desc.digest, "zstd")
     print(json.dumps({**started, "promote_s": round(promoted - start, 1),
                       "twin_s": round(done - promoted, 1), "hwm_promote_mb": hwm_promote,
                       "hwm_mb": vm_hwm_mb(), "twin": desc.digest, "workers": zstd.threads(),
+                      "twin_cpu_s": round(cpu, 1),
                       **report.as_json()}))
     return 0
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process so far, every thread's (zstd's workers too)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def vm_hwm_mb() -> float:

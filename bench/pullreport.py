@@ -56,7 +56,9 @@ def figures(v: dict[str, Any]) -> list[Figure]:
                twin["promote_s"], _ratio(twin["twin_s"], twin["promote_s"]),
                f"baseline: the cross-registry promotion alone (load {twin['promote_load']}); "
                f"twin at load {twin['twin_load']}, {twin['workers']} zstd workers, "
-               f"{os.cpu_count()} cores; goal ≤ {GOALS['added_s']:.0f} s"),
+               f"{os.cpu_count()} cores"
+               + (f", {twin['twin_cpu_s']} CPU-s in the twin process (all its threads)"
+                  if "twin_cpu_s" in twin else "") + f"; goal ≤ {GOALS['added_s']:.0f} s"),
     ]
     return out
 

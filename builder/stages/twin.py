@@ -70,6 +70,7 @@ def make(reg: oci.Registry, repository: str, digest: str, *, known: str | None =
     """The twin of `repository@digest` (an image or an index) in the same repository, stored
     by digest (no tag). `known`: a tag that may already hold it (then nothing is recompressed)."""
     report = report if report is not None else Report()
+    zstd.fixed_mmap_threshold()
     if known and (there := existing(reg, repository, known, digest)) is not None:
         report.reused = True
         _known_pairs(reg, repository, digest, there, report)

@@ -114,6 +114,10 @@ def test_background_stops_its_producer_when_the_consumer_stops() -> None:
     assert len(produced) < 10
 
 
+def test_the_mmap_threshold_is_set_without_error() -> None:
+    zstd.fixed_mmap_threshold()  # glibc here; elsewhere a no-op
+
+
 def test_the_encoder_is_named_with_its_library_version() -> None:
     assert zstandard.__version__ in zstd.ENCODER and f"level {zstd.LEVEL}" in zstd.ENCODER
     assert zstd.threads() >= 1
