@@ -74,7 +74,7 @@ def nothing_to_do(results: list[dict[str, Any]], dry_run: bool) -> str | None:
     if not results or any(r["status"] != "already-published" for r in results):
         return None
     return ("nothing to do: " + ("the dry run would push nothing; " if dry_run else "")
-            + f"all {len(results)} selected variants are already published with this content")
+            + f"every selected variant ({len(results)}) is already published with this content")
 
 
 def refusal_hint(typed: list[str], refused: list[dict[str, object]]) -> str:

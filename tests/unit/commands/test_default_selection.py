@@ -46,8 +46,8 @@ def test_a_publish_with_nothing_new_says_nothing_to_do() -> None:
 
     held = [{"id": "a", "status": "already-published"}, {"id": "b", "status": "already-published"}]
     assert publish_cmd.nothing_to_do(held, dry_run=True) == (
-        "nothing to do: the dry run would push nothing; all 2 selected variants are already "
+        "nothing to do: the dry run would push nothing; every selected variant (2) is already "
         "published with this content")
-    assert publish_cmd.nothing_to_do(held, dry_run=False).startswith("nothing to do: all 2")
+    assert publish_cmd.nothing_to_do(held, dry_run=False).startswith("nothing to do: every")
     assert publish_cmd.nothing_to_do([*held, {"id": "c", "status": "would-publish"}],
                                      dry_run=True) is None
