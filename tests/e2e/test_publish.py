@@ -220,6 +220,16 @@ def test_cuda_image_with_cpu_smoke(images: Images, tmp_path: Path) -> None:
 # ---- publishing --------------------------------------------------------------------------------
 
 
+def published_tags(addr: str, repo: str, p: Any, digest: str) -> list[str]:
+    """What one publication of `p` today leaves in the repository: its dated, build and floating
+    tags, each with a `-zstd` twin (same config, zstd layers), and the evidence of both digests."""
+    twin = digest_at(addr, repo, f"{p.floating_tag}-zstd")
+    gzip_tags = [f"{p.floating_tag}-{DATE}", p.hash_tag, p.floating_tag]
+    evidence = [f"sha256-{d.removeprefix('sha256:')}.{kind}" for d in (digest, twin)
+                for kind in ("sbom", "smoke", "provenance")]
+    return sorted([*gzip_tags, *(f"{t}-zstd" for t in gzip_tags), *evidence])
+
+
 @pytest.mark.docker
 def test_publish_tags_artifacts_and_manifest(images: Images, tmp_path: Path) -> None:
     p, image_id = images.build(CPU_ID)
@@ -228,9 +238,7 @@ def test_publish_tags_artifacts_and_manifest(images: Images, tmp_path: Path) -> 
     addr, repo, digest = images.matrix.registry, images.matrix.repository, result["digest"]
     hexd = digest.removeprefix("sha256:")
     dated = f"{p.floating_tag}-{DATE}"
-    assert tags(addr, repo) == sorted([dated, p.hash_tag, p.floating_tag,
-                                       f"sha256-{hexd}.sbom", f"sha256-{hexd}.smoke",
-                                       f"sha256-{hexd}.provenance"])
+    assert tags(addr, repo) == published_tags(addr, repo, p, digest)
     for tag in (dated, p.hash_tag, p.floating_tag):
         assert digest_at(addr, repo, tag) == digest
     # Each artifact names the image as its subject and carries the file it stands for.
@@ -358,10 +366,7 @@ def test_a_crash_at_any_step_leaves_nothing_half_done(
     monkeypatch.setattr(owner, function, real)
     [result] = run(images, [p], tmp_path)
     assert result["status"] == "published"
-    hexd = result["digest"].removeprefix("sha256:")
-    assert tags(addr, repo) == sorted([f"{p.floating_tag}-{DATE}", p.hash_tag, p.floating_tag,
-                                       f"sha256-{hexd}.sbom", f"sha256-{hexd}.smoke",
-                                       f"sha256-{hexd}.provenance"])
+    assert tags(addr, repo) == published_tags(addr, repo, p, result["digest"])
     doc = json.loads((tmp_path / "published.json").read_text())
     assert len(doc["variants"][CPU_ID]["publications"]) == 1
 
