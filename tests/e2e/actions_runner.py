@@ -84,7 +84,7 @@ def substitute(text: Any, context: Mapping[str, Any], status: Mapping[str, bool]
     if not isinstance(text, str) or "${{" not in text:
         return text
     whole = re.fullmatch(r"\s*\$\{\{(.*?)\}\}\s*", text, re.S)
-    if whole:
+    if whole and text.count("${{") == 1:
         return evaluate(whole[1], context, status)
     return re.sub(r"\$\{\{(.*?)\}\}",
                   lambda m: as_text(evaluate(m[1], context, status)), text, flags=re.S)
