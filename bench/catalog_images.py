@@ -25,7 +25,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from builder.core import labels, media, oci, sign
+from builder.core import keypair, labels, media, oci, sign
 from builder.flows import rebuild
 from builder.model import platforms
 from builder.stages import provenance
@@ -217,14 +217,14 @@ def attach(reg: oci.Registry, repo: str, subject: oci.Descriptor, kind: str,
     reg.push_artifact(repo, subject, media_type, data, kind=kind, title=f"{kind}.json")
 
 
-def signing_key(seed: int = 1) -> sign.SigningKey:
+def signing_key(seed: int = 1) -> keypair.SigningKey:
     """A fixed P-256 key (a test key: its private value is `seed`)."""
-    return sign.SigningKey(ec.derive_private_key(seed, ec.SECP256R1()))
+    return keypair.SigningKey(ec.derive_private_key(seed, ec.SECP256R1()))
 
 
 def publish(reg: oci.Registry, repo: str, spec: Spec, date: str, *, revision: str = "0" * 40,
             reasons: tuple[str, ...] = (), vulnerabilities: int | None = None,
-            key: sign.SigningKey | None = None) -> str:
+            key: keypair.SigningKey | None = None) -> str:
     """Push `spec` for its platforms and tag it `<floating>-<date>`, `build-…` and `<floating>`
     (a dated tag already taken gets `.1`, `.2`…); returns the digest the tags point at."""
     descs = [push_platform(reg, repo, spec, p, revision) for p in spec.platforms]

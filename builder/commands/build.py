@@ -10,7 +10,7 @@ from builder.commands.options import (
     add_key_option,
     load_selected,
 )
-from builder.core import sign
+from builder.core import keypair
 from builder.core.output import emit_json, human_bytes, step, table
 from builder.flows.build import BuildOptions, Outcome, build_images, build_lock
 from builder.model import platforms
@@ -123,4 +123,4 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
                         fail_fast=args.fail_fast, smoke=not args.no_smoke, sbom=not args.no_sbom,
                         stage=args.stage, require_gpu=args.require_gpu,
                         apt_refresh=args.apt_refresh, registry_cache=not args.no_registry_cache,
-                        key=sign.signing_key(args.key) if args.stage else None)
+                        key=keypair.signing_key(args.key) if args.stage else None)

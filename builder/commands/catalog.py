@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from builder.commands.options import add_command
-from builder.core import sign, state
+from builder.core import keypair, state
 from builder.core.output import emit_json, step
 from builder.model import catalog_doc, matrix
 from builder.stages import catalog, catalog_site
@@ -42,7 +42,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
         raise state.path_error(args.out, exc, folder=True,
                                hint="pass --out a folder this user can write") from exc
     cache = args.cache or args.out / ".cache" / "catalog.json"
-    keys = [sign.load_public(path) for path in args.key]
+    keys = [keypair.load_public(path) for path in args.key]
     doc, fetched = catalog.collect(source, args.out, cache, keys=keys, progress=step)
     same = catalog_doc.same_facts(doc, args.out / "catalog.json")
     if not same:

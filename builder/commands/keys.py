@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from builder.commands.options import add_command
-from builder.core import sign
+from builder.core import keypair
 from builder.core.output import emit_json, step
 
 
@@ -25,7 +25,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     cosign.pub REF` or `cosign verify --key cosign.pub --insecure-ignore-tlog=true REF` (an
     offline key signature has no Rekor entry). Never overwrites a file, never writes through a
     symlink."""
-    key_path, pub_path = sign.keygen(args.out)
+    key_path, pub_path = keypair.keygen(args.out)
     if args.json:
         emit_json({"private_key": str(key_path), "public_key": str(pub_path)})
     else:

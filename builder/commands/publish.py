@@ -14,7 +14,7 @@ from builder.commands.options import (
     ignore_old_record,
     load_selected,
 )
-from builder.core import sign
+from builder.core import keypair
 from builder.core.errors import GateRefused
 from builder.core.output import emit_json, step, table
 from builder.flows.publish import publish_variants
@@ -43,7 +43,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         args.select = ["default=true"]
     matrix, variants = load_selected(args)
     ignore_old_record(args.manifest)
-    trust = sign.trust(args.key, args.trust_key or matrix.trust_keys, args.unsigned)
+    trust = keypair.trust(args.key, args.trust_key or matrix.trust_keys, args.unsigned)
     rendered = [render.render_locked(matrix, v, args.locks) for v in variants]
     planned = plan.make_plan(matrix, rendered, base.known_digests(variants, matrix),
                              check_registry=False)

@@ -16,7 +16,7 @@ from builder.commands.options import (
     ignore_old_record,
     load_selected,
 )
-from builder.core import sign
+from builder.core import keypair
 from builder.core.output import emit_json, human_bytes, table
 from builder.flows.rebuild import Action, plan_actions, rebuild
 from builder.flows.rebuild_check import (
@@ -70,8 +70,8 @@ def trusted_keys(args: argparse.Namespace, matrix: Matrix | None) -> tuple[Any, 
     --trust-key, else the matrix's `trust_keys`, else the signing key's own public key (none:
     unsigned publications only)."""
     if configured := args.trust_key or configured_keys(matrix):
-        return tuple(sign.load_public(path) for path in configured)
-    key = sign.signing_key(args.key)
+        return tuple(keypair.load_public(path) for path in configured)
+    key = keypair.signing_key(args.key)
     return (key.public,) if key else ()
 
 
@@ -100,8 +100,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
             print_findings(findings, skip)
         return exit_code(findings)
     publishes = not args.dry_run and bool(plan_actions(findings))
-    trust = (sign.trust(args.key, args.trust_key or configured_keys(matrix), args.unsigned)
-             if publishes else sign.UNSIGNED)
+    trust = (keypair.trust(args.key, args.trust_key or configured_keys(matrix), args.unsigned)
+             if publishes else keypair.UNSIGNED)
     actions = rebuild(matrix, variants, args.manifest, locks_dir=args.locks,
                       allow_cpu_smoke=args.allow_cpu_smoke, dry_run=args.dry_run,
                       findings=findings, trust=trust)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.commands.options import add_command, add_key_option
-from builder.core import limits, sign, state
+from builder.core import keypair, limits, state
 from builder.core.errors import COULD_NOT_RUN, BuilderError, UsageError
 
 SBOM_FILE_HINT = "pass a CycloneDX JSON file, as `builder sbom IMAGE -o FILE` writes it"
@@ -75,7 +75,7 @@ def run_sbom(args: argparse.Namespace) -> int:
     image = staging.pull(staged) if staged else args.target[0]
     doc = sbom.generate(image, reproducible=args.reproducible)
     staging.record(staged, "sbom", (json.dumps(doc, indent=2) + "\n").encode(),
-                    sign.signing_key(args.key) if staged else None)
+                    keypair.signing_key(args.key) if staged else None)
     if not to_file:
         from sbom.validate import render
 

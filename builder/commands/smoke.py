@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.commands.options import add_command, add_key_option
-from builder.core import sign
+from builder.core import keypair
 from builder.model.smokereport import report_passed
 from builder.stages.smoketest import format_table, report_row, run_smoke
 from smoke.checks import CHECKS
@@ -70,7 +70,7 @@ def _cmd(args: argparse.Namespace) -> int:
     report = run_smoke(image, require_gpu=args.require_gpu, gpus=args.gpus,
                        report_path=args.report, timeout_scale=args.timeout_scale)
     staging.record(staged, "smoke", (json.dumps(report, indent=2) + "\n").encode(),
-                    sign.signing_key(args.key) if staged else None)
+                    keypair.signing_key(args.key) if staged else None)
     passed, reason = report_passed(report, require_gpu=args.require_gpu)
     if args.json:
         print(json.dumps(report, indent=2))

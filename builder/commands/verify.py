@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from builder.commands.options import REGISTRY_CA_HELP, add_ca_bundle_option, add_command
-from builder.core import sign
+from builder.core import keypair
 from builder.core.errors import CheckFailed
 from builder.core.output import emit_json, table
 from builder.flows.verify import PASSING, Policy, Reference, verify
@@ -39,7 +39,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     checkout. Exit 0 when all passes, 1 naming what failed, 2 when the registry cannot be
     asked."""
     reference = Reference.parse(args.reference)
-    policy = Policy(tuple(sign.load_public(path) for path in args.key), args.require_gpu,
+    policy = Policy(tuple(keypair.load_public(path) for path in args.key), args.require_gpu,
                     contents_only=args.contents_only and not args.key)
     digest, rows = verify(reference, policy)
     failed = [r for r in rows if r.status not in PASSING]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, limits, reproducible, sign, state
+from builder.core import engine, keypair, limits, reproducible, state
 from builder.core.errors import BuilderError
 from builder.core.output import human_bytes, step
 from builder.model import lockfile, platforms, rendered, smokereport
@@ -51,7 +51,7 @@ class BuildOptions:
     require_gpu: bool = False
     apt_refresh: str = ""
     registry_cache: bool = True  # --cache-from the registry's cache image of the variant
-    key: sign.SigningKey | None = None  # signs the evidence attached at staging
+    key: keypair.SigningKey | None = None  # signs the evidence attached at staging
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, oci, reproducible, sign, zstd
+from builder.core import engine, keypair, oci, reproducible, sign, zstd
 from builder.core.errors import ConfigError
 from builder.core.output import human_bytes, step
 from builder.flows import record
@@ -62,7 +62,7 @@ def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
                      allow_cpu_smoke: bool, dry_run: bool = False,
                      manifest: Path | None = None,
                      locks_dir: Path = Path("locks"),
-                     trust: sign.Trust = sign.UNSIGNED) -> list[dict[str, Any]]:
+                     trust: keypair.Trust = keypair.UNSIGNED) -> list[dict[str, Any]]:
     """Gate and publish each variant. Returns one result per variant (`status`: published,
     already-published, refused, would-publish). The registry is the record (builder.flows.
     record); `manifest`, when given, is a report of what this run published, written even when
@@ -94,7 +94,7 @@ def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
 
 
 def publish_group(matrix: Matrix, group: list[plan.PlannedVariant], *, allow_cpu_smoke: bool,
-                  dry_run: bool, trust: sign.Trust = sign.UNSIGNED) -> list[dict[str, Any]]:
+                  dry_run: bool, trust: keypair.Trust = keypair.UNSIGNED) -> list[dict[str, Any]]:
     """The steps of one variant (see the module's docstring). Returns one result for the
     variant, one refusal per refused platform, or one would-publish entry per platform."""
     multi = is_multi(matrix, group[0].variant)
@@ -187,7 +187,7 @@ def check_same_tags(group: list[plan.PlannedVariant]) -> None:
 
 
 def gate_all(matrix: Matrix, group: list[plan.PlannedVariant], allow_cpu_smoke: bool,
-             trust: sign.Trust = sign.UNSIGNED
+             trust: keypair.Trust = keypair.UNSIGNED
              ) -> tuple[list[Candidate], list[dict[str, Any]]]:
     """Candidates, and the variant's refusal (at most one: a variant is counted once): one
     refused or unselected platform refuses the variant (no partial index)."""
@@ -258,7 +258,7 @@ def stage(matrix: Matrix, cand: Candidate) -> Staged:
     return cand.staged
 
 
-def provenance_of(vetted: Staged, trust: sign.Trust) -> bytes:
+def provenance_of(vetted: Staged, trust: keypair.Trust) -> bytes:
     """The SLSA provenance statement, from the image's labels in the registry; it says when
     the staged evidence was taken unsigned (--unsigned)."""
     config = staging.image_config(vetted)
@@ -376,7 +376,7 @@ def twin_provenance(statement: bytes, gzip_digest: str) -> bytes:
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
-def sign_twins(published: Twins | None, trust: sign.Trust, variant: str,
+def sign_twins(published: Twins | None, trust: keypair.Trust, variant: str,
                tags: Sequence[str], platform_tags: dict[str, str] | None = None) -> None:
     """Sign each twin as its gzip sibling is signed, naming the `-zstd` tags it will carry: an
     index's platform twins their content tag's twin, the top one every twin tag."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.core import layerdiff, media, oci, sign, state
+from builder.core import keypair, layerdiff, media, oci, state
 from builder.core.errors import BuilderError
 from builder.core.output import step
 from builder.flows import build as build_flow
@@ -105,7 +105,7 @@ class Run:
     build_fn: Callable[..., list[Any]]
     publish_fn: Callable[..., list[dict[str, Any]]]
     allow_cpu_smoke: bool
-    trust: sign.Trust
+    trust: keypair.Trust
 
 
 def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_dir: Path,
@@ -113,7 +113,7 @@ def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_di
             findings: list[Finding] | None = None, skip: Collection[str] = (),
             build: Callable[..., list[Any]] | None = None,
             publish_fn: Callable[..., list[dict[str, Any]]] | None = None,
-            trust: sign.Trust = sign.UNSIGNED) -> list[Action]:
+            trust: keypair.Trust = keypair.UNSIGNED) -> list[Action]:
     """Rebuild and publish exactly the variants whose findings say so (signing with
     `trust.key`); returns the actions."""
     if findings is None:

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from builder.core import labels, oci, sign, zstd
+from builder.core import keypair, labels, oci, sign, zstd
 from builder.core.errors import BuilderError
 from builder.flows import verify_tags
 from builder.model import platforms, smokereport
@@ -150,7 +150,7 @@ def signature_row(reg: oci.Registry, repository: str, digest: str, policy: Polic
     except sign.SignatureError as exc:
         return Row("signature", BAD, str(exc)), []
     return Row("signature", OK, f"cosign signature over {digest[:19]} by key "
-               f"{sign.key_id(policy.keys[0])}"), payloads
+               f"{keypair.key_id(policy.keys[0])}"), payloads
 
 
 def evidence(reg: oci.Registry, repository: str, digest: str, policy: Policy

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.core import labels, sign
+from builder.core import keypair, labels, sign
 from builder.model import publication
 from builder.model.catalog_page import key_href, key_name
 from sbom.diff import component_counts, diff_sboms
@@ -187,8 +187,9 @@ def signature_summary(doc: dict[str, Any]) -> dict[str, Any]:
 def public_keys(keys: list[Any]) -> list[dict[str, str]]:
     """The keys the catalog verified with, as the site offers them for download."""
     names = [key_name(i, len(keys)) for i in range(len(keys))]
-    return [{"name": name, "href": key_href(name), "key_id": sign.key_id(key),
-             "pem": sign.public_pem(key).decode()} for name, key in zip(names, keys, strict=True)]
+    return [{"name": name, "href": key_href(name), "key_id": keypair.key_id(key),
+             "pem": keypair.public_pem(key).decode()}
+            for name, key in zip(names, keys, strict=True)]
 
 
 def facts_from_labels(found: dict[str, str], first: dict[str, Any]) -> dict[str, Any]:

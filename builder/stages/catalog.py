@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.core import oci, sign, state
+from builder.core import keypair, oci, sign, state
 from builder.core.errors import BuilderError
 from builder.model import catalog_unreadable
 from builder.model.catalog_doc import (
@@ -262,7 +262,7 @@ def signature_status(reader: Reader, digest: str, tags: TagSet, digests: dict[st
     if not keys or not out["present"]:
         return out
     key = "|".join([*(digests.get(tags.artifacts.get((digest, k), ""), "") for k in found),
-                    *(sign.key_id(k) for k in keys)])
+                    *(keypair.key_id(k) for k in keys)])
     return {**out, **reader.cache.get("verified", key, lambda: verify_signed(
         reader, digest, keys))}
 

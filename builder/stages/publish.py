@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.core import engine, labels, limits, oci, sign, state
+from builder.core import engine, keypair, labels, limits, oci, sign, state
 from builder.core.oci import RegistryError
 from builder.model import smokereport
 from builder.model.matrix import Matrix
@@ -49,14 +49,14 @@ class Candidate:
     evidence: dict[str, bytes] = field(default_factory=dict)  # kind → the attached file
     smoke_gpu: bool = False
     allow_cpu_smoke: bool = False
-    trust: sign.Trust = sign.UNSIGNED
+    trust: keypair.Trust = keypair.UNSIGNED
 
 
 # ---- the gate ---------------------------------------------------------------------------------
 
 
 def gate(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: bool,
-         trust: sign.Trust = sign.UNSIGNED) -> Candidate:
+         trust: keypair.Trust = keypair.UNSIGNED) -> Candidate:
     """The staged (else local) image of the plan's content hash, and its evidence, checked:
     its config is the plan's, its smoke report and SBOM are signed by a trusted key (unless
     `trust.unsigned`), the report passed every check on this very image, the SBOM is valid."""
@@ -212,23 +212,23 @@ def promote(matrix: Matrix, staged: Staged) -> Staged:
     return Staged(matrix.registry, matrix.repository, staged.descriptor, staged.image_id)
 
 
-def attach(vetted: Staged, kind: str, data: bytes, trust: sign.Trust) -> dict[str, str]:
+def attach(vetted: Staged, kind: str, data: bytes, trust: keypair.Trust) -> dict[str, str]:
     return staging.attach(vetted, kind, data, key=trust.key)
 
 
-def sign_digest(vetted: Staged, trust: sign.Trust,
+def sign_digest(vetted: Staged, trust: keypair.Trust,
                 optional: dict[str, str] | None = None) -> dict[str, Any]:
     """Sign the promoted manifest or index (cosign's `.sig`, naming in `optional` the variant
     and the tags it is promoted under); its publication fields. Only what the gate verified
-    reaches here with a key: sign.trust refuses a key with --unsigned."""
+    reaches here with a key: keypair.trust refuses a key with --unsigned."""
     if trust.key is None:
         return {"signed": False, "unsigned": trust.unsigned}
-    assert not trust.unsigned, "a key with --unsigned is refused by sign.trust"
+    assert not trust.unsigned, "a key with --unsigned is refused by keypair.trust"
     sign.sign_image(oci.Registry(vetted.registry), vetted.repository, vetted.digest, trust.key,
                     optional)
     return {"signed": True, "unsigned": False,
             "signature": Signed(sign.sig_tag(vetted.digest), sign.att_tag(vetted.digest),
-                                sign.key_id(trust.key.public))}
+                                keypair.key_id(trust.key.public))}
 
 
 # ---- one variant ------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from builder.core import engine, media, oci, registry_auth, sign, state
+from builder.core import engine, keypair, media, oci, registry_auth, sign, state
 from builder.core.errors import BuilderError, CommandFailed
 from builder.core.output import step
 from builder.model.matrix import Matrix
@@ -70,7 +70,7 @@ def fetch(staged: Staged, kind: str) -> bytes | None:
 
 
 def attach(staged: Staged, kind: str, data: bytes,
-           key: sign.SigningKey | None = None) -> dict[str, str]:
+           key: keypair.SigningKey | None = None) -> dict[str, str]:
     """Attach `data` to the staged digest as `kind` (its media type and file name:
     media.KINDS; idempotent: the same bytes give the same digest) and, with a key, its signed
     attestation (cosign's `.att`) whose subject is that digest."""
@@ -137,7 +137,7 @@ def pull(staged: Staged) -> str:
 
 
 def record(staged: Staged | None, kind: str, data: bytes,
-           key: sign.SigningKey | None = None) -> None:
+           key: keypair.SigningKey | None = None) -> None:
     """Keep `data` in this machine's cache and, for a staged image, attach it in the registry
     (signed with `key`, when given)."""
     if staged is None:
@@ -167,7 +167,7 @@ def push(local: str, ref: str, *, untag: bool = True, timeout: float = 3600) -> 
 
 def stage(matrix: Matrix, image_id: str, hash_tag: str, *,
           evidence_files: Mapping[str, bytes] | None = None,
-          key: sign.SigningKey | None = None, cache: str | None = None,
+          key: keypair.SigningKey | None = None, cache: str | None = None,
           base: tuple[str, str] | None = None, label: str = "") -> Staged:
     """Stage, in this order: the image by its content tag in the staging repository (checked
     by digest), the build cache image `cache` (kept locally under that name), the base
@@ -204,7 +204,7 @@ def push_base(local: str, ref: str) -> None:
     push(local, ref, timeout=1800)
 
 
-def attach_all(staged: Staged, files: Mapping[str, bytes], key: sign.SigningKey | None) -> None:
+def attach_all(staged: Staged, files: Mapping[str, bytes], key: keypair.SigningKey | None) -> None:
     """Each evidence file attached to the staged digest (with its signed attestation)."""
     for kind, data in files.items():
         attach(staged, kind, data, key=key)

@@ -25,7 +25,7 @@ import yaml
 from helpers import ROOT, free_port, missing, run_builder
 
 from bench import catalog_images as ci
-from builder.core import oci, sign
+from builder.core import keypair, oci
 from builder.model import catalog_doc
 
 REPO = "catalog-e2e"
@@ -61,7 +61,7 @@ def site(registry_addr: str, tmp_path_factory: pytest.TempPathFactory) -> Site:
         digests[spec.floating] = ci.publish(reg, REPO, spec, "20261204")
     folder = tmp_path_factory.mktemp("catalog")
     pub = folder / "cosign.pub"
-    pub.write_bytes(sign.public_pem(key.public))
+    pub.write_bytes(keypair.public_pem(key.public))
     out = folder / "site"
     result = json.loads(run_builder("catalog", f"{registry_addr}/{REPO}", "--out", str(out),
                                     "--json").stdout)

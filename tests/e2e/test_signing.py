@@ -28,7 +28,7 @@ import pytest
 import yaml
 from helpers import amd64_matrix, free_port, run_builder
 
-from builder.core import engine, labels, oci, registry, sign
+from builder.core import engine, keypair, labels, oci, registry, sign
 
 pytestmark = pytest.mark.docker
 
@@ -240,7 +240,7 @@ def test_forged_staged_image_with_copied_evidence_is_refused(env, published, sav
 
 def test_evidence_re_signed_with_another_key_is_refused(env, published, saved) -> None:
     reg = oci.Registry(env["addr"])
-    other = sign.decrypt_private(env["other_key"].read_bytes(), "other", PASSWORD.encode())
+    other = keypair.decrypt_private(env["other_key"].read_bytes(), "other", PASSWORD.encode())
     before = tag_digests(env, published)
     # At staging: publish trusts only our key.
     saved.keep("torch-staging", sign.att_tag(published["staged"]))
@@ -258,7 +258,7 @@ def test_evidence_re_signed_with_another_key_is_refused(env, published, saved) -
 
 def test_a_smoke_report_with_no_checks_is_refused_even_when_signed(env, published, saved) -> None:
     reg = oci.Registry(env["addr"])
-    ours = sign.decrypt_private(env["key"].read_bytes(), "ours", PASSWORD.encode())
+    ours = keypair.decrypt_private(env["key"].read_bytes(), "ours", PASSWORD.encode())
     before = tag_digests(env, published)
     report = json.loads(reg.fetch_artifact("torch-staging", published["staged"], "smoke"))
     empty = {**report, "checks": []}
@@ -380,8 +380,8 @@ def test_a_hand_edited_lock_line_is_refused(env, tmp_path) -> None:
 # ---- issue 32: every tag checked against what was signed; nothing unverified signed -----------
 
 
-def ours(env: dict[str, Any]) -> sign.SigningKey:
-    return sign.decrypt_private(env["key"].read_bytes(), "ours", PASSWORD.encode())
+def ours(env: dict[str, Any]) -> keypair.SigningKey:
+    return keypair.decrypt_private(env["key"].read_bytes(), "ours", PASSWORD.encode())
 
 
 def other_variant(env: dict[str, Any], published: dict[str, Any], *, dated: str = "",

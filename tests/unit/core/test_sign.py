@@ -1,4 +1,4 @@
-"""builder.core.sign: cosign key files, simple signing against a signature made by stock cosign
+"""builder.core.keypair and builder.core.sign: cosign key files, simple signing against a signature made by stock cosign
 (tests/fixtures/cosign: containers/image's fixture, Apache-2.0 — see its README), DSSE
 attestations, and the `.sig`/`.att` layout read back from an in-memory registry."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from builder.core import oci, sign
+from builder.core import keypair, oci, sign
 from builder.core.errors import BuilderError
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "cosign"
@@ -45,8 +45,8 @@ class MemoryRegistry:
         return self.blobs[digest]
 
 
-def new_key() -> sign.SigningKey:
-    return sign.SigningKey(ec.generate_private_key(ec.SECP256R1()))
+def new_key() -> keypair.SigningKey:
+    return keypair.SigningKey(ec.generate_private_key(ec.SECP256R1()))
 
 
 # ---- the fixture made by stock cosign ---------------------------------------------------------
@@ -62,14 +62,14 @@ def fixture_layer() -> tuple[bytes, bytes, str]:
 
 def test_a_signature_made_by_stock_cosign_verifies() -> None:
     payload, signature, digest = fixture_layer()
-    key = sign.load_public(FIXTURE / "cosign.pub")
-    assert sign.verifies([key], payload, signature)
+    key = keypair.load_public(FIXTURE / "cosign.pub")
+    assert keypair.verifies([key], payload, signature)
     identity = "192.168.64.2:5000/cosign-signed-single-sample"
     assert sign.check_payload(payload, identity, digest) == ""
     assert "not sha256:" in sign.check_payload(payload, identity, OTHER)
     assert "names" in sign.check_payload(payload, "192.168.64.2:5000/other", digest)
-    assert not sign.verifies([new_key().public], payload, signature)
-    assert not sign.verifies([key], payload.replace(b"sample", b"sampl3"), signature)
+    assert not keypair.verifies([new_key().public], payload, signature)
+    assert not keypair.verifies([key], payload.replace(b"sample", b"sampl3"), signature)
 
 
 def test_our_payload_is_cosigns_byte_for_byte() -> None:
@@ -103,37 +103,37 @@ def test_a_layer_we_sign_is_shaped_like_cosigns() -> None:
 def test_keygen_writes_a_cosign_pair_that_loads_back(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COSIGN_PASSWORD", "s3cret")
-    key_path, pub_path = sign.keygen(tmp_path)
+    key_path, pub_path = keypair.keygen(tmp_path)
     assert key_path.stat().st_mode & 0o777 == 0o600
     text = key_path.read_text()
     assert text.startswith("-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----\n")
     doc = json.loads(base64.b64decode("".join(text.splitlines()[1:-1])))
     assert doc["kdf"]["name"] == "scrypt" and doc["kdf"]["params"] == {"N": 32768, "r": 8, "p": 1}
     assert doc["cipher"]["name"] == "nacl/secretbox"
-    key = sign.signing_key(key_path)
+    key = keypair.signing_key(key_path)
     assert key is not None
-    assert sign.public_pem(key.public) == pub_path.read_bytes()
+    assert keypair.public_pem(key.public) == pub_path.read_bytes()
     monkeypatch.setenv("COSIGN_PRIVATE_KEY", text)
-    from_env = sign.signing_key(None)
-    assert from_env is not None and sign.key_id(from_env.public) == sign.key_id(key.public)
+    from_env = keypair.signing_key(None)
+    assert from_env is not None and keypair.key_id(from_env.public) == keypair.key_id(key.public)
     with pytest.raises(BuilderError, match="exists: not overwritten"):
-        sign.keygen(tmp_path)
+        keypair.keygen(tmp_path)
     monkeypatch.setenv("COSIGN_PASSWORD", "wrong")
     with pytest.raises(BuilderError, match="wrong password"):
-        sign.signing_key(key_path)
+        keypair.signing_key(key_path)
 
 
 def test_no_key_means_no_signing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("COSIGN_PRIVATE_KEY", raising=False)
-    assert sign.signing_key(None) is None
+    assert keypair.signing_key(None) is None
 
 
 def test_a_file_that_is_not_a_key_is_named(tmp_path: Path) -> None:
     (tmp_path / "k").write_text("hello")
     with pytest.raises(BuilderError, match=r"k: not a cosign private key"):
-        sign.signing_key(tmp_path / "k")
+        keypair.signing_key(tmp_path / "k")
     with pytest.raises(BuilderError, match=r"k: not a PEM public key"):
-        sign.load_public(tmp_path / "k")
+        keypair.load_public(tmp_path / "k")
 
 
 # ---- signatures and attestations in the registry ----------------------------------------------
@@ -165,7 +165,7 @@ def test_an_attestation_made_by_cosign_verifies_and_ours_has_its_shape() -> None
     signature verifies over the same pre-authentication encoding we sign, and our envelope and
     statement have its fields."""
     data = (FIXTURE / "attestation-1.dsse.json").read_bytes()
-    key = sign.load_public(FIXTURE / "attestation.pub")
+    key = keypair.load_public(FIXTURE / "attestation.pub")
     env = sign.verify_envelope(data, [key])
     with pytest.raises(sign.SignatureError, match="does not verify"):
         sign.verify_envelope(data, [new_key().public])
@@ -194,7 +194,7 @@ def test_envelope_is_dsse_with_an_in_toto_statement() -> None:
     assert env["signatures"][0]["keyid"] == ""
     payload = base64.b64decode(env["payload"])
     pae = b"DSSEv1 28 application/vnd.in-toto+json %d %b" % (len(payload), payload)
-    assert sign.verifies([key.public], pae, base64.b64decode(env["signatures"][0]["sig"]))
+    assert keypair.verifies([key.public], pae, base64.b64decode(env["signatures"][0]["sig"]))
     statement = json.loads(payload)
     assert statement["_type"] == "https://in-toto.io/Statement/v1"
     assert statement["subject"] == [{"name": "r/torch", "digest": {"sha256": "a" * 64}}]
@@ -224,7 +224,7 @@ def test_attestations_are_found_by_predicate_type_and_replaced() -> None:
     assert found == {} and "does not verify" in problems["sbom"]
 
 
-def cosign_style_envelope(statement: dict, *keys: sign.SigningKey) -> bytes:
+def cosign_style_envelope(statement: dict, *keys: keypair.SigningKey) -> bytes:
     """A DSSE envelope laid out as cosign (go-securesystemslib's dsse, through sigstore's
     WrapMultiSigner) marshals it: payloadType first, standard base64, one
     `{"keyid": "", "sig": …}` per signer, each over the same pre-authentication encoding."""
@@ -264,22 +264,22 @@ def test_keygen_refuses_symlinks_and_turns_file_errors_into_one_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COSIGN_PASSWORD", "")
     with pytest.raises(BuilderError, match="no such folder") as missing:
-        sign.keygen(tmp_path / "missing")
+        keypair.keygen(tmp_path / "missing")
     assert "mkdir -p" in (missing.value.hint or "")
     for name in ("cosign.pub", "cosign.key"):
         folder = tmp_path / name.replace(".", "-")
         folder.mkdir()
         (folder / name).symlink_to(tmp_path / "elsewhere")  # dangling
         with pytest.raises(BuilderError, match=f"{name} is a symlink"):
-            sign.keygen(folder)
+            keypair.keygen(folder)
         assert not (tmp_path / "elsewhere").exists()
         assert [p.name for p in folder.iterdir()] == [name]
     readonly = tmp_path / "ro"
     readonly.mkdir()
-    monkeypatch.setattr(sign.os, "open", lambda *a: (_ for _ in ()).throw(
+    monkeypatch.setattr(keypair.os, "open", lambda *a: (_ for _ in ()).throw(
         PermissionError(13, "Permission denied")))
     with pytest.raises(BuilderError, match=r"cosign\.key: cannot write the key file: Permission"):
-        sign.keygen(readonly)
+        keypair.keygen(readonly)
 
 
 def test_the_signature_names_the_variant_and_tags_and_a_new_publication_adds_one() -> None:
@@ -302,12 +302,12 @@ def test_the_signature_names_the_variant_and_tags_and_a_new_publication_adds_one
 
 def test_a_key_with_unsigned_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COSIGN_PASSWORD", "")
-    key_path, _ = sign.keygen(tmp_path)
+    key_path, _ = keypair.keygen(tmp_path)
     with pytest.raises(BuilderError, match="--unsigned with a signing key") as refused:
-        sign.trust(key_path, [], unsigned=True)
+        keypair.trust(key_path, [], unsigned=True)
     assert "drop --unsigned" in (refused.value.hint or "")
     monkeypatch.setenv("COSIGN_PRIVATE_KEY", key_path.read_text())
     with pytest.raises(BuilderError, match="--unsigned with a signing key"):
-        sign.trust(None, [], unsigned=True)
+        keypair.trust(None, [], unsigned=True)
     monkeypatch.delenv("COSIGN_PRIVATE_KEY")
-    assert sign.trust(None, [], unsigned=True) == sign.Trust(None, (), True)
+    assert keypair.trust(None, [], unsigned=True) == keypair.Trust(None, (), True)

@@ -14,7 +14,7 @@ from records import publication
 
 from builder import cli
 from builder.commands import rebuild as rebuild_cmd
-from builder.core import labels, sign
+from builder.core import keypair, labels, sign
 from builder.core.errors import BuilderError
 from builder.flows import rebuild
 from builder.flows import rebuild_check as checking
@@ -200,7 +200,7 @@ def test_rebuild_builds_with_apt_refresh_and_publishes(clean, tmp_path: Path) ->
     assert options.smoke and options.sbom and options.locks == Path("locks")
     assert published == [{"planned": ["planned"], "allow_cpu_smoke": True, "dry_run": False,
                           "manifest": Path("p.json"), "locks_dir": Path("locks"),
-                          "trust": sign.UNSIGNED}]
+                          "trust": keypair.UNSIGNED}]
     assert a.changelog["changed"][0]["name"] == "libssl3"
 
 
@@ -296,7 +296,7 @@ def test_a_signed_publication_is_not_run_unverified() -> None:
 
 
 def test_an_image_whose_signature_fails_is_not_run(clean, monkeypatch) -> None:
-    key = sign.SigningKey(ec.generate_private_key(ec.SECP256R1()))
+    key = keypair.SigningKey(ec.generate_private_key(ec.SECP256R1()))
 
     def refuse(reg, repository, digest, keys):
         raise sign.SignatureError("no signature")
