@@ -182,8 +182,8 @@ def test_cpu_runtime_compiles_as_any_uid_into_a_mounted_folder(built, tmp_path):
 
 def test_cuda_image_on_cpu_host_is_honest_and_require_gpu_fails(env, built):
     report_path = env["tmp"] / "slim-smoke.json"
-    result = builder(env, "smoke", built[SLIM], "--require-gpu", "--report", str(report_path),
-                     check=False)
+    result = run_builder("smoke", built[SLIM], "--require-gpu", "--report", str(report_path),
+                         check=False)  # smoke reads the image, not the matrix: no --matrix
     assert result.returncode != 0
     report = json.loads(report_path.read_text())
     statuses = {c["name"]: c for c in report["checks"]}
