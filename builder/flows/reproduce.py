@@ -27,8 +27,8 @@ from builder.core import engine, labels, layerdiff, oci, proc, settings
 from builder.core.errors import BuilderError
 from builder.core.output import step
 from builder.flows.verify import Reference
-from builder.model import bases, platforms
-from builder.stages import base, provenance
+from builder.model import bases, platforms, provenance_doc
+from builder.stages import base
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def recorded(doc: dict[str, Any]) -> Recorded:
     """Read the SLSA provenance statement (builder.stages.provenance) of an image."""
     definition = (doc.get("predicate") or {}).get("buildDefinition") or {}
     params = definition.get("externalParameters") or {}
-    roles = provenance.dependencies_by_role(doc)
+    roles = provenance_doc.dependencies_by_role(doc)
     lock, base_dep = roles.get("lock") or {}, roles.get("base") or {}
     revision = params.get("revision") or ""
     if not (params.get("variant") and revision and lock):

@@ -21,7 +21,7 @@ from typing import Any
 
 from builder.core import keypair, oci, sign, state
 from builder.core.errors import BuilderError
-from builder.model import catalog_unreadable
+from builder.model import catalog_unreadable, provenance_doc
 from builder.model.catalog_doc import (
     SCHEMA_VERSION,
     TWIN_SUFFIX,
@@ -41,7 +41,6 @@ from builder.model.catalog_doc import (
     smoke_summary,
     variants,
 )
-from builder.stages import provenance
 
 CACHE_VERSION = 4
 WORKERS = 8  # parallel registry requests; loopback and remote registries both serve this many
@@ -239,7 +238,7 @@ def provenance_summary(doc: dict[str, Any], subject: str) -> dict[str, Any]:
     predicate = doc.get("predicate") or {}
     definition = predicate.get("buildDefinition") or {}
     params = definition.get("externalParameters") or {}
-    roles = provenance.dependencies_by_role(doc)
+    roles = provenance_doc.dependencies_by_role(doc)
     lock = (roles.get("lock") or {}).get("digest", {}).get("sha256")
     base = (roles.get("base") or {}).get("digest", {}).get("sha256")
     subjects = [s.get("digest", {}).get("sha256") for s in doc.get("subject") or []]

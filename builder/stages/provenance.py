@@ -70,21 +70,6 @@ def statement(image_name: str, digest: str, image_labels: Mapping[str, str],
     }
 
 
-def dependencies_by_role(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """A statement's resolved dependencies by role (`source`, `lock`, `base`): its
-    `annotations.role`, or, in statements written before dependencies were URIs, a lock's
-    `locks/…` uri and the base in third place. A dependency's `name` is the path or image name
-    (`locks/<id>.txt`, `mmdebstrap:bookworm`)."""
-    definition = ((doc.get("predicate") or {}).get("buildDefinition") or {})
-    deps = [d for d in definition.get("resolvedDependencies") or [] if isinstance(d, dict)]
-    found = {role: d for d in deps if (role := (d.get("annotations") or {}).get("role"))}
-    if found:
-        return found
-    old = {"lock": next((d for d in deps if str(d.get("uri", "")).startswith("locks/")), None),
-           "base": deps[2] if len(deps) > 2 else None}
-    return {role: {**d, "name": d.get("uri", "")} for role, d in old.items() if d}
-
-
 def base_uri(name: str) -> str:
     """A package URL for the base: `pkg:docker/<name>@<tag>`, or an mmdebstrap bootstrap's
     `pkg:generic/mmdebstrap@<suite>`."""

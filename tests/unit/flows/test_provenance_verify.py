@@ -7,6 +7,7 @@ import pytest
 from builder.core import labels
 from builder.core.errors import BuilderError
 from builder.flows import verify
+from builder.model import provenance_doc
 from builder.stages import provenance
 from smoke.checks import CHECKS, GPU_CHECKS
 
@@ -29,7 +30,7 @@ def test_statement_names_commit_lock_and_base_by_uri() -> None:
         ("git+https://example.org/r@0123456789abcdef#locks/2.13.0-py3.11-cpu-runtime.txt",
          {"sha256": "c" * 64}),
         ("pkg:docker/debian", {"sha256": "b" * 64})]
-    roles = provenance.dependencies_by_role(doc)
+    roles = provenance_doc.dependencies_by_role(doc)
     assert roles["lock"]["name"] == "locks/2.13.0-py3.11-cpu-runtime.txt"
     assert roles["base"]["name"] == "debian"
     assert doc["predicate"]["runDetails"]["builder"]["id"] == "pkg:pypi/torch-images@0.1.0"
