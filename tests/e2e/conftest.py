@@ -36,6 +36,38 @@ def _engine(request: pytest.FixtureRequest) -> None:
         missing(problem)
 
 
+# Images kept across modules: the bootstrapped bases are a cache (their content key holds a day),
+# and the embedded registry's address is the user's own (`nox -s build` on this machine).
+KEPT_PREFIXES = ("torch-images-base", "mmdebstrap", "127.0.0.1:5000/")
+
+
+def local_images() -> dict[str, list[str]]:
+    """Image id → its `repository:tag` references (`<none>:<none>` for a dangling one)."""
+    listing = subprocess.run([DOCKER, "images", "--no-trunc", "--format",
+                              "{{.ID}} {{.Repository}}:{{.Tag}}"],
+                             capture_output=True, text=True, check=True, timeout=120).stdout
+    images: dict[str, list[str]] = {}
+    for line in listing.splitlines():
+        image_id, ref = line.split(" ", 1)
+        images.setdefault(image_id, []).append(ref)
+    return images
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_images_made_by_the_module() -> Iterator[None]:
+    """Remove the images a test module made, so that the suite's disk use stays that of one
+    module (a CUDA-free run still builds dozens of 1 GB images); kept: KEPT_PREFIXES."""
+    if engine_problem():
+        yield
+        return
+    before = set(local_images())
+    yield
+    for image_id, refs in local_images().items():
+        if image_id not in before and not any(r.startswith(KEPT_PREFIXES) for r in refs):
+            subprocess.run([DOCKER, "image", "rm", "-f", image_id], capture_output=True,
+                           check=False, timeout=300)
+
+
 @pytest.fixture(scope="session")
 def registry_addr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One real registry (Debian's docker-registry) on a free port for the session."""
