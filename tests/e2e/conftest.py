@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -36,9 +37,10 @@ def _engine(request: pytest.FixtureRequest) -> None:
         missing(problem)
 
 
-# Images kept across modules: the bootstrapped bases are a cache (their content key holds a day),
-# and the embedded registry's address is the user's own (`nox -s build` on this machine).
-KEPT_PREFIXES = ("torch-images-base", "mmdebstrap", "127.0.0.1:5000/")
+# What the tests name their images: registries on free loopback ports, private `e2e-…`
+# repositories (helpers.private_matrix), and dangling images from rebuilds. Anything else, such
+# as the user's own 127.0.0.1:5000 images or the cached bases, is never removed.
+TEST_MADE = re.compile(r"<none>:<none>$|127\.0\.0\.1:(?!5000/)\d+/|[^/]*/?e2e-[0-9a-f]{8}-")
 
 
 def local_images() -> dict[str, list[str]]:
@@ -55,15 +57,15 @@ def local_images() -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module", autouse=True)
 def _remove_images_made_by_the_module() -> Iterator[None]:
-    """Remove the images a test module made, so that the suite's disk use stays that of one
-    module (a CUDA-free run still builds dozens of 1 GB images); kept: KEPT_PREFIXES."""
+    """Remove the images a test module made (TEST_MADE), so that the suite's disk use stays
+    that of one module: a run without CUDA still builds dozens of 1 GB images."""
     if engine_problem():
         yield
         return
     before = set(local_images())
     yield
     for image_id, refs in local_images().items():
-        if image_id not in before and not any(r.startswith(KEPT_PREFIXES) for r in refs):
+        if image_id not in before and all(TEST_MADE.match(ref) for ref in refs):
             subprocess.run([DOCKER, "image", "rm", "-f", image_id], capture_output=True,
                            check=False, timeout=300)
 
