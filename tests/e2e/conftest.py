@@ -11,11 +11,12 @@ import functools
 import os
 import re
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 
 import pytest
-from helpers import free_port, missing
+from helpers import PRIVATE_REPOSITORIES, free_port, missing
 
 from builder.core import registry
 
@@ -37,35 +38,52 @@ def _engine(request: pytest.FixtureRequest) -> None:
         missing(problem)
 
 
-# What the tests name their images: registries on free loopback ports, private `e2e-…`
-# repositories (helpers.private_matrix), and dangling images from rebuilds. Anything else, such
-# as the user's own 127.0.0.1:5000 images or the cached bases, is never removed.
-TEST_MADE = re.compile(r"<none>:<none>$|127\.0\.0\.1:(?!5000/)\d+/|[^/]*/?e2e-[0-9a-f]{8}-")
+LOOPBACK_REGISTRY = re.compile(r"127\.0\.0\.1:(\d+)/")
+
+
+def answers(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def made_by_this_session(ref: str) -> bool:
+    """An image of a private repository of this session (helpers.private_matrix), or of a
+    loopback test registry that no longer answers (a module's registry, stopped). Never the
+    user's 127.0.0.1:5000, a cached base, or another session's running registry."""
+    repository = ref.rsplit(":", 1)[0].rsplit("/", 1)[-1]
+    if repository.startswith(tuple(PRIVATE_REPOSITORIES)):  # its -staging and -base too
+        return True
+    loopback = LOOPBACK_REGISTRY.match(ref)
+    return bool(loopback) and loopback[1] != "5000" and not answers(int(loopback[1]))
 
 
 def local_images() -> dict[str, list[str]]:
-    """Image id → its `repository:tag` references (`<none>:<none>` for a dangling one)."""
+    """Image id → its `repository:tag` references (none for a dangling image)."""
     listing = subprocess.run([DOCKER, "images", "--no-trunc", "--format",
                               "{{.ID}} {{.Repository}}:{{.Tag}}"],
                              capture_output=True, text=True, check=True, timeout=120).stdout
     images: dict[str, list[str]] = {}
     for line in listing.splitlines():
         image_id, ref = line.split(" ", 1)
-        images.setdefault(image_id, []).append(ref)
+        images.setdefault(image_id, [])
+        if ref != "<none>:<none>":
+            images[image_id].append(ref)
     return images
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _remove_images_made_by_the_module() -> Iterator[None]:
-    """Remove the images a test module made (TEST_MADE), so that the suite's disk use stays
-    that of one module: a run without CUDA still builds dozens of 1 GB images."""
+    """Remove the images a test module made, so that the suite's disk use stays that of one
+    module (a run without CUDA still builds dozens of 1 GB images): new images whose every
+    reference is this session's (made_by_this_session), and new dangling ones."""
     if engine_problem():
         yield
         return
     before = set(local_images())
     yield
     for image_id, refs in local_images().items():
-        if image_id not in before and all(TEST_MADE.match(ref) for ref in refs):
+        if image_id not in before and all(made_by_this_session(ref) for ref in refs):
             subprocess.run([DOCKER, "image", "rm", "-f", image_id], capture_output=True,
                            check=False, timeout=300)
 

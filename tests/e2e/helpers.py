@@ -39,6 +39,11 @@ def run_builder(*args: str, matrix: Path | None = None, env: dict[str, str] | No
     return result
 
 
+# The private repositories this session made (helpers.private_matrix): conftest removes their
+# images after each module; another session's are never touched.
+PRIVATE_REPOSITORIES: set[str] = set()
+
+
 def private_matrix(folder: Path, **changes: object) -> Path:
     """The shipped matrix under a repository name of its own (plus `changes`), in `folder`:
     images a test builds never take the names of the user's images (`nox -s build` would call
@@ -49,6 +54,7 @@ def private_matrix(folder: Path, **changes: object) -> Path:
 
     data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
     data |= {"repository": f"e2e-{uuid.uuid4().hex[:8]}-torch", **changes}
+    PRIVATE_REPOSITORIES.add(data["repository"])
     path = folder / "matrix.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
