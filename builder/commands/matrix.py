@@ -64,9 +64,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for problem in problems:
             print(f"{args.matrix}: {problem}")
         print(f"{args.matrix}: {len(variants)} variants"
-              f"{', all valid' if not problems else ''}; default: "
-              + ", ".join(v.id for v in variants if v.default))
+              f"{', all valid' if not problems else ''}; default: {default_list(variants)}")
     return 1 if problems else 0
+
+
+def default_list(variants: list[matrix.Variant]) -> str:
+    """The default variants, each once with its platforms: `ID (linux/amd64, linux/arm64)`."""
+    platforms: dict[str, list[str]] = {}
+    for v in variants:
+        if v.default:
+            platforms.setdefault(v.id, []).append(v.platform)
+    return ", ".join(f"{vid} ({', '.join(ps)})" for vid, ps in platforms.items())
 
 
 def lock_problems(m: matrix.Matrix, variants: list[matrix.Variant], locks_dir: Path) -> list[str]:

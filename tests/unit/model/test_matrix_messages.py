@@ -72,3 +72,10 @@ def test_an_unknown_select_key_is_bad_usage_with_a_suggestion():
         m.select(["flavour=slim"])
     assert exc.value.exit_code == 2
     assert exc.value.hint == "did you mean `flavor`?"
+
+
+def test_validate_names_each_default_variant_once_with_its_platforms():
+    variants = list(matrix.load(ROOT / "matrix.yaml").variants)
+    listed = matrix_cmd.default_list(variants)
+    assert listed.count("2.15.0-py3.11-cuda-slim") == 1
+    assert "2.15.0-py3.11-cuda-slim (linux/amd64, linux/arm64)" in listed
