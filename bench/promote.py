@@ -66,7 +66,8 @@ def push_synthetic(addr: str, repository: str, layer_sizes: list[int]) -> str:
 
 
 def push_local_image(addr: str, repository: str, image: str) -> str:
-    """`docker push` a local image into `addr/repository` (a tag of our own, removed after)."""
+    """`docker push` a local image into `addr/repository` (a tag of our own, removed after);
+    its manifest digest."""
     ref = f"{addr}/{repository}:real"
     engine.docker("tag", image, ref)
     try:

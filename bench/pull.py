@@ -32,8 +32,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench import pullreport
-from builder.core import engine, oci, proc, registry, zstd
+from bench import promote, pullreport
+from builder.core import oci, proc, registry, zstd
 from builder.stages import twin
 
 HERE = Path(__file__).resolve().parent
@@ -126,19 +126,6 @@ def check_runs(ref: str, argv: list[str]) -> str:
 
 
 # ---- registries and the twin ------------------------------------------------------------------
-
-
-def push_source(addr: str, local: str) -> str:
-    """`docker push` the local image into the source registry; its manifest digest."""
-    ref = f"{addr}/{SOURCE_REPO}:{local.rsplit(':', 1)[-1]}"
-    engine.docker("tag", local, ref)
-    try:
-        engine.docker("push", ref, timeout=7200)
-    finally:
-        engine.docker("image", "rm", ref, check=False)
-    found = oci.Registry(addr).head(SOURCE_REPO, local.rsplit(":", 1)[-1])
-    assert found is not None
-    return found.digest
 
 
 def twin_worker(argv: list[str]) -> int:
@@ -237,7 +224,7 @@ def variant(variant_id: str, source: str, vetted: str, work: Path, runs: int,
             run_check: list[str] | None) -> dict[str, Any]:
     local = image_of(variant_id)
     log(f"{variant_id}: docker push {local} into {source} (kept between runs)")
-    digest = push_source(source, local)
+    digest = promote.push_local_image(source, SOURCE_REPO, local)
     log(f"{variant_id}: promote into {vetted}, then its zstd twin (child process)")
     made = make_twin(source, vetted, digest)
     gz_ref, zs_ref = f"{vetted}/{REPO}:gzip", f"{vetted}/{REPO}:zstd"
