@@ -146,8 +146,9 @@ def load_selected(args: argparse.Namespace) -> tuple[matrix.Matrix, list[matrix.
 def add_report_option(parser: argparse.ArgumentParser) -> None:
     """--manifest of the commands that publish: a report, never an input."""
     parser.add_argument("--manifest", default=None, type=Path, metavar="FILE",
-                        help="write a report of what this run published (JSON, the "
-                        "published.json shape); the registry itself is the publication record")
+                        help="write a report of each selected variant's publication, made now or "
+                        "found already published (JSON, the published.json shape); the registry "
+                        "itself is the publication record")
 
 
 def ignore_old_record(manifest: Path | None) -> None:

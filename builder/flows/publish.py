@@ -65,8 +65,9 @@ def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
                      trust: keypair.Trust = keypair.UNSIGNED) -> list[dict[str, Any]]:
     """Gate and publish each variant. Returns one result per variant (`status`: published,
     already-published, refused, would-publish). The registry is the record (builder.flows.
-    record); `manifest`, when given, is a report of what this run published, written even when
-    a later variant fails. Every tag of the whole matrix is checked for collisions first."""
+    record); `manifest`, when given, is a report of each selected variant's publication, the one
+    this run made or the one it found already published, written even when a later variant
+    fails. Every tag of the whole matrix is checked for collisions first."""
     if manifest is not None:
         publication.check(manifest)  # a report that cannot be written stops us before a push
     plan.check_tags(matrix, locks_dir)
@@ -77,20 +78,25 @@ def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
         for group in groups(planned):
             if held := already_published(known, group):
                 results.append(held)
+                report(manifest, {held["id"]: known[held["id"]]})
                 continue
             out = publish_group(matrix, group, allow_cpu_smoke=allow_cpu_smoke,
                                 dry_run=dry_run, trust=trust)
-            if manifest is not None:
-                publication.record(manifest, {
-                    r["id"]: Publication.from_json({k: v for k, v in r.items()
-                                                    if k not in ("id", "status")})
-                    for r in out if r["status"] == "published"})
+            report(manifest, {r["id"]: Publication.from_json(
+                {k: v for k, v in r.items() if k not in ("id", "status")})
+                for r in out if r["status"] == "published"})
             results += out
     except oci.RegistryError as exc:
         exc.hint = ((exc.hint or "") + "\n\nno tag points at an image without its SBOM and "
                     "smoke report; run `builder publish` again to finish")
         raise
     return results
+
+
+def report(manifest: Path | None, publications: dict[str, Publication]) -> None:
+    """Add publications to the `--manifest` report, when one was asked for."""
+    if manifest is not None:
+        publication.record(manifest, publications)
 
 
 def publish_group(matrix: Matrix, group: list[plan.PlannedVariant], *, allow_cpu_smoke: bool,

@@ -107,3 +107,20 @@ def test_a_variant_is_recorded_as_soon_as_it_is_published(tmp_path, shipped_plan
                                    locks_dir=LOCKS)
     assert pushes == [CPU, SLIM]
     assert list(publication.load_document(manifest)["variants"]) == [CPU]
+
+
+def test_an_already_published_variant_is_in_the_report_too(tmp_path, shipped_plan, pushes,
+                                                           monkeypatch):
+    """The report lists each selected variant's publication: the CPU runtime, already in the
+    registry with this content, is reported as found there and not pushed again."""
+    m, planned = shipped_plan
+    [cpu] = [p for p in planned if p.variant.id == CPU]
+    held = publication.Publication.from_json({**RECORD, "content_hash": cpu.content_hash})
+    monkeypatch.setattr(publish_flow.record, "latest", lambda *_a: {CPU: held})
+    manifest = tmp_path / "published.json"
+    with pytest.raises(publish.RegistryError, match="went away"):
+        publish_flow.publish_variants(m, planned, allow_cpu_smoke=True, manifest=manifest,
+                                      locks_dir=LOCKS)
+    assert pushes == [SLIM]
+    [entry] = publication.load_document(manifest)["variants"][CPU]["publications"]
+    assert entry["digest"] == RECORD["digest"]
