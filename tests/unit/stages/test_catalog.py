@@ -4,6 +4,7 @@ changelog, the charts and the index rows (the registry side is tests/e2e/test_ca
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +13,11 @@ import pytest
 
 from bench.catalog_images import CREATED_BY, Spec, sbom_document, smoke_report
 from builder.core.errors import BuilderError
-from builder.model import catalog_doc
+from builder.model import catalog_doc, layer_reuse
 from builder.model import catalog_page as howto
 from builder.stages import catalog, catalog_site
 
-D1, D2, D3 = (f"sha256:{c * 64}" for c in "123")
+D1, D2, D3, D4, D5, D6 = (f"sha256:{c * 64}" for c in "123456")
 
 
 def test_tags_are_told_apart_by_their_shape() -> None:
@@ -140,14 +141,19 @@ def test_charts_are_self_contained_svg_with_css_classes() -> None:
     assert "not audited" in history and "3 vuln." in history and "&lt;t&gt;" in history
 
 
-def test_the_site_is_written_and_a_second_write_changes_nothing(tmp_path: Path) -> None:
-    images = {D1: image(D1, {"numpy": "2.3.5"}), D2: image(D2, {"numpy": "2.3.6"})}
+def paged(images: dict[str, Any]) -> dict[str, Any]:
+    """`images` with the facts a page prints besides those `image` makes."""
     for found in images.values():
         found.update(index=False, signature={"present": False, "signatures": 0, "attestations": [], "verified": None, "detail": None}, cudnn=None, nccl=None,
                      triton=None, created=None)
         found["platforms"][0].update(digest=found["digest"], labels={}, uncompressed_size=None)
         found["platforms"][0]["evidence"].update(
             smoke={"present": False}, provenance={"present": False})
+    return images
+
+
+def test_the_site_is_written_and_a_second_write_changes_nothing(tmp_path: Path) -> None:
+    images = paged({D1: image(D1, {"numpy": "2.3.5"}), D2: image(D2, {"numpy": "2.3.6"})})
     doc = document(images, {"t": D2, "t-20261201": D1, "t-20261204": D2})
     schema = json.loads(catalog_doc.SCHEMA_PATH.read_text())
     jsonschema.Draft202012Validator(schema).validate(doc)
@@ -181,3 +187,26 @@ def test_a_gpu_smoke_report_names_the_devices_cuda_used_and_the_driver() -> None
     line = howto.smoke_verdict({"present": True, **smoke}, "cuda")["line"]
     assert line.startswith("pass on GPU: CUDA used 2 × NVIDIA H100 80GB HBM3 (sm 9.0, 80 GiB)")
     assert line.endswith("driver 580.95.05 (CUDA 13.0)")
+
+
+def test_a_page_says_what_a_node_holding_a_sibling_or_the_last_build_pulls(
+        tmp_path: Path) -> None:
+    images = paged({D1: image(D1, {"numpy": "2.3.5"}), D2: image(D2, {"numpy": "2.3.6"}),
+                    D4: image(D4, {}, flavor="slim")})
+    doc = document(images, {"t": D2, "t-20261201": D1, "t-20261204": D2, "s": D4,
+                          "s-20261204": D4})
+    twins = {D2: {"linux/amd64": [{"digest": D5, "size": 50}, {"digest": D6, "size": 30}]},
+             D4: {"linux/amd64": [{"digest": D5, "size": 50}]}}
+    layer_reuse.add_pulls(doc["variants"], images, twins)
+    jsonschema.Draft202012Validator(json.loads(catalog_doc.SCHEMA_PATH.read_text())).validate(doc)
+    catalog_site.write_site(doc, tmp_path)
+    page = (tmp_path / "tags" / "t.html").read_text()
+    table = re.search(r'<table id="pull-from">(.*?)</table>', page, re.S)[1]
+    rows = re.findall(r'<tr data-relation="([^"]+)">(.*?)</tr>', table, re.S)
+    assert [(why, re.findall(r'data-bytes="(\d*)"', row)) for why, row in rows] == [
+        ("flavor", ["40", "30"]),  # the slim node lacks D2's own layer; its twin, D6
+        ("previous build", ["40", ""])]  # the build before has no twin
+    assert "another flavor: slim" in table and "the build before (the weekly rebuild)" in table
+    assert "pulls 100 B gzip / 80 B zstd" in page
+    older = (tmp_path / "tags" / "t-20261201.html").read_text()
+    assert 'id="pull-from"' not in older  # the first build: nothing held to compare with
