@@ -3,6 +3,7 @@ changelog, the charts and the index rows (the registry side is tests/e2e/test_ca
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -12,6 +13,7 @@ import jsonschema
 import pytest
 
 from bench.catalog_images import CREATED_BY, Spec, sbom_document, smoke_report
+from builder.core import oci
 from builder.core.errors import BuilderError
 from builder.model import catalog_doc, layer_reuse
 from builder.model import catalog_page as howto
@@ -210,3 +212,80 @@ def test_a_page_says_what_a_node_holding_a_sibling_or_the_last_build_pulls(
     assert "pulls 100 B gzip / 80 B zstd" in page
     older = (tmp_path / "tags" / "t-20261201.html").read_text()
     assert 'id="pull-from"' not in older  # the first build: nothing held to compare with
+
+
+class FakeRegistry:
+    """The reads `catalog.collect` makes, from manifests held in memory (counted)."""
+
+    def __init__(self) -> None:
+        self.registry, self.reads = "r:5000", 0
+        self.manifests: dict[str, tuple[bytes, str]] = {}
+        self.blobs: dict[str, bytes] = {}
+        self.tag_map: dict[str, str] = {}
+
+    def put(self, doc: dict[str, Any], media_type: str, *tags: str) -> str:
+        body = json.dumps(doc).encode()
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        self.manifests[digest] = (body, media_type)
+        self.tag_map |= dict.fromkeys(tags, digest)
+        return digest
+
+    def image(self, spec: Spec, sizes: dict[str, int], media_type: str, *tags: str) -> str:
+        config = json.dumps({"architecture": "amd64", "os": "linux",
+                             "config": {"Labels": spec.labels("linux/amd64", "0" * 40)},
+                             "history": [{"created_by": CREATED_BY[g]} for g in sizes]}).encode()
+        self.blobs[cdigest := "sha256:" + hashlib.sha256(config).hexdigest()] = config
+        layers = [{"mediaType": media_type, "size": size,
+                   "digest": "sha256:" + hashlib.sha256(f"{media_type}{g}{size}".encode())
+                   .hexdigest()} for g, size in sizes.items()]
+        return self.put({"schemaVersion": 2, "config": {"digest": cdigest, "size": len(config)},
+                         "layers": layers}, oci.OCI_MANIFEST, *tags)
+
+    def tags(self, repository: str) -> list[str]:
+        return sorted(self.tag_map)
+
+    def head(self, repository: str, ref: str) -> oci.Descriptor | None:
+        digest = self.tag_map.get(ref, ref)
+        body, media_type = self.manifests[digest]
+        return oci.Descriptor(digest, media_type, len(body))
+
+    def manifest(self, repository: str, ref: str) -> tuple[bytes, oci.Descriptor] | None:
+        self.reads += 1
+        desc = self.head(repository, ref)
+        return self.manifests[desc.digest][0], desc
+
+    def config(self, repository: str, digest: str) -> dict[str, Any]:
+        return json.loads(self.blobs[digest])
+
+    def blob_tail(self, repository: str, digest: str, length: int) -> None:
+        return None  # no range reads: the uncompressed size is unknown
+
+
+def test_collect_reads_the_twins_layers_once_and_writes_each_pull(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reg = FakeRegistry()
+    runtime, slim = (Spec(torch="2.13.0+cpu", python="3.11", flavor=f) for f in ("runtime", "slim"))
+    old = {"base": 300, "python": 90, "torch": 3000, "packages": 40, "toolchain": 160}
+    new = {**old, "packages": 43}
+    zstd = "application/vnd.oci.image.layer.v1.tar+zstd"
+    for spec, sizes, dated in ((runtime, old, "20261201"), (runtime, new, "20261204"),
+                               (slim, {k: v for k, v in old.items() if k != "toolchain"},
+                                "20261204")):
+        tags = (spec.floating, f"{spec.floating}-{dated}")
+        reg.image(spec, sizes, oci.OCI_LAYER_GZIP, *tags)
+        reg.image(spec, {g: n // 2 for g, n in sizes.items()}, zstd, *(f"{t}-zstd" for t in tags))
+    monkeypatch.setattr(catalog.oci, "Registry", lambda _: reg)
+    source, cache = catalog.Source.parse("r:5000/torch"), tmp_path / "cache.json"
+    doc, fetched = catalog.collect(source, tmp_path / "site", cache)
+    assert fetched > 0
+    [variant] = [v for v in doc["variants"] if v["tag"] == runtime.floating]
+    [sibling] = variant["siblings"]
+    assert (sibling["tag"], sibling["relation"]) == (slim.floating, "flavor")
+    assert sibling["platforms"] == [{"platform": "linux/amd64", "gzip": 43 + 160,
+                                     "gzip_full": 3593, "zstd": 21 + 80, "zstd_full": 1796}]
+    rebuild = variant["history"][-1]["previous"]["platforms"][0]
+    assert (rebuild["gzip"], rebuild["zstd"]) == (43, 21)  # the one package layer
+    catalog_doc.validate(doc)
+    reads = reg.reads
+    assert catalog.collect(source, tmp_path / "site", cache)[1] == 0  # twins too are cached
+    assert reg.reads == reads
