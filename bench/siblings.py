@@ -4,7 +4,9 @@ For each image the repository holds, the bytes a node already holding a sibling 
 it (another flavor, another python, the torch before or after), and for the weekly rebuild
 (the dated build before it), gzip and `-zstd` twin, per platform. The figures are the
 catalog's own (`builder catalog` reads the same manifests, each checked against its digest;
-builder.model.layer_reuse computes them): nothing is pulled, only manifests and configs read.
+builder.model.layer_reuse computes them): no layer is pulled; the catalog's reads are made
+(manifests, configs, the attached evidence, each gzip layer's 4-byte trailer), into a
+temporary folder, without its cache.
 It reports what the registry holds, not the whole shipped matrix unless that was published.
 
 Writes bench/SIBLINGS.md and the `siblings` entry of bench/results.json.
