@@ -81,7 +81,7 @@ def markdown(source: str, started: str, rows: list[dict[str, Any]],
              "|---|---|---|---|---|---|"]
     lines += [f"| {why} | {s['pulls']} | {mb(s['gzip'])} / {mb(s['gzip_full'])} MB | "
               f"{share(s['gzip'], s['gzip_full'])} | "
-              + (f"{mb(s['zstd'])} / {mb(s['zstd_full'])} MB ({s['zstd_pulls']} pulls) | "
+              + (f"{mb(s['zstd'])} / {mb(s['zstd_full'])} MB ({s['zstd_pulls']} with twins) | "
                  f"{share(s['zstd'], s['zstd_full'])} |" if s["zstd_pulls"] else "- | - |")
               for why, s in sorted(sums.items())]
     lines += ["", "## Each pull (MB)", "",

@@ -53,5 +53,5 @@ def test_rows_cover_siblings_and_rebuilds_and_the_summary_adds_them(
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["pull"] == {"kept": True} and len(data["siblings"]["rows"]) == 3
     text = (tmp_path / "SIBLINGS.md").read_text()
-    assert "| flavor | 2 | 12.0 / 118.0 MB | 10 % | 6.0 / 59.0 MB (2 pulls) | 10 % |" in text
+    assert "| flavor | 2 | 12.0 / 118.0 MB | 10 % | 6.0 / 59.0 MB (2 with twins) | 10 % |" in text
     assert "| rt-2 | linux/amd64 | rt-1 | previous build | 64.0 | 2.0 | 32.0 | - |" in text
