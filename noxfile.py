@@ -95,5 +95,6 @@ def catalog(session: nox.Session) -> None:
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Benchmarks against the naive Dockerfile and syft (`-- --quick` for the CPU variant,
-    `-- catalog` for the catalog on a 200-tag registry, `-- arm64`)."""
+    `-- catalog` for the catalog on a 200-tag registry, `-- arm64`, `-- siblings REGISTRY/REPO`
+    for the bytes a node holding one image pulls for each sibling)."""
     session.run(PYTHON, "-m", "bench", *session.posargs)

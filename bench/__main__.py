@@ -30,6 +30,11 @@ if sys.argv[1:2] == ["catalog"]:  # builder catalog on a 200-tag registry
 
     sys.exit(catalog_main(sys.argv[2:]))
 
+if sys.argv[1:2] == ["siblings"]:  # the bytes a node holding one image pulls for its siblings
+    from bench.siblings import main as siblings_main
+
+    sys.exit(siblings_main(sys.argv[2:]))
+
 if sys.argv[1:2] == ["reproduce"]:  # reproducible images and rebuild deltas
     from bench.reproduce import main as reproduce_main
 

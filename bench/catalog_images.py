@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from builder.core import keypair, labels, media, oci, sign
 from builder.flows import rebuild
 from builder.model import platforms
-from builder.stages import provenance
+from builder.stages import provenance, twin
 from smoke.checks import CHECKS, GPU_CHECKS
 
 # The step of each layer group, as the image config's history shows it (BuildKit's form).
@@ -224,9 +224,10 @@ def signing_key(seed: int = 1) -> keypair.SigningKey:
 
 def publish(reg: oci.Registry, repo: str, spec: Spec, date: str, *, revision: str = "0" * 40,
             reasons: tuple[str, ...] = (), vulnerabilities: int | None = None,
-            key: keypair.SigningKey | None = None) -> str:
+            key: keypair.SigningKey | None = None, zstd: bool = False) -> str:
     """Push `spec` for its platforms and tag it `<floating>-<date>`, `build-…` and `<floating>`
-    (a dated tag already taken gets `.1`, `.2`…); returns the digest the tags point at."""
+    (a dated tag already taken gets `.1`, `.2`…); returns the digest the tags point at.
+    `zstd`: each of those tags gets its `<tag>-zstd` twin too (builder.stages.twin)."""
     descs = [push_platform(reg, repo, spec, p, revision) for p in spec.platforms]
     if len(descs) == 1:
         top = descs[0]
@@ -254,8 +255,13 @@ def publish(reg: oci.Registry, repo: str, spec: Spec, date: str, *, revision: st
     while dated in taken and reg.head(repo, dated).digest != top.digest:
         n += 1
         dated = f"{spec.floating}-{date}.{n}"
-    for tag in (dated, f"build-{top.digest[7:27]}", spec.floating):
+    tags = (dated, f"build-{top.digest[7:27]}", spec.floating)
+    for tag in tags:
         reg.tag(repo, top.digest, tag)
+    if zstd:
+        pair = twin.make(reg, repo, top.digest)
+        for tag in tags:
+            reg.tag(repo, pair.digest, twin.tag_of(tag))
     return top.digest
 
 

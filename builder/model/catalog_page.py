@@ -13,7 +13,9 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from builder.core.output import human_bytes
+from builder.model import layer_reuse
 from smoke.checks import GPU_CHECKS
+from smoke.versions import numeric
 
 SHM = {"cuda": "8g", "cpu": "2g"}  # NCCL wants 512 MiB a GPU; DataLoader workers share /dev/shm
 GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
@@ -79,6 +81,16 @@ TWIN_RUNTIMES = ("Kubernetes nodes (containerd ≥ 1.5), Docker Engine ≥ 23, C
                  "the same image (same config, diff ids and evidence, signed alike), unpacked "
                  "several times faster")
 GZIP_RUNTIMES = "every runtime, Docker 20.10 included (it cannot unpack zstd)"
+
+
+def relation_words(relation: str, image: dict[str, Any], other: dict[str, Any]) -> str:
+    """What the held image of an "if your node already has" row is (builder.model.layer_reuse)."""
+    if relation == layer_reuse.REBUILD:
+        return "the build before (the weekly rebuild)"
+    if relation == "torch":
+        side = "before" if numeric(other.get("torch")) < numeric(image.get("torch")) else "after"
+        return f"the torch {side}: {other.get('torch')}"
+    return f"another {relation}: {other.get(relation)}"
 
 
 def pull_choices(doc: dict[str, Any], variant: dict[str, Any], tag: str

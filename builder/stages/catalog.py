@@ -21,7 +21,7 @@ from typing import Any
 
 from builder.core import keypair, oci, sign, state
 from builder.core.errors import BuilderError
-from builder.model import catalog_unreadable, provenance_doc
+from builder.model import catalog_unreadable, layer_reuse, provenance_doc
 from builder.model.catalog_doc import (
     SCHEMA_VERSION,
     TWIN_SUFFIX,
@@ -119,6 +119,24 @@ def add_twins(reader: Reader, out: list[dict[str, Any]], images: dict[str, dict[
         entry["zstd"] = {"tag": entry["tag"] + TWIN_SUFFIX, "digest": digest,
                          "size": sum(x["size"] for x in facts["layers"]) + facts["config_size"],
                          "gzip_size": image["platforms"][0]["size"]}
+
+
+def twin_layers(reader: Reader, by_tag: dict[str, str],
+                twins: dict[str, str]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """gzip image digest → platform → the layers of its `<tag>-zstd` twin (read in parallel,
+    each manifest checked against its digest as every read is)."""
+    pairs = {digest: twins[tag + TWIN_SUFFIX] for tag, digest in sorted(by_tag.items())
+             if tag + TWIN_SUFFIX in twins}
+    with ThreadPoolExecutor(WORKERS) as pool:
+        return dict(zip(pairs, pool.map(lambda d: platform_layers(reader, d), pairs.values()),
+                        strict=True))
+
+
+def platform_layers(reader: Reader, digest: str) -> dict[str, list[dict[str, Any]]]:
+    """platform → layers of a manifest or of each manifest of an index."""
+    top = reader.manifest(digest)
+    children = top.get("children") or [{"digest": digest, "platform": top["platform"]}]
+    return {c["platform"]: reader.manifest(c["digest"])["layers"] for c in children}
 
 
 # ---- reading one image ------------------------------------------------------------------------
@@ -303,14 +321,16 @@ def collect(source: Source, site: Path, cache_path: Path | None, *, keys: list[A
         images = dict(zip(set(by_tag.values()), pool.map(
             lambda d: readable_facts(reader, d, tags, digests), set(by_tag.values())),
             strict=True))
-    cache.save()
     unreadable = [catalog_unreadable.entry(d, [t for t, x in by_tag.items() if x == d], why)
                   for d, why in sorted((d, i["unreadable"]) for d, i in images.items()
                                        if "unreadable" in i)]
     images = {d: i for d, i in images.items() if "unreadable" not in i}
     by_tag = {t: d for t, d in by_tag.items() if d in images}
     listed = variants(by_tag, images)
-    add_twins(reader, listed, images, reader.resolve(tags.twins))
+    twins = reader.resolve(tags.twins)
+    add_twins(reader, listed, images, twins)
+    layer_reuse.add_pulls(listed, images, twin_layers(reader, by_tag, twins))
+    cache.save()  # after the twins: their manifests are cached too
     doc = {
         "schema_version": SCHEMA_VERSION,
         "generated_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),

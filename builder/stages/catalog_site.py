@@ -22,6 +22,7 @@ from builder import __version__
 from builder.core import state
 from builder.core.output import human_bytes
 from builder.model import catalog_page as howto
+from builder.model import layer_reuse
 from builder.model.catalog_doc import GROUPS
 from sbom.diff import COUNTED
 
@@ -132,9 +133,8 @@ def shared_bytes(image: dict[str, Any], other: dict[str, Any]) -> int:
     """Compressed bytes of the layers two images (their first platforms) have in common."""
     if not image["platforms"] or not other["platforms"]:
         return 0
-    mine = {la["digest"]: la["size"] for la in image["platforms"][0]["layers"]}
-    theirs = {la["digest"] for la in other["platforms"][0]["layers"]}
-    return sum(size for digest, size in mine.items() if digest in theirs)
+    return layer_reuse.shared_bytes(image["platforms"][0]["layers"],
+                                    other["platforms"][0]["layers"])
 
 
 def group_sizes(platform: dict[str, Any]) -> dict[str, int]:
@@ -289,6 +289,7 @@ def tag_pages(env: jinja2.Environment, doc: dict[str, Any],
             reference=reference, **usage(doc, image, reference),
             shared=[(name, other["flavor"], shared_bytes(image, other))
                     for name, other in family if other is not image],
+            kept=layer_reuse.rows_for(variant, digest, entry),
             layer_chart=layers, history_chart=chart)
     return pages
 

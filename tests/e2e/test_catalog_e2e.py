@@ -51,14 +51,16 @@ class Site:
 def site(registry_addr: str, tmp_path_factory: pytest.TempPathFactory) -> Site:
     """Two dated builds of the CPU runtime (the second after a one-package change, rebuilt for a
     python vulnerability, signed), its slim sibling, a CUDA 13.2 slim index with linux/arm64 and
-    a CUDA 12.8 runtime; then `builder catalog` of that repository."""
+    a CUDA 12.8 runtime, all but the last with `-zstd` twins; then `builder catalog` of that
+    repository."""
     reg = oci.Registry(registry_addr)
     key = ci.signing_key()
-    ci.publish(reg, REPO, CPU_OLD, "20261201", vulnerabilities=2)
+    ci.publish(reg, REPO, CPU_OLD, "20261201", vulnerabilities=2, zstd=True)
     digests = {CPU_NEW.floating: ci.publish(reg, REPO, CPU_NEW, "20261204", key=key,
-                                            reasons=("python-vuln",), vulnerabilities=0)}
+                                            reasons=("python-vuln",), vulnerabilities=0,
+                                            zstd=True)}
     for spec in (CPU_SLIM, CUDA13_ARM, CUDA12):
-        digests[spec.floating] = ci.publish(reg, REPO, spec, "20261204")
+        digests[spec.floating] = ci.publish(reg, REPO, spec, "20261204", zstd=spec != CUDA12)
     folder = tmp_path_factory.mktemp("catalog")
     pub = folder / "cosign.pub"
     pub.write_bytes(keypair.public_pem(key.public))
@@ -119,6 +121,43 @@ def test_with_the_key_the_signature_is_verified(site: Site, tmp_path: Path) -> N
         assert f">{command}</code>" in page
     index = (out / "index.html").read_text()
     assert "signed, verified" in index and "not signed" in index  # the signature column
+
+
+def registry_pull(reg: oci.Registry, wanted: str, held: str) -> tuple[int, int]:
+    """(bytes of `wanted`'s layers whose digests `held` lacks, how many such layers), read
+    straight from the registry's manifests (single-platform tags)."""
+    layers = {ref: json.loads(reg.manifest(REPO, ref)[0])["layers"] for ref in (wanted, held)}
+    have = {layer["digest"] for layer in layers[held]}
+    missing_layers = [layer for layer in layers[wanted] if layer["digest"] not in have]
+    return sum(layer["size"] for layer in missing_layers), len(missing_layers)
+
+
+def test_a_page_says_what_a_node_holding_a_sibling_or_the_last_build_pulls(
+        site: Site, registry_addr: str) -> None:
+    """Issue 35 item 4: the page's gzip and zstd bytes are the registry's non-shared layers."""
+    reg = oci.Registry(registry_addr)
+    page = (site.out / "tags" / f"{CPU_NEW.floating}.html").read_text()
+    table = re.search(r'<table id="pull-from">(.*?)</table>', page, re.S)[1]
+    rows = {held: (why, [int(n) for n in re.findall(r'data-bytes="(\d+)"', cells)])
+            for why, held, cells in re.findall(
+                r'<tr data-relation="([^"]+)"><td[^>]*><a href="[^"]*">([^<]+)</a>(.*?)</tr>',
+                table, re.S)}
+    old = f"{CPU_OLD.floating}-20261201"
+    assert {held: why for held, (why, _) in rows.items()} == {
+        CPU_SLIM.floating: "flavor", old: "previous build"}
+    for held, (_, shown) in rows.items():
+        expected = [registry_pull(reg, CPU_NEW.floating + suffix, held + suffix)
+                    for suffix in ("", "-zstd")]
+        assert shown == [n for n, _ in expected] and all(n > 0 for n in shown)
+    # The weekly rebuild changed one package: one layer to pull, in either compression.
+    assert [registry_pull(reg, CPU_NEW.floating + s, old + s)[1] for s in ("", "-zstd")] == [1, 1]
+    doc = json.loads((site.out / "catalog.json").read_text())
+    [variant] = [v for v in doc["variants"] if v["tag"] == CPU_NEW.floating]
+    [sibling] = variant["siblings"]
+    assert (sibling["tag"], sibling["platforms"][0]["gzip"], sibling["platforms"][0]["zstd"]) \
+        == (CPU_SLIM.floating, *rows[CPU_SLIM.floating][1])
+    assert variant["history"][-1]["previous"]["platforms"][0]["gzip"] == rows[old][1][0]
+    assert "If your node already has" in page and "the build before (the weekly rebuild)" in page
 
 
 def test_an_unknown_repository_is_one_error_line(registry_addr: str, tmp_path: Path) -> None:

@@ -3,7 +3,9 @@ changelog, the charts and the index rows (the registry side is tests/e2e/test_ca
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +13,13 @@ import jsonschema
 import pytest
 
 from bench.catalog_images import CREATED_BY, Spec, sbom_document, smoke_report
+from builder.core import oci
 from builder.core.errors import BuilderError
-from builder.model import catalog_doc
+from builder.model import catalog_doc, layer_reuse
 from builder.model import catalog_page as howto
 from builder.stages import catalog, catalog_site
 
-D1, D2, D3 = (f"sha256:{c * 64}" for c in "123")
+D1, D2, D3, D4, D5, D6 = (f"sha256:{c * 64}" for c in "123456")
 
 
 def test_tags_are_told_apart_by_their_shape() -> None:
@@ -140,14 +143,19 @@ def test_charts_are_self_contained_svg_with_css_classes() -> None:
     assert "not audited" in history and "3 vuln." in history and "&lt;t&gt;" in history
 
 
-def test_the_site_is_written_and_a_second_write_changes_nothing(tmp_path: Path) -> None:
-    images = {D1: image(D1, {"numpy": "2.3.5"}), D2: image(D2, {"numpy": "2.3.6"})}
+def paged(images: dict[str, Any]) -> dict[str, Any]:
+    """`images` with the facts a page prints besides those `image` makes."""
     for found in images.values():
         found.update(index=False, signature={"present": False, "signatures": 0, "attestations": [], "verified": None, "detail": None}, cudnn=None, nccl=None,
                      triton=None, created=None)
         found["platforms"][0].update(digest=found["digest"], labels={}, uncompressed_size=None)
         found["platforms"][0]["evidence"].update(
             smoke={"present": False}, provenance={"present": False})
+    return images
+
+
+def test_the_site_is_written_and_a_second_write_changes_nothing(tmp_path: Path) -> None:
+    images = paged({D1: image(D1, {"numpy": "2.3.5"}), D2: image(D2, {"numpy": "2.3.6"})})
     doc = document(images, {"t": D2, "t-20261201": D1, "t-20261204": D2})
     schema = json.loads(catalog_doc.SCHEMA_PATH.read_text())
     jsonschema.Draft202012Validator(schema).validate(doc)
@@ -181,3 +189,103 @@ def test_a_gpu_smoke_report_names_the_devices_cuda_used_and_the_driver() -> None
     line = howto.smoke_verdict({"present": True, **smoke}, "cuda")["line"]
     assert line.startswith("pass on GPU: CUDA used 2 × NVIDIA H100 80GB HBM3 (sm 9.0, 80 GiB)")
     assert line.endswith("driver 580.95.05 (CUDA 13.0)")
+
+
+def test_a_page_says_what_a_node_holding_a_sibling_or_the_last_build_pulls(
+        tmp_path: Path) -> None:
+    images = paged({D1: image(D1, {"numpy": "2.3.5"}), D2: image(D2, {"numpy": "2.3.6"}),
+                    D4: image(D4, {}, flavor="slim")})
+    doc = document(images, {"t": D2, "t-20261201": D1, "t-20261204": D2, "s": D4,
+                          "s-20261204": D4})
+    twins = {D2: {"linux/amd64": [{"digest": D5, "size": 50}, {"digest": D6, "size": 30}]},
+             D4: {"linux/amd64": [{"digest": D5, "size": 50}]}}
+    layer_reuse.add_pulls(doc["variants"], images, twins)
+    jsonschema.Draft202012Validator(json.loads(catalog_doc.SCHEMA_PATH.read_text())).validate(doc)
+    catalog_site.write_site(doc, tmp_path)
+    page = (tmp_path / "tags" / "t.html").read_text()
+    table = re.search(r'<table id="pull-from">(.*?)</table>', page, re.S)[1]
+    rows = re.findall(r'<tr data-relation="([^"]+)">(.*?)</tr>', table, re.S)
+    assert [(why, re.findall(r'data-bytes="(\d*)"', row)) for why, row in rows] == [
+        ("flavor", ["40", "30"]),  # the slim node lacks D2's own layer; its twin, D6
+        ("previous build", ["40", ""])]  # the build before has no twin
+    assert "another flavor: slim" in table and "the build before (the weekly rebuild)" in table
+    assert "pulls 100 B gzip / 80 B zstd" in page
+    older = (tmp_path / "tags" / "t-20261201.html").read_text()
+    assert 'id="pull-from"' not in older  # the first build: nothing held to compare with
+
+
+class FakeRegistry:
+    """The reads `catalog.collect` makes, from manifests held in memory (counted)."""
+
+    def __init__(self) -> None:
+        self.registry, self.reads = "r:5000", 0
+        self.manifests: dict[str, tuple[bytes, str]] = {}
+        self.blobs: dict[str, bytes] = {}
+        self.tag_map: dict[str, str] = {}
+
+    def put(self, doc: dict[str, Any], media_type: str, *tags: str) -> str:
+        body = json.dumps(doc).encode()
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        self.manifests[digest] = (body, media_type)
+        self.tag_map |= dict.fromkeys(tags, digest)
+        return digest
+
+    def image(self, spec: Spec, sizes: dict[str, int], media_type: str, *tags: str) -> str:
+        config = json.dumps({"architecture": "amd64", "os": "linux",
+                             "config": {"Labels": spec.labels("linux/amd64", "0" * 40)},
+                             "history": [{"created_by": CREATED_BY[g]} for g in sizes]}).encode()
+        self.blobs[cdigest := "sha256:" + hashlib.sha256(config).hexdigest()] = config
+        layers = [{"mediaType": media_type, "size": size,
+                   "digest": "sha256:" + hashlib.sha256(f"{media_type}{g}{size}".encode())
+                   .hexdigest()} for g, size in sizes.items()]
+        return self.put({"schemaVersion": 2, "config": {"digest": cdigest, "size": len(config)},
+                         "layers": layers}, oci.OCI_MANIFEST, *tags)
+
+    def tags(self, repository: str) -> list[str]:
+        return sorted(self.tag_map)
+
+    def head(self, repository: str, ref: str) -> oci.Descriptor | None:
+        digest = self.tag_map.get(ref, ref)
+        body, media_type = self.manifests[digest]
+        return oci.Descriptor(digest, media_type, len(body))
+
+    def manifest(self, repository: str, ref: str) -> tuple[bytes, oci.Descriptor] | None:
+        self.reads += 1
+        desc = self.head(repository, ref)
+        return self.manifests[desc.digest][0], desc
+
+    def config(self, repository: str, digest: str) -> dict[str, Any]:
+        return json.loads(self.blobs[digest])
+
+    def blob_tail(self, repository: str, digest: str, length: int) -> None:
+        return None  # no range reads: the uncompressed size is unknown
+
+
+def test_collect_reads_the_twins_layers_once_and_writes_each_pull(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reg = FakeRegistry()
+    runtime, slim = (Spec(torch="2.13.0+cpu", python="3.11", flavor=f) for f in ("runtime", "slim"))
+    old = {"base": 300, "python": 90, "torch": 3000, "packages": 40, "toolchain": 160}
+    new = {**old, "packages": 43}
+    zstd = "application/vnd.oci.image.layer.v1.tar+zstd"
+    for spec, sizes, dated in ((runtime, old, "20261201"), (runtime, new, "20261204"),
+                               (slim, {k: v for k, v in old.items() if k != "toolchain"},
+                                "20261204")):
+        tags = (spec.floating, f"{spec.floating}-{dated}")
+        reg.image(spec, sizes, oci.OCI_LAYER_GZIP, *tags)
+        reg.image(spec, {g: n // 2 for g, n in sizes.items()}, zstd, *(f"{t}-zstd" for t in tags))
+    monkeypatch.setattr(catalog.oci, "Registry", lambda _: reg)
+    source, cache = catalog.Source.parse("r:5000/torch"), tmp_path / "cache.json"
+    doc, fetched = catalog.collect(source, tmp_path / "site", cache)
+    assert fetched > 0
+    [variant] = [v for v in doc["variants"] if v["tag"] == runtime.floating]
+    [sibling] = variant["siblings"]
+    assert (sibling["tag"], sibling["relation"]) == (slim.floating, "flavor")
+    assert sibling["platforms"] == [{"platform": "linux/amd64", "gzip": 43 + 160,
+                                     "gzip_full": 3593, "zstd": 21 + 80, "zstd_full": 1796}]
+    rebuild = variant["history"][-1]["previous"]["platforms"][0]
+    assert (rebuild["gzip"], rebuild["zstd"]) == (43, 21)  # the one package layer
+    catalog_doc.validate(doc)
+    reads = reg.reads
+    assert catalog.collect(source, tmp_path / "site", cache)[1] == 0  # twins too are cached
+    assert reg.reads == reads
