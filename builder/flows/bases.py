@@ -80,8 +80,10 @@ def take(matrix: Matrix, suite: str, options: BaseOptions, progress: Progress) -
     except signed_base.Unverified as exc:
         progress(f"base {ref}: bootstrapping: {exc}")
         return False
+    keys = ", ".join(key_id(k) for k in options.trusted)
     progress(f"base {ref}: taken from `{at.reference}` ({image_id[:19]}), its signature and "
-             f"provenance verified by key {key_id(options.trusted[0])}")
+             f"provenance verified against the trusted key{'s' * (len(options.trusted) > 1)} "
+             f"{keys}")
     return True
 
 

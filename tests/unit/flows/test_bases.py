@@ -122,7 +122,8 @@ def test_a_fresh_runner_takes_the_signed_base_and_gets_the_same_digest(world, cp
     assert fresh.ran == []  # no mmdebstrap
     [line] = lines(capsys)
     assert line.startswith(f"base {REF}: taken from `127.0.0.1:5000/torch-base:bookworm-{KEY}`")
-    assert "signature and provenance verified by key" in line
+    assert line.endswith(f"its signature and provenance verified against the trusted key "
+                         f"{keypair.key_id(key.public)}")
 
 
 def test_a_base_signed_by_another_key_is_bootstrapped_saying_why(world, cpu, capsys):
