@@ -50,7 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "the host's")
     p.add_argument("--no-registry-cache", action="store_true",
                    help="do not reuse the layers the registry holds for the variant (its "
-                   "`<repository>-staging:cache-<tag>` image, pushed by --stage)")
+                   "`<repository>-staging:cache-<tag>` image, pushed by --stage) nor its signed "
+                   "bootstrapped base (bootstrapped here instead)")
     p.add_argument("--apt-refresh", default="", metavar="TOKEN",
                    help="re-run the apt upgrade step (security rebuilds pass a new token)")
 
