@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
+from pathlib import Path
 
 from builder.commands.options import (
     add_ca_bundle_option,
@@ -33,7 +35,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stage", action="store_true",
                    help="push each new image by digest to `<repository>-staging` with its smoke "
                    "report and SBOM attached, for other machines (GPU smoke, publish)")
-    add_key_option(p, "the smoke report and SBOM attached at --stage (their attestations)")
+    add_key_option(p, "the smoke report and SBOM attached at --stage (their attestations) "
+                   "and the bootstrapped base kept in the registry")
+    p.add_argument("--trust-key", action="append", type=Path, default=[], metavar="FILE",
+                   help="public key (cosign.pub) a bootstrapped base taken from the registry "
+                   "must be signed by (repeatable; default: the matrix's `trust_keys`, else the "
+                   "--key's own public key; none: the base is bootstrapped here)")
     p.add_argument("--require-gpu", action="store_true",
                    help="GPU checks that cannot run on this host fail instead of being skipped")
     # The install steps fetch missing wheels themselves, so they get the host's trust store (a
@@ -43,7 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "the host's")
     p.add_argument("--no-registry-cache", action="store_true",
                    help="do not reuse the layers the registry holds for the variant (its "
-                   "`<repository>-staging:cache-<tag>` image, pushed by --stage)")
+                   "`<repository>-staging:cache-<tag>` image, pushed by --stage) nor its signed "
+                   "bootstrapped base (bootstrapped here instead)")
     p.add_argument("--apt-refresh", default="", metavar="TOKEN",
                    help="re-run the apt upgrade step (security rebuilds pass a new token)")
 
@@ -99,7 +107,9 @@ def run_build(args: argparse.Namespace, leave_foreign: bool = False) -> list[Out
     matrix, variants = load_selected(args)
     if leave_foreign:
         variants = left_to_other_runners(variants)
-    return build_images(matrix, variants, build_options(args))
+    options = build_options(args)
+    trusted = keypair.trusted_keys(args.trust_key or matrix.trust_keys, options.key)
+    return build_images(matrix, variants, replace(options, trust_keys=trusted))
 
 
 def left_to_other_runners(variants: list[Variant]) -> list[Variant]:
@@ -123,4 +133,4 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
                         fail_fast=args.fail_fast, smoke=not args.no_smoke, sbom=not args.no_sbom,
                         stage=args.stage, require_gpu=args.require_gpu,
                         apt_refresh=args.apt_refresh, registry_cache=not args.no_registry_cache,
-                        key=keypair.signing_key(args.key) if args.stage else None)
+                        key=keypair.signing_key(args.key) if args.stage or args.key else None)

@@ -212,8 +212,14 @@ def trust(key_path: Path | str | None, trust_keys: Iterable[Path], unsigned: boo
                           hint="give --key cosign.key (or COSIGN_PRIVATE_KEY and "
                           "COSIGN_PASSWORD; `builder keygen` makes a pair), or --unsigned to "
                           "publish without signatures (recorded in published.json)")
-    keys = tuple(load_public(Path(p)) for p in trust_keys) or ((key.public,) if key else ())
-    return Trust(key, keys, unsigned)
+    return Trust(key, trusted_keys(trust_keys, key), unsigned)
+
+
+def trusted_keys(paths: Iterable[Path], key: SigningKey | None
+                 ) -> tuple[ec.EllipticCurvePublicKey, ...]:
+    """The public keys in `paths` (--trust-key, the matrix's `trust_keys`), else the signing
+    key's own public key, else none."""
+    return tuple(load_public(Path(p)) for p in paths) or ((key.public,) if key else ())
 
 
 def key_id(key: ec.EllipticCurvePublicKey) -> str:

@@ -144,12 +144,17 @@ def rootfs_config(diff_id: str, created_by: str, cmd: list[str]) -> dict[str, An
 def load_rootfs(tar: Path, ref: str, created_by: str, cmd: list[str]) -> str:
     """Load a rootfs tarball as a one-layer image with a fixed config; returns its id. Its diff
     id is the tarball's digest, so the same bytes give the same image on every engine."""
+    config = rootfs_config(file_digest(tar), created_by, cmd)
+    return load_config(config, ref, layer_tar=tar)
+
+
+def file_digest(path: Path) -> str:
+    """`sha256:<hex>` of a file, read in chunks (a rootfs tarball's diff id)."""
     digest = hashlib.sha256()
-    with tar.open("rb") as fh:
+    with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
-    config = rootfs_config(f"sha256:{digest.hexdigest()}", created_by, cmd)
-    return load_config(config, ref, layer_tar=tar)
+    return f"sha256:{digest.hexdigest()}"
 
 
 def record(config: dict[str, Any]) -> dict[str, Any] | None:

@@ -1,6 +1,7 @@
 """`builder build`: the selected variants planned, then each one through the same steps.
 
-  prepare   runnable here, locks current (--relock), BuildKit, bases, the plan
+  prepare   runnable here, locks current (--relock), BuildKit, bases (builder.flows.bases:
+            a bootstrapped one from the registry, signed, when absent here), the plan
   per variant, one record (`Outcome`: planned → built → staged) through STEPS in order:
     local      up to date here: the local image's id (its missing evidence is made below)
     context    to build: the build context (sets, uv, facts, smoke suite, Dockerfile)
@@ -25,9 +26,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric import ec
+
 from builder.core import engine, keypair, limits, reproducible, state
 from builder.core.errors import BuilderError
 from builder.core.output import human_bytes, step
+from builder.flows import bases
 from builder.model import lockfile, platforms, rendered, smokereport
 from builder.model.matrix import Matrix, Variant
 from builder.stages import base, build, locks, plan, render, smoketest, staging
@@ -52,6 +56,13 @@ class BuildOptions:
     apt_refresh: str = ""
     registry_cache: bool = True  # --cache-from the registry's cache image of the variant
     key: keypair.SigningKey | None = None  # signs the evidence attached at staging
+    # the keys a base taken from the registry must be signed by (default: `key`'s own)
+    trust_keys: tuple[ec.EllipticCurvePublicKey, ...] = ()
+
+    def base_options(self) -> bases.BaseOptions:
+        """What the bases are lent: the trusted keys, the key a staged base is signed with."""
+        trusted = self.trust_keys or ((self.key.public,) if self.key else ())
+        return bases.BaseOptions(trusted, self.key if self.stage else None, self.registry_cache)
 
 
 @dataclass(frozen=True)
@@ -134,7 +145,7 @@ def prepare(matrix: Matrix, variants: list[Variant],
     for v in variants:
         key = platforms.base_key(v.base.image, v.platform)
         if key not in digests:
-            digests[key] = base.ensure_variant(matrix, v, progress=step)
+            digests[key] = bases.ensure(matrix, v, options.base_options(), progress=step)
     renders = [render.render_locked(matrix, v, options.locks) for v in variants]
     return plan.make_plan(matrix, renders, digests, check_registry=False)
 

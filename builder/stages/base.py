@@ -8,15 +8,16 @@ at least daily). The base's image id goes into each variant's content hash.
 from __future__ import annotations
 
 import datetime as dt
-import gzip
 import hashlib
 import json
+import shutil
+import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from builder.core import engine, oci, proc, reproducible
+from builder.core import engine, oci, proc, reproducible, rootfs_image
 from builder.core.errors import BuilderError, EngineError
 from builder.core.output import step
 from builder.model import platforms
@@ -122,22 +123,82 @@ def digest_of(info: dict) -> str:
 def bootstrap(suite: str, *, slim: bool = True, progress=step) -> str:
     """Bootstrap `suite` into a local image (the slim one unless told); returns its digest."""
     ref = bootstrap_ref(suite, slim)
-    options = SLIM_OPTIONS if slim else ()
-    # The key is a second tag, not a label: the image's config (so its id, BuildKit's cache keys
-    # and every image's labels) stays a function of the rootfs alone, the same on any day.
-    keyed = f"{ref}-{bootstrap_key(suite, options=options)}"
-    info, have = engine.inspect_image(ref), engine.inspect_image(keyed)
-    if info and have and info["Id"] == have["Id"]:
-        return digest_of(info)
+    if have_bootstrapped(suite, slim=slim):
+        return digest_of(engine.inspect_image(ref) or {})
     progress(f"bootstrapping {ref} with mmdebstrap (about 20 s)")
     with tempfile.TemporaryDirectory() as tmp:
         tar = Path(tmp) / "base.tar"
-        mmdebstrap(suite, tar, options=options)
-        reproducible.load_rootfs(tar, ref, f"mmdebstrap --variant=minbase {suite}", ["bash"])
-    engine.docker("tag", ref, keyed)
+        mmdebstrap(suite, tar, options=options_of(slim))
+        load_bootstrapped(suite, tar, slim=slim)
+    return digest_of(engine.inspect_image(ref) or {})
+
+
+def keyed_ref(suite: str, slim: bool = True) -> str:
+    """The second tag of a bootstrapped base, with its bootstrap key. A tag, not a label: the
+    image's config (so its id, BuildKit's cache keys and every image's labels) stays a function
+    of the rootfs alone, the same on any day."""
+    return f"{bootstrap_ref(suite, slim)}-{bootstrap_key(suite, options=options_of(slim))}"
+
+
+def options_of(slim: bool) -> tuple[str, ...]:
+    return SLIM_OPTIONS if slim else ()
+
+
+def have_bootstrapped(suite: str, *, slim: bool = True) -> bool:
+    """Whether today's bootstrap of `suite` is in the engine (both its tags, one image)."""
+    info = engine.inspect_image(bootstrap_ref(suite, slim))
+    have = engine.inspect_image(keyed_ref(suite, slim))
+    return bool(info and have and info["Id"] == have["Id"])
+
+
+def load_bootstrapped(suite: str, tar: Path, *, slim: bool = True) -> str:
+    """Load a bootstrapped rootfs tarball as the base of `suite` (both tags); returns its image
+    id. The one way a bootstrapped base enters the engine, from mmdebstrap or from the
+    registry, so the same tarball always gives the same image id."""
+    ref = bootstrap_ref(suite, slim)
+    image_id = reproducible.load_rootfs(tar, ref, f"mmdebstrap --variant=minbase {suite}",
+                                        ["bash"])
+    engine.docker("tag", ref, keyed_ref(suite, slim))
+    return image_id
+
+
+def export_bootstrapped(suite: str, folder: Path) -> tuple[bytes, Path]:
+    """The local base of `suite` as its config bytes (they hash to its image id) and its rootfs
+    tarball in `folder` (`docker save`: the engine gives back the very bytes it loaded)."""
+    ref = bootstrap_ref(suite)
     info = engine.inspect_image(ref)
-    assert info is not None
-    return digest_of(info)
+    if info is None:
+        raise EngineError(f"no image `{ref}` in the engine to export")
+    saved, tar = folder / "saved.tar", folder / "rootfs.tar"
+    engine.docker("save", "-o", str(saved), info["Id"], timeout=600)
+    with tarfile.open(saved) as archive:
+        [entry] = json.load(_member(archive, "manifest.json"))
+        config = _member(archive, entry["Config"]).read()
+        [layer] = entry["Layers"]
+        with tar.open("wb") as out:
+            shutil.copyfileobj(_member(archive, layer), out)
+    saved.unlink()
+    if (oci.sha256(config), reproducible.file_digest(tar)) != (info["Id"],
+                                                               info["RootFS"]["Layers"][0]):
+        raise EngineError(f"`docker save {ref}` gave back other bytes than the image's")
+    return config, tar
+
+
+def _member(archive: tarfile.TarFile, name: str) -> IO[bytes]:
+    fh = archive.extractfile(name)
+    if fh is None:
+        raise EngineError(f"`docker save` wrote no file {name}")
+    return fh
+
+
+def mmdebstrap_inputs(suite: str) -> dict[str, Any]:
+    """What a slim bootstrap of `suite` was made from (its signed provenance states it)."""
+    version = proc.run(["mmdebstrap", "--version"], timeout=60).stdout.strip()
+    return {"suite": suite, "variant": "minbase", "packages": list(BOOTSTRAP_PACKAGES),
+            "options": list(SLIM_OPTIONS), "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH,
+            "mmdebstrap": version.removeprefix("mmdebstrap ").strip(),
+            "day": dt.datetime.now(dt.UTC).date().isoformat(),
+            "bootstrap_key": bootstrap_key(suite, options=SLIM_OPTIONS)}
 
 
 def registry_tag(base_digest: str) -> str:
@@ -193,22 +254,9 @@ def rootfs_config(platform: Platform, diff_id: str, labels: Mapping[str, str],
 def push_rootfs(reg: oci.Registry, repository: str, tar: Path, platform: Platform,
                 tags: Iterable[str], labels: Mapping[str, str], created_by: str) -> str:
     """Push a rootfs tarball as a one-layer image of `platform`; returns the manifest digest."""
-    raw = tar.read_bytes()
-    layer = gzip.compress(raw, compresslevel=1, mtime=0)  # mtime 0: same tar, same digest
-    config = json.dumps(rootfs_config(platform, oci.sha256(raw), labels, created_by),
+    config = json.dumps(rootfs_config(platform, reproducible.file_digest(tar), labels, created_by),
                         sort_keys=True, separators=(",", ":")).encode()
-    manifest = {
-        "schemaVersion": 2, "mediaType": oci.OCI_MANIFEST,
-        "config": {"mediaType": oci.OCI_CONFIG, "digest": reg.push_blob(repository, config),
-                   "size": len(config)},
-        "layers": [{"mediaType": oci.OCI_LAYER_GZIP, "digest": reg.push_blob(repository, layer),
-                    "size": len(layer)}],
-    }
-    body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-    digest = ""
-    for tag in tags:
-        digest = reg.put_manifest(repository, tag, body, oci.OCI_MANIFEST)
-    return digest
+    return rootfs_image.push(reg, repository, tar, config, tags)
 
 
 def registry_base_digest(reg: oci.Registry, repository: str, tag: str) -> str | None:

@@ -29,8 +29,8 @@ def test_a_platform_without_emulation_is_skipped_in_one_line_and_the_others_buil
     assert {v.platform for v in both} == {"linux/amd64", "linux/arm64"}
     made: list[str] = []
     monkeypatch.setattr(build, "ensure_buildkit", lambda: None)
-    monkeypatch.setattr(build_flow.base, "ensure_variant",
-                        lambda _m, v, progress: made.append(f"base {v.platform}"))
+    monkeypatch.setattr(build_flow.bases, "ensure",
+                        lambda _m, v, _options, progress: made.append(f"base {v.platform}"))
 
     def build_step(_run, o):
         made.append(f"build {o.planned.variant.platform}")

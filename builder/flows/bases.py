@@ -1,0 +1,132 @@
+"""The bases of a build: a bootstrapped base taken from the registry, signed, when this engine
+lacks it, and kept there signed when the build stages with a key.
+
+  absent here   with a trusted key: `<repository>-base:<suite>-<bootstrap key>` verified
+                (builder.stages.signed_base), fetched, loaded as a local bootstrap is, and used
+                only when it loads to the image id its provenance states; otherwise bootstrapped
+                (builder.stages.base), with one line saying why (absent / did not verify: … /
+                no trusted key / --no-registry-cache)
+  --stage --key the local bootstrap pushed there once, signed and attested (a failure is one
+                warning line: the build goes on)
+Other bases (pulled refs, foreign platforms served from the registry) are builder.stages.base's.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from builder.core import engine, oci
+from builder.core.errors import BuilderError
+from builder.core.keypair import SigningKey, key_id
+from builder.core.output import step
+from builder.model import platforms
+from builder.model.bases import bootstrap_ref
+from builder.model.matrix import Matrix, Variant
+from builder.stages import base, signed_base
+
+Progress = Callable[[str], None]
+NO_KEY = ("no trusted key (give --key, --trust-key or the matrix's `trust_keys` to take it "
+          "from the registry)")
+
+
+@dataclass(frozen=True)
+class BaseOptions:
+    """What the build lends its bases: the keys a registry base must be signed by, the key
+    that signs a pushed one (None: nothing pushed), and whether the registry may be read."""
+
+    trusted: tuple[ec.EllipticCurvePublicKey, ...] = ()
+    signer: SigningKey | None = None
+    from_registry: bool = True
+
+
+def ensure(matrix: Matrix, variant: Variant, options: BaseOptions,
+           progress: Progress = step) -> str | None:
+    """The variant's base made available (base.ensure_variant), a native bootstrap taken from
+    the registry first when it is absent here, and kept there signed with `options.signer`."""
+    suite = variant.base.bootstrap_suite
+    if suite is None or platforms.get(variant.platform).suffix:
+        return base.ensure_variant(matrix, variant, progress=progress)
+    if not base.have_bootstrapped(suite):
+        take(matrix, suite, options, progress)
+    digest = base.ensure_variant(matrix, variant, progress=progress)
+    if options.signer is not None:
+        keep(matrix, suite, options.signer, progress)
+    return digest
+
+
+def skip_reason(options: BaseOptions) -> str:
+    """Why the registry is not even asked for the base ("" when it is)."""
+    if not options.from_registry:
+        return "--no-registry-cache"
+    return "" if options.trusted else NO_KEY
+
+
+def take(matrix: Matrix, suite: str, options: BaseOptions, progress: Progress) -> bool:
+    """The registry's signed bootstrap of today's `suite` loaded here, when it verifies; else
+    one line saying why it will be bootstrapped. Returns whether it was taken."""
+    ref = bootstrap_ref(suite)
+    if why := skip_reason(options):
+        progress(f"base {ref}: bootstrapping: {why}")
+        return False
+    at = signed_base.where(matrix, suite, base.bootstrap_key(suite, options=base.SLIM_OPTIONS))
+    try:
+        image_id = load_verified(oci.Registry(matrix.registry), at, list(options.trusted),
+                                 suite)
+    except signed_base.Unverified as exc:
+        progress(f"base {ref}: bootstrapping: {exc}")
+        return False
+    keys = ", ".join(key_id(k) for k in options.trusted)
+    progress(f"base {ref}: taken from `{at.reference}` ({image_id[:19]}), its signature and "
+             f"provenance verified against the trusted key{'s' * (len(options.trusted) > 1)} "
+             f"{keys}")
+    return True
+
+
+def load_verified(reg: oci.Registry, at: signed_base.Where,
+                  keys: list[ec.EllipticCurvePublicKey], suite: str) -> str:
+    """Verify, fetch and load the registry's base; returns its image id. Unverified (and the
+    loaded tags removed again) unless it loads to the image id and digest its provenance says."""
+    verified = signed_base.verify(reg, at, keys, suite)
+    with tempfile.TemporaryDirectory() as tmp:
+        tar = Path(tmp) / "rootfs.tar"
+        signed_base.fetch(reg, at, verified, tar)
+        image_id = base.load_bootstrapped(suite, tar)
+    got = base.digest_of(engine.inspect_image(bootstrap_ref(suite)) or {"RootFS": {"Layers": []}})
+    if (image_id, got) != (verified.image_id, verified.base_digest):
+        forget(suite)
+        raise signed_base.Unverified(
+            f"`{at.reference}` loaded as image {image_id[:19]} (base digest {got[:19]}), not "
+            f"the {verified.image_id[:19]} ({verified.base_digest[:19]}) its provenance states")
+    return image_id
+
+
+def forget(suite: str) -> None:
+    for ref in (base.keyed_ref(suite), bootstrap_ref(suite)):
+        engine.docker("image", "rm", ref, check=False)
+
+
+def keep(matrix: Matrix, suite: str, key: SigningKey, progress: Progress) -> None:
+    """Today's local bootstrap of `suite` in the registry, signed with `key` and attested,
+    unless a base there verifies against `key` already; a failure is one warning line."""
+    at = signed_base.where(matrix, suite, base.bootstrap_key(suite, options=base.SLIM_OPTIONS))
+    reg = oci.Registry(matrix.registry)
+    try:
+        signed_base.verify(reg, at, [key.public], suite)
+        return
+    except signed_base.Unverified:
+        pass
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            config, tar = base.export_bootstrapped(suite, Path(tmp))
+            digest = signed_base.publish(reg, at, config, tar, key, base.mmdebstrap_inputs(suite))
+    except BuilderError as exc:
+        progress(f"warning: the base was not kept signed in the registry ({exc}); a runner "
+                 "without it bootstraps it again")
+        return
+    progress(f"base {bootstrap_ref(suite)}: pushed as `{at.reference}` ({digest[:19]}), signed "
+             f"and attested by key {key_id(key.public)}")

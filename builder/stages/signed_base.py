@@ -1,0 +1,155 @@
+"""A bootstrapped base kept in the registry, signed: `<repository>-base:<suite>-<bootstrap key>`.
+
+A build that stages with a key pushes its local bootstrap there once (our registry client, the
+engine's own config bytes and rootfs tarball), signs the manifest digest (cosign's `.sig`, its
+payload naming the tag) and attests its provenance (cosign's `.att`: the mmdebstrap inputs, the
+image id and the base digest). A runner without the base reads it back only after the signature
+and the attestation verify against the trusted keys — never by tag alone — and every byte it
+then fetches is checked against those signed digests (builder.core.rootfs_image). Anything that
+does not verify is an `Unverified` naming why; the caller bootstraps instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from builder.core import oci, rootfs_image, sign
+from builder.core.errors import BuilderError
+from builder.core.keypair import SigningKey
+from builder.model import platforms
+from builder.model.matrix import Matrix
+
+BUILD_TYPE = "https://github.com/torch-images/torch-images/buildtypes/mmdebstrap-base@v1"
+
+
+class Unverified(BuilderError):
+    """The registry's base cannot be used: absent, or not verified (the message says which)."""
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a bootstrap of one suite and key is kept."""
+
+    registry: str
+    repository: str
+    tag: str
+
+    @property
+    def reference(self) -> str:
+        return f"{self.registry}/{self.repository}:{self.tag}"
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A base whose signature and provenance verified: its layout (every digest to fetch by)
+    and what loading it must give (the image id and base digest its provenance states)."""
+
+    layout: rootfs_image.Layout
+    image_id: str
+    base_digest: str
+
+
+def where(matrix: Matrix, suite: str, key: str) -> Where:
+    return Where(matrix.registry, platforms.base_repository(matrix.repository), f"{suite}-{key}")
+
+
+def predicate(inputs: dict[str, Any], image_id: str, base_digest: str) -> dict[str, Any]:
+    """The SLSA provenance v1 predicate of a bootstrap: its mmdebstrap inputs, and the image
+    id and base digest (builder.stages.base.digest_of) a load of it gives."""
+    return {
+        "buildDefinition": {
+            "buildType": BUILD_TYPE, "externalParameters": inputs, "internalParameters": {},
+            "resolvedDependencies": [{"uri": f"pkg:generic/mmdebstrap@{inputs['suite']}",
+                                      "name": f"mmdebstrap:{inputs['suite']}"}],
+        },
+        "runDetails": {
+            "builder": {"id": f"pkg:generic/mmdebstrap@{inputs.get('mmdebstrap', '')}"},
+            "byproducts": [{"name": "image id", "digest": _sha(image_id)},
+                           {"name": "base digest", "digest": _sha(base_digest)}],
+        },
+    }
+
+
+def _sha(digest: str) -> dict[str, str]:
+    return {"sha256": digest.removeprefix("sha256:")}
+
+
+def publish(reg: oci.Registry, at: Where, config: bytes, tar: Path, key: SigningKey,
+            inputs: dict[str, Any]) -> str:
+    """Push the base (config bytes and rootfs tarball) under `at`, sign its digest naming the
+    tag, attest its provenance; returns the manifest digest. Each step is idempotent."""
+    digest = rootfs_image.push(reg, at.repository, tar, config, [at.tag])
+    image = rootfs_image.layout(reg, at.repository, digest)
+    sign.sign_image(reg, at.repository, digest, key, sign.tag_annotations("base", [at.tag]))
+    sign.attest(reg, at.repository, digest, key, "provenance", predicate(
+        inputs, image.config_digest, platforms.layers_digest([image.diff_id])))
+    return digest
+
+
+def verify(reg: oci.Registry, at: Where, keys: list[ec.EllipticCurvePublicKey],
+           suite: str) -> Verified:
+    """The base at `at`, verified: a signature by one of `keys` over its digest that names
+    its tag, and a signed provenance about this suite and key whose image id is the manifest's
+    config and whose base digest is its layer's. `Unverified` saying why not."""
+    try:
+        found = reg.head(at.repository, at.tag)
+        if found is None:
+            raise Unverified(f"`{at.reference}` is absent")
+        signed_tag(reg, at, found.digest, keys)
+        doc = provenance(reg, at, found.digest, keys)
+        image = rootfs_image.layout(reg, at.repository, found.digest)
+    except oci.RegistryError as exc:
+        raise Unverified(f"`{at.reference}` cannot be read: {exc}") from None
+    return check_provenance(doc, image, suite, at.tag)
+
+
+def signed_tag(reg: oci.Registry, at: Where, digest: str,
+               keys: list[ec.EllipticCurvePublicKey]) -> None:
+    try:
+        payloads = sign.verified_payloads(reg, at.repository, digest, keys)
+    except sign.SignatureError as exc:
+        raise Unverified(f"the signature of `{at.reference}` did not verify: {exc}") from None
+    if not any(at.tag in sign.signed_tags(p.get("optional")) for p in payloads):
+        raise Unverified(f"the signature of `{at.reference}` does not name the tag `{at.tag}` "
+                         f"(the tag was moved to another signed digest?)")
+
+
+def provenance(reg: oci.Registry, at: Where, digest: str,
+               keys: list[ec.EllipticCurvePublicKey]) -> dict[str, Any]:
+    found, problems = sign.verified_attestations(reg, at.repository, digest, keys)
+    if "provenance" not in found:
+        raise Unverified(f"the provenance of `{at.reference}` did not verify: "
+                         f"{problems.get('provenance', 'none')}")
+    return found["provenance"].get("predicate") or {}
+
+
+def check_provenance(doc: dict[str, Any], image: rootfs_image.Layout, suite: str,
+                     tag: str) -> Verified:
+    """What the verified provenance states, checked against the signed manifest (a pure
+    function: the unit tests give it documents)."""
+    inputs = (doc.get("buildDefinition") or {}).get("externalParameters") or {}
+    made = {p.get("name"): "sha256:" + str((p.get("digest") or {}).get("sha256"))
+            for p in (doc.get("runDetails") or {}).get("byproducts") or [] if isinstance(p, dict)}
+    if f"{inputs.get('suite')}-{inputs.get('bootstrap_key')}" != tag or inputs["suite"] != suite:
+        raise Unverified(f"its provenance is about the bootstrap "
+                         f"`{inputs.get('suite')}-{inputs.get('bootstrap_key')}`, not `{tag}`")
+    if made.get("image id") != image.config_digest:
+        raise Unverified(f"its provenance names the image id {str(made.get('image id'))[:19]}, "
+                         f"not its config {image.config_digest[:19]}")
+    layers = platforms.layers_digest([image.diff_id])
+    if made.get("base digest") != layers:
+        raise Unverified(f"its provenance names the base digest "
+                         f"{str(made.get('base digest'))[:19]}, not its layer's {layers[:19]}")
+    return Verified(image, image.config_digest, layers)
+
+
+def fetch(reg: oci.Registry, at: Where, base: Verified, dest: Path) -> None:
+    """The verified base's rootfs tarball into `dest`, every byte checked."""
+    try:
+        rootfs_image.fetch(reg, at.repository, base.layout, dest)
+    except oci.RegistryError as exc:
+        raise Unverified(f"`{at.reference}`: {exc}") from None

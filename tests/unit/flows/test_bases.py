@@ -1,0 +1,203 @@
+"""builder.flows.bases with an in-memory registry and a fake engine: which way a bootstrapped
+base arrives (taken from the registry, verified / bootstrapped, saying why) and when it is kept
+signed in the registry. No engine, no mmdebstrap: those are the e2e test's
+(tests/e2e/test_signed_base_e2e.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+from matrix_files import ROOT
+from memregistry import MemoryRegistry
+
+from builder.core import keypair, oci, reproducible
+from builder.flows import bases
+from builder.model import matrix
+from builder.model.bases import bootstrap_ref
+from builder.stages import base, signed_base
+
+KEY = "0123456789abcdef"
+REF = bootstrap_ref("bookworm")
+
+
+def new_key() -> keypair.SigningKey:
+    return keypair.SigningKey(ec.generate_private_key(ec.SECP256R1()))
+
+
+class Runner:
+    """One machine's engine, faked at builder.stages.base's seams: images by ref, the rootfs
+    tarballs it holds, and whether mmdebstrap ran."""
+
+    def __init__(self, tmp: Path, created_by: str = "mmdebstrap --variant=minbase bookworm"):
+        self.tmp, self.created_by = tmp, created_by
+        self.images: dict[str, dict[str, Any]] = {}
+        self.tars: dict[str, Path] = {}
+        self.ran: list[str] = []
+        tmp.mkdir(parents=True, exist_ok=True)
+
+    def config(self, tar: Path) -> dict[str, Any]:
+        return reproducible.rootfs_config(reproducible.file_digest(tar), self.created_by, ["bash"])
+
+    def load(self, suite: str, tar: Path, slim: bool = True) -> str:
+        config = self.config(tar)
+        kept = self.tmp / f"{len(self.tars)}.tar"
+        kept.write_bytes(tar.read_bytes())
+        image_id = reproducible.image_id(config)
+        self.images[REF] = {"Id": image_id, "RootFS": {"Layers": config["rootfs"]["diff_ids"]}}
+        self.tars[image_id] = kept
+        return image_id
+
+    def ensure_variant(self, _m: Any, _v: Any, progress: Any) -> str:
+        if REF not in self.images:
+            self.ran.append("mmdebstrap")
+            tar = self.tmp / "bootstrapped.tar"
+            tar.write_bytes(b"the same packages today" * 1000)
+            self.load("bookworm", tar)
+        return base.digest_of(self.images[REF])
+
+    def export(self, suite: str, folder: Path) -> tuple[bytes, Path]:
+        info = self.images[REF]
+        return reproducible.config_bytes(self.config(self.tars[info["Id"]])), \
+            self.tars[info["Id"]]
+
+    def docker(self, *args: str, **_kw: Any) -> None:
+        self.ran.append(" ".join(args))
+        self.images.pop(args[-1], None)
+
+
+@pytest.fixture
+def world(monkeypatch, tmp_path):
+    """(registry, make_runner): each runner patched in when made; the registry is shared."""
+    reg = MemoryRegistry()
+    monkeypatch.setattr(oci, "Registry", lambda _addr: reg)
+    monkeypatch.setattr(base, "bootstrap_key", lambda suite, day=None, options=(): KEY)
+    monkeypatch.setattr(base, "mmdebstrap_inputs", lambda suite: {
+        "suite": suite, "bootstrap_key": KEY, "mmdebstrap": "1.3.5"})
+
+    def runner(name: str, **kw: Any) -> Runner:
+        r = Runner(tmp_path / name, **kw)
+        monkeypatch.setattr(base, "have_bootstrapped", lambda suite, slim=True: REF in r.images)
+        monkeypatch.setattr(base, "load_bootstrapped", r.load)
+        monkeypatch.setattr(base, "ensure_variant", r.ensure_variant)
+        monkeypatch.setattr(base, "export_bootstrapped", r.export)
+        monkeypatch.setattr(bases.engine, "inspect_image", lambda ref: r.images.get(ref))
+        monkeypatch.setattr(bases.engine, "docker", r.docker)
+        return r
+    return reg, runner
+
+
+@pytest.fixture
+def cpu():
+    m = matrix.load(ROOT / "matrix.yaml")
+    [v] = m.select(["id=2.13.0-py3.11-cpu-runtime", "platform=linux/amd64"])
+    assert v.base.bootstrap_suite == "bookworm"
+    return m, v
+
+
+def lines(capsys) -> list[str]:
+    return capsys.readouterr().err.splitlines()
+
+
+def stage_with(world, cpu, key: keypair.SigningKey, capsys) -> str:
+    """Runner 1 bootstraps and stages with `key`: returns its base digest."""
+    _, runner = world
+    first = runner("first")
+    digest = bases.ensure(*cpu, bases.BaseOptions((key.public,), key))
+    assert first.ran == ["mmdebstrap"]
+    [*_, pushed] = lines(capsys)
+    assert pushed.startswith(f"base {REF}: pushed as `127.0.0.1:5000/torch-base:bookworm-{KEY}`")
+    assert pushed.endswith(f"signed and attested by key {keypair.key_id(key.public)}")
+    return digest
+
+
+def test_a_fresh_runner_takes_the_signed_base_and_gets_the_same_digest(world, cpu, capsys):
+    key = new_key()
+    digest = stage_with(world, cpu, key, capsys)
+    _, runner = world
+    fresh = runner("fresh")
+    assert bases.ensure(*cpu, bases.BaseOptions((key.public,))) == digest
+    assert fresh.ran == []  # no mmdebstrap
+    [line] = lines(capsys)
+    assert line.startswith(f"base {REF}: taken from `127.0.0.1:5000/torch-base:bookworm-{KEY}`")
+    assert line.endswith(f"its signature and provenance verified against the trusted key "
+                         f"{keypair.key_id(key.public)}")
+
+
+def test_a_base_signed_by_another_key_is_bootstrapped_saying_why(world, cpu, capsys):
+    digest = stage_with(world, cpu, new_key(), capsys)
+    _, runner = world
+    fresh = runner("fresh")
+    assert bases.ensure(*cpu, bases.BaseOptions((new_key().public,))) == digest
+    assert fresh.ran == ["mmdebstrap"]
+    assert lines(capsys) == [
+        f"base {REF}: bootstrapping: the signature of `127.0.0.1:5000/torch-base:bookworm-{KEY}` "
+        "did not verify: no valid signature: a signature by another key"]
+
+
+@pytest.mark.parametrize(("options", "why"), [
+    (bases.BaseOptions(), bases.NO_KEY),
+    (bases.BaseOptions((new_key().public,), from_registry=False), "--no-registry-cache"),
+])
+def test_without_a_trusted_key_or_with_no_registry_cache_the_registry_is_not_asked(
+        world, cpu, capsys, monkeypatch, options, why):
+    _, runner = world
+    fresh = runner("fresh")
+    monkeypatch.setattr(oci, "Registry", lambda _addr: pytest.fail("the registry was asked"))
+    bases.ensure(*cpu, options)
+    assert fresh.ran == ["mmdebstrap"]
+    assert lines(capsys) == [f"base {REF}: bootstrapping: {why}"]
+
+
+def test_an_absent_base_is_bootstrapped_saying_so(world, cpu, capsys):
+    _, runner = world
+    fresh = runner("fresh")
+    bases.ensure(*cpu, bases.BaseOptions((new_key().public,)))
+    assert fresh.ran == ["mmdebstrap"]
+    assert lines(capsys) == [f"base {REF}: bootstrapping: "
+                             f"`127.0.0.1:5000/torch-base:bookworm-{KEY}` is absent"]
+
+
+def test_a_base_that_loads_to_another_image_id_is_removed_and_bootstrapped(world, cpu, capsys):
+    key = new_key()
+    stage_with(world, cpu, key, capsys)
+    _, runner = world
+    other = runner("other", created_by="another builder's history")  # another config, same tar
+    bases.ensure(*cpu, bases.BaseOptions((key.public,)))
+    assert other.ran == [f"image rm {REF}-{KEY}", f"image rm {REF}", "mmdebstrap"]
+    [line] = lines(capsys)
+    assert line.startswith(f"base {REF}: bootstrapping: `127.0.0.1:5000/torch-base:bookworm-"
+                           f"{KEY}` loaded as image sha256:")
+    assert "its provenance states" in line
+
+
+def test_a_base_already_kept_and_verified_is_not_pushed_again(world, cpu, capsys, monkeypatch):
+    key = new_key()
+    stage_with(world, cpu, key, capsys)
+    reg, _ = world
+    before = dict(reg.manifests)
+    monkeypatch.setattr(base, "export_bootstrapped", lambda *a: pytest.fail("exported again"))
+    bases.ensure(*cpu, bases.BaseOptions((key.public,), key))
+    assert reg.manifests == before and lines(capsys) == []
+
+
+def test_a_base_kept_by_another_key_is_pushed_and_signed_with_ours(world, cpu, capsys):
+    stage_with(world, cpu, new_key(), capsys)
+    mine = new_key()
+    bases.ensure(*cpu, bases.BaseOptions((mine.public,), mine))
+    reg, _ = world
+    at = signed_base.where(cpu[0], "bookworm", KEY)
+    assert signed_base.verify(reg, at, [mine.public], "bookworm")  # type: ignore[arg-type]
+
+
+def test_a_build_lends_its_bases_its_trust_and_signs_only_when_staging() -> None:
+    from builder.flows.build import BuildOptions
+
+    key, other = new_key(), new_key()
+    assert BuildOptions(key=key).base_options() == bases.BaseOptions((key.public,), None, True)
+    assert BuildOptions(key=key, stage=True, trust_keys=(other.public,),
+                        registry_cache=False).base_options() == bases.BaseOptions(
+        (other.public,), key, False)
+    assert BuildOptions().base_options() == bases.BaseOptions()
