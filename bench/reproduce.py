@@ -1,9 +1,10 @@
 """`python -m bench reproduce`: reproducible images and what a rebuild costs a node, one run.
 
-Each build starts from an empty engine: the bench's images, the bootstrapped base and the whole
-BuildKit cache (wheel cache mount included) are removed before it, so nothing of an earlier
-build is reused but what the bench registry holds. Runs on the engine DOCKER_HOST names: point
-it at an engine of its own (it prunes that engine's build cache). Per variant (by default the
+Each build starts from an empty engine: every image (the bench's, the bootstrapped base, any
+other) and the whole BuildKit cache (wheel cache mount included) are removed before it, so
+nothing of an earlier build is reused but what the bench registry holds. Runs on the engine
+DOCKER_HOST names: point it at an engine of its own (it removes that engine's images and build
+cache). Per variant (by default the
 CPU runtime, then the CUDA runtime):
 
   A  build, smoke, SBOM, stage and publish the variant (the published image)
@@ -77,12 +78,14 @@ def bench_matrix(folder: Path, addr: str, packages: list[str] | None = None) -> 
 
 
 def empty_engine(addr: str, suite: str) -> None:
-    """What a fresh CI runner has: no image of ours, no base, no BuildKit cache."""
+    """What a fresh CI runner has: no image at all (another image with the same layers, such as
+    a published copy of this variant, would let a build skip downloading them), no BuildKit
+    cache. The bench's images and the base go by name, then every image not in use."""
     refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
     for ref in refs:
         if ref.startswith((f"{addr}/", f"{bases.bootstrap_ref(suite)}")):
             engine.remove_image(ref)
-    engine.docker("image", "prune", "-f")
+    engine.docker("image", "prune", "-af")
     engine.docker("builder", "prune", "-af", timeout=1800)
 
 
