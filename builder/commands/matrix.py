@@ -7,12 +7,13 @@ import time
 from pathlib import Path
 
 from builder.commands.options import add_command, load_selected
+from builder.core import keypair
 from builder.core.errors import ConfigError
 from builder.core.output import emit_json, step, table
-from builder.flows import lock_check
+from builder.flows import bases, lock_check
 from builder.model import lockfile, matrix
 from builder.model.matrix_yaml import MatrixError
-from builder.stages import base, locks, plan, render, wheels
+from builder.stages import locks, plan, render, wheels
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -140,7 +141,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     matrix."""
     m, variants = load_selected(args)
     rendered = [render.render_locked(m, v, args.locks) for v in variants]
-    planned = plan.make_plan(m, rendered, base.known_digests(variants, m),
+    trusted = () if args.offline else keypair.trusted_keys(m.trust_keys, None)
+    planned = plan.make_plan(m, rendered, bases.known_digests(m, variants, trusted),
                              check_registry=not args.offline, unasked="unknown")
     if args.json:
         emit_json({"include": [p.as_json(m) for p in planned]})

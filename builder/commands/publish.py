@@ -17,8 +17,9 @@ from builder.commands.options import (
 from builder.core import keypair
 from builder.core.errors import GateRefused
 from builder.core.output import emit_json, step, table
+from builder.flows import bases
 from builder.flows.publish import publish_variants
-from builder.stages import base, plan, render
+from builder.stages import plan, render
 
 GROUPS = ("matrix", "select", "json", "registries", "locks")
 
@@ -45,7 +46,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     ignore_old_record(args.manifest)
     trust = keypair.trust(args.key, args.trust_key or matrix.trust_keys, args.unsigned)
     rendered = [render.render_locked(matrix, v, args.locks) for v in variants]
-    planned = plan.make_plan(matrix, rendered, base.known_digests(variants, matrix),
+    planned = plan.make_plan(matrix, rendered, bases.known_digests(matrix, variants, trust.keys),
                              check_registry=False)
     results = publish_variants(matrix, planned, allow_cpu_smoke=args.allow_cpu_smoke,
                                dry_run=args.dry_run, manifest=args.manifest,

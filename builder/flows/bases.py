@@ -13,6 +13,7 @@ Other bases (pulled refs, foreign platforms served from the registry) are builde
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -130,3 +131,23 @@ def keep(matrix: Matrix, suite: str, key: SigningKey, progress: Progress) -> Non
         return
     progress(f"base {bootstrap_ref(suite)}: pushed as `{at.reference}` ({digest[:19]}), signed "
              f"and attested by key {key_id(key.public)}")
+
+
+def known_digests(matrix: Matrix, variants: list[Variant],
+                  trusted: tuple[ec.EllipticCurvePublicKey, ...]) -> dict[str, str | None]:
+    """base.known_digests, and for a native bootstrap this engine lacks (a fresh runner that
+    plans or publishes), the base digest stated by the registry's signed base of today, when
+    its signature and provenance verify against `trusted`: the staged images' content hashes
+    are then found without bootstrapping the base. Still unknown otherwise (→ build)."""
+    digests = base.known_digests(variants, matrix)
+    missing = {platforms.base_key(v.base.image, v.platform): v.base.bootstrap_suite
+               for v in variants if v.base.bootstrap_suite and trusted
+               and not platforms.get(v.platform).suffix}
+    for key, suite in missing.items():
+        if digests.get(key) or suite is None:
+            continue
+        at = signed_base.where(matrix, suite, base.bootstrap_key(suite, options=base.SLIM_OPTIONS))
+        with contextlib.suppress(signed_base.Unverified):
+            digests[key] = signed_base.verify(oci.Registry(matrix.registry), at, list(trusted),
+                                              suite).base_digest
+    return digests

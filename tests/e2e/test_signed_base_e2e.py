@@ -135,3 +135,21 @@ def test_a_base_signed_by_another_key_is_bootstrapped_saying_why(
                         "signature: a signature by another key"), result.stderr[-3000:]
     assert "with mmdebstrap" in lines[1]
     assert base.have_bootstrapped("bookworm")
+
+
+def test_a_publishing_runner_without_the_base_finds_the_staged_image(
+        env, staged, without_base) -> None:
+    """The publish job of build.yml runs on a fresh runner: the staged image's content hash
+    needs the base digest, which the signed base's provenance gives (no bootstrap, no tag
+    taken on trust)."""
+    assert engine.inspect_image(REF) is None
+    result = run_builder("publish", *CPU, "--dry-run", "--json", "--key",
+                         str(env["tmp"] / "ours" / "cosign.key"), "--allow-cpu-smoke",
+                         matrix=env["matrix"], env=env["env"], check=False)
+    [outcome] = json.loads(result.stdout)
+    # Found by its content hash: then the gate reads its evidence (this one was staged with
+    # --no-smoke --no-sbom, so it may be refused for that, never as not staged or stale).
+    assert outcome["status"] in ("would-publish", "refused"), outcome
+    reason = outcome.get("reason") or ""
+    assert "not staged" not in reason and "stale image" not in reason, outcome
+    assert engine.inspect_image(REF) is None  # nothing bootstrapped or loaded

@@ -15,6 +15,7 @@ from memregistry import MemoryRegistry
 
 from builder.core import keypair, oci, reproducible
 from builder.flows import bases
+from builder.flows.build import BuildOptions  # at collection: core/swap runs ldconfig on import
 from builder.model import matrix
 from builder.model.bases import bootstrap_ref
 from builder.stages import base, signed_base
@@ -193,11 +194,26 @@ def test_a_base_kept_by_another_key_is_pushed_and_signed_with_ours(world, cpu, c
 
 
 def test_a_build_lends_its_bases_its_trust_and_signs_only_when_staging() -> None:
-    from builder.flows.build import BuildOptions
-
     key, other = new_key(), new_key()
     assert BuildOptions(key=key).base_options() == bases.BaseOptions((key.public,), None, True)
     assert BuildOptions(key=key, stage=True, trust_keys=(other.public,),
                         registry_cache=False).base_options() == bases.BaseOptions(
         (other.public,), key, False)
     assert BuildOptions().base_options() == bases.BaseOptions()
+
+
+def test_a_fresh_runner_that_publishes_knows_the_base_digest_from_the_signed_base(
+        world, cpu, capsys, monkeypatch):
+    """Publish (and plan) on a runner without the base: the staged content hash needs the base
+    digest, read from the signed base's provenance, never bootstrapped, never by tag alone."""
+    key = new_key()
+    digest = stage_with(world, cpu, key, capsys)
+    _, runner = world
+    fresh = runner("fresh")
+    monkeypatch.setattr(base, "known_digests", lambda _v, _m=None: {})  # nothing in this engine
+    m, v = cpu
+    key_of = base.platforms.base_key(v.base.image, v.platform)
+    assert bases.known_digests(m, [v], (key.public,)) == {key_of: digest}
+    assert bases.known_digests(m, [v], (new_key().public,)) == {}  # another key: unknown
+    assert bases.known_digests(m, [v], ()) == {}  # no trusted key: not asked
+    assert fresh.ran == []
