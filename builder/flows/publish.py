@@ -36,10 +36,11 @@ from builder.core.output import human_bytes, step
 from builder.flows import record
 from builder.model import platforms, publication
 from builder.model.matrix import Matrix, Variant
+from builder.model.planned import PlannedVariant
 from builder.model.publication import Artifact, PlatformEntry, Publication, ZstdTwin
+from builder.model.staged import Staged
 from builder.stages import plan, provenance, publish, staging, twin
 from builder.stages.publish import Candidate
-from builder.stages.staging import Staged
 
 # What a platform's entry keeps of its own publication (the rest is the variant's).
 PLATFORM_ENTRY_FIELDS = {f.name for f in fields(PlatformEntry)}
@@ -58,7 +59,7 @@ class Promoted:
 # ---- all selected variants --------------------------------------------------------------------
 
 
-def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
+def publish_variants(matrix: Matrix, planned: list[PlannedVariant], *,
                      allow_cpu_smoke: bool, dry_run: bool = False,
                      manifest: Path | None = None,
                      locks_dir: Path = Path("locks"),
@@ -99,7 +100,7 @@ def report(manifest: Path | None, publications: dict[str, Publication]) -> None:
         publication.record(manifest, publications)
 
 
-def publish_group(matrix: Matrix, group: list[plan.PlannedVariant], *, allow_cpu_smoke: bool,
+def publish_group(matrix: Matrix, group: list[PlannedVariant], *, allow_cpu_smoke: bool,
                   dry_run: bool, trust: keypair.Trust = keypair.UNSIGNED) -> list[dict[str, Any]]:
     """The steps of one variant (see the module's docstring). Returns one result for the
     variant, one refusal per refused platform, or one would-publish entry per platform."""
@@ -144,7 +145,7 @@ def publish_group(matrix: Matrix, group: list[plan.PlannedVariant], *, allow_cpu
     return [{"id": first.variant.id, "status": "published", **pub.to_json()}]
 
 
-def already_published(known: dict[str, Publication], group: list[plan.PlannedVariant]
+def already_published(known: dict[str, Publication], group: list[PlannedVariant]
                       ) -> dict[str, Any] | None:
     """The result of a variant the registry already holds with this content (every platform's
     hash) under a publication that counts (signed by a trusted key, when keys are given)."""
@@ -175,15 +176,15 @@ def is_multi(matrix: Matrix, variant: Variant) -> bool:
     return len(names) > 1 or names != [platforms.DEFAULT]
 
 
-def groups(planned: Iterable[plan.PlannedVariant]) -> list[list[plan.PlannedVariant]]:
+def groups(planned: Iterable[PlannedVariant]) -> list[list[PlannedVariant]]:
     """The planned images by variant id (one list per variant), in plan order."""
-    by_id: dict[str, list[plan.PlannedVariant]] = {}
+    by_id: dict[str, list[PlannedVariant]] = {}
     for p in planned:
         by_id.setdefault(p.variant.id, []).append(p)
     return list(by_id.values())
 
 
-def check_same_tags(group: list[plan.PlannedVariant]) -> None:
+def check_same_tags(group: list[PlannedVariant]) -> None:
     """One tag names all platforms: they must resolve to the same CUDA/cuDNN tag."""
     found = {p.tags for p in group}
     if len(found) != 1:
@@ -192,7 +193,7 @@ def check_same_tags(group: list[plan.PlannedVariant]) -> None:
                           "them all; make their locks agree or give them separate variants")
 
 
-def gate_all(matrix: Matrix, group: list[plan.PlannedVariant], allow_cpu_smoke: bool,
+def gate_all(matrix: Matrix, group: list[PlannedVariant], allow_cpu_smoke: bool,
              trust: keypair.Trust = keypair.UNSIGNED
              ) -> tuple[list[Candidate], list[dict[str, Any]]]:
     """Candidates, and the variant's refusal (at most one: a variant is counted once): one

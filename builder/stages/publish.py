@@ -29,9 +29,10 @@ from builder.core import engine, keypair, labels, limits, oci, sign, state
 from builder.core.oci import RegistryError
 from builder.model import smokereport
 from builder.model.matrix import Matrix
+from builder.model.planned import PlannedVariant
 from builder.model.publication import Signed
-from builder.stages import plan, staging
-from builder.stages.staging import Staged
+from builder.model.staged import Staged
+from builder.stages import staging
 from smoke.checks import gpu_checks_not_run
 
 MAX_SUFFIX = 99
@@ -41,7 +42,7 @@ MAX_SUFFIX = 99
 class Candidate:
     """One variant after the gate: what to promote, or why not."""
 
-    planned: plan.PlannedVariant
+    planned: PlannedVariant
     image: str
     image_id: str = ""
     staged: Staged | None = None
@@ -55,7 +56,7 @@ class Candidate:
 # ---- the gate ---------------------------------------------------------------------------------
 
 
-def gate(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: bool,
+def gate(matrix: Matrix, p: PlannedVariant, *, allow_cpu_smoke: bool,
          trust: keypair.Trust = keypair.UNSIGNED) -> Candidate:
     """The staged (else local) image of the plan's content hash, and its evidence, checked:
     its config is the plan's, its smoke report and SBOM are signed by a trusted key (unless
@@ -88,7 +89,7 @@ def _local_image(cand: Candidate) -> str:
     return info["Id"]
 
 
-def config_problem(p: plan.PlannedVariant, config: dict[str, Any]) -> str:
+def config_problem(p: PlannedVariant, config: dict[str, Any]) -> str:
     """What makes an image config (from the registry) not the plan's image: its content hash,
     lock hash, os and architecture must all be the plan's."""
     found = (config.get("config") or {}).get("Labels") or {}

@@ -12,6 +12,7 @@ from matrix_files import CPU, LOCKS, ROOT, SLIM_TAG
 from builder.core.errors import BuilderError, ConfigError
 from builder.flows import publish as publish_flow
 from builder.model import matrix, publication
+from builder.model.planned import PlannedVariant
 from builder.stages import plan, publish, render
 
 
@@ -38,7 +39,7 @@ SLIM = "2.13.0-py3.11-cpu-slim"
 
 
 @pytest.fixture(scope="module")
-def shipped_plan() -> tuple[matrix.Matrix, list[plan.PlannedVariant]]:
+def shipped_plan() -> tuple[matrix.Matrix, list[PlannedVariant]]:
     m = matrix.load(ROOT / "matrix.yaml")
     rendered = [render.render_locked(m, m.variant(vid), LOCKS) for vid in (CPU, SLIM)]
     return m, plan.make_plan(m, rendered, {}, check_registry=False)
