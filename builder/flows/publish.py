@@ -4,7 +4,7 @@ One path for every variant: its platform images are a group (a linux/amd64-only 
 group of one), and each group goes through the same steps, in this order (each idempotent; what
 users and `builder plan` read comes last):
   same tags  every platform resolved to the same CUDA/cuDNN tag
-  gate       each platform's staged (else local) image and its evidence (stages.publish.gate);
+  gate       each platform's staged (else local) image and its evidence (flows.publish_gate);
              one refused or unselected platform refuses the variant (no partial index)
   promote    each platform's manifest into the vetted repository by digest, with SBOM, smoke
              report and provenance attached, and signed
@@ -33,7 +33,7 @@ from typing import Any
 from builder.core import engine, keypair, oci, reproducible, sign, zstd
 from builder.core.errors import ConfigError
 from builder.core.output import human_bytes, step
-from builder.flows import record
+from builder.flows import publish_gate, record
 from builder.model import platforms, publication
 from builder.model.matrix import Matrix, Variant
 from builder.model.planned import PlannedVariant
@@ -200,7 +200,7 @@ def gate_all(matrix: Matrix, group: list[PlannedVariant], allow_cpu_smoke: bool,
     refused or unselected platform refuses the variant (no partial index)."""
     vid = group[0].variant.id
     names = declared(matrix, vid)
-    cands = [publish.gate(matrix, p, allow_cpu_smoke=allow_cpu_smoke, trust=trust)
+    cands = [publish_gate.gate(matrix, p, allow_cpu_smoke=allow_cpu_smoke, trust=trust)
              for p in group]
     problems = [(f"{c.planned.variant.platform}: " if len(names) > 1 else "") + c.reason
                 for c in cands if c.reason]
@@ -248,10 +248,9 @@ def promote_with_evidence(matrix: Matrix, cand: Candidate
     points at it yet (sign_digest signs it next)."""
     trust = cand.trust
     vetted = publish.promote(matrix, stage(matrix, cand))
-    refs = {"sbom": publish.attach(vetted, "sbom", cand.evidence["sbom"], trust),
-            "smoke_report": publish.attach(vetted, "smoke", cand.evidence["smoke"], trust),
-            "provenance": publish.attach(vetted, "provenance", provenance_of(vetted, trust),
-                                         trust)}
+    refs = {"sbom": attach(vetted, "sbom", cand.evidence["sbom"], trust),
+            "smoke_report": attach(vetted, "smoke", cand.evidence["smoke"], trust),
+            "provenance": attach(vetted, "provenance", provenance_of(vetted, trust), trust)}
     return vetted, refs
 
 
@@ -263,6 +262,11 @@ def stage(matrix: Matrix, cand: Candidate) -> Staged:
                              evidence_files=cand.evidence, key=cand.trust.key)
     staging.attach_all(cand.staged, cand.evidence, cand.trust.key)
     return cand.staged
+
+
+def attach(vetted: Staged, kind: str, data: bytes, trust: keypair.Trust) -> dict[str, str]:
+    """One evidence file attached to a vetted digest, signed with the trusted key (if any)."""
+    return staging.attach(vetted, kind, data, key=trust.key)
 
 
 def provenance_of(vetted: Staged, trust: keypair.Trust) -> bytes:
@@ -362,9 +366,9 @@ def promote_twins(matrix: Matrix, top: Staged, images: Sequence[tuple[Staged, Ca
         mine = Staged(vetted.registry, vetted.repository, report.twins[vetted.digest],
                       vetted.image_id)
         for kind in ("sbom", "smoke"):
-            publish.attach(mine, kind, cand.evidence[kind], cand.trust)
-        publish.attach(mine, "provenance", twin_provenance(provenance_of(mine, cand.trust),
-                                                          vetted.digest), cand.trust)
+            attach(mine, kind, cand.evidence[kind], cand.trust)
+        attach(mine, "provenance", twin_provenance(provenance_of(mine, cand.trust),
+                                                   vetted.digest), cand.trust)
         twins[vetted.digest] = mine
     report.seconds = time.monotonic() - start
     step(f"  zstd twin {desc.digest[:19]} of {top.digest[:19]}: "

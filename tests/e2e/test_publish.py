@@ -330,7 +330,7 @@ def test_registry_start_is_idempotent(registry_addr: str, tmp_path: Path) -> Non
 
 # ---- interrupted publications ------------------------------------------------------------------
 
-# (the flow's own steps: `stage`, `provenance_of`; the rest are stages.publish's)
+# (the flow's own steps: `stage`, `attach`, `provenance_of`; the rest are stages.publish's)
 STEPS = [("stage", 1), ("promote", 1), ("attach", 1), ("attach", 2), ("provenance_of", 1),
          ("attach", 3), ("tag_image", 1), ("tag_image", 2), ("tag_image", 3)]
 
@@ -344,7 +344,7 @@ def test_a_crash_at_any_step_leaves_nothing_half_done(
     image without its SBOM and smoke report; the next `publish` completes the publication."""
     addr, repo = images.matrix.registry, images.matrix.repository
     p, _ = images.build(CPU_ID)
-    owner = publish_flow if function in ("stage", "provenance_of") else publish
+    owner = publish_flow if function in ("stage", "attach", "provenance_of") else publish
     real = getattr(owner, function)
     calls = []
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from matrix_files import CPU, LOCKS, ROOT, SLIM_TAG
 
+from builder.core import engine
 from builder.core.errors import BuilderError, ConfigError
 from builder.flows import publish as publish_flow
 from builder.model import matrix, publication
@@ -29,7 +30,7 @@ def test_an_alias_equal_to_another_variants_floating_tag_stops_publish_before_an
     def no_engine() -> None:
         pytest.fail("publish reached the engine before checking the tags")
 
-    monkeypatch.setattr(publish.engine, "ensure_engine", no_engine)
+    monkeypatch.setattr(engine, "ensure_engine", no_engine)
     with pytest.raises(ConfigError, match="tags collide"):
         publish_flow.publish_variants(hostile, [], allow_cpu_smoke=True, dry_run=True,
                                  manifest=Path("unused.json"), locks_dir=LOCKS)

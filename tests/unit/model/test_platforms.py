@@ -12,6 +12,7 @@ import pytest
 from builder.core import oci
 from builder.core.errors import ConfigError
 from builder.flows import publish as publish_flow
+from builder.flows import publish_gate
 from builder.model import lockfile, matrix, platforms
 from builder.model.matrix_yaml import MatrixError
 from builder.model.planned import PlannedVariant
@@ -296,7 +297,7 @@ def promoted(monkeypatch):
         top_twin = mine.get(top.digest) or dataclasses.replace(top, descriptor=desc(20))
         return publish_flow.Twins(top_twin, mine, twin.Report())
 
-    monkeypatch.setattr(publish, "gate", gate)
+    monkeypatch.setattr(publish_gate, "gate", gate)
     monkeypatch.setattr(publish_flow, "promote_with_evidence", promote_with_evidence)
     monkeypatch.setattr(publish_flow, "promote_twins", twin_promote)
     return reg, refuse, done
