@@ -34,6 +34,7 @@ from builder.core.output import human_bytes, step
 from builder.flows import bases
 from builder.model import lockfile, platforms, rendered, smokereport
 from builder.model.matrix import Matrix, Variant
+from builder.model.planned import PlannedVariant
 from builder.stages import base, build, locks, plan, render, smoketest, staging
 from builder.stages.wheelhouse import Wheelhouse, local_wheels
 
@@ -79,7 +80,7 @@ class Outcome:
     message: str = ""
     report: dict | None = field(default=None, repr=False)
     sbom_path: str = ""
-    planned: plan.PlannedVariant | None = field(default=None, repr=False, compare=False)
+    planned: PlannedVariant | None = field(default=None, repr=False, compare=False)
     smoke: str = "-"  # smokereport.summary of its report: `pass (3 CPU stand-ins, …)`, `FAIL: x`
     sbom_components: int | None = None
     missing: tuple[str, ...] = field(default=(), repr=False, compare=False)  # evidence to make
@@ -133,7 +134,7 @@ def through_steps(run: Run, outcome: Outcome) -> Outcome:
 
 
 def prepare(matrix: Matrix, variants: list[Variant],
-            options: BuildOptions) -> list[plan.PlannedVariant]:
+            options: BuildOptions) -> list[PlannedVariant]:
     """Locks current (re-locked with --relock), BuildKit there, every base made, the plan."""
     if options.relock:
         stale = [v for v in variants if not lockfile.is_current(options.locks, v)]
@@ -270,7 +271,7 @@ STEPS: tuple[Step, ...] = (local_image, context, buildkit, smoke, sbom, stage, s
 # ---- helpers ----------------------------------------------------------------------------------
 
 
-def planned_of(o: Outcome) -> plan.PlannedVariant:
+def planned_of(o: Outcome) -> PlannedVariant:
     assert o.planned is not None
     return o.planned
 

@@ -4,7 +4,7 @@ One path for every variant: its platform images are a group (a linux/amd64-only 
 group of one), and each group goes through the same steps, in this order (each idempotent; what
 users and `builder plan` read comes last):
   same tags  every platform resolved to the same CUDA/cuDNN tag
-  gate       each platform's staged (else local) image and its evidence (stages.publish.gate);
+  gate       each platform's staged (else local) image and its evidence (flows.publish_gate);
              one refused or unselected platform refuses the variant (no partial index)
   promote    each platform's manifest into the vetted repository by digest, with SBOM, smoke
              report and provenance attached, and signed
@@ -33,13 +33,14 @@ from typing import Any
 from builder.core import engine, keypair, oci, reproducible, sign, zstd
 from builder.core.errors import ConfigError
 from builder.core.output import human_bytes, step
-from builder.flows import record
+from builder.flows import publish_gate, record
 from builder.model import platforms, publication
 from builder.model.matrix import Matrix, Variant
+from builder.model.planned import PlannedVariant
 from builder.model.publication import Artifact, PlatformEntry, Publication, ZstdTwin
+from builder.model.staged import Staged
 from builder.stages import plan, provenance, publish, staging, twin
 from builder.stages.publish import Candidate
-from builder.stages.staging import Staged
 
 # What a platform's entry keeps of its own publication (the rest is the variant's).
 PLATFORM_ENTRY_FIELDS = {f.name for f in fields(PlatformEntry)}
@@ -58,7 +59,7 @@ class Promoted:
 # ---- all selected variants --------------------------------------------------------------------
 
 
-def publish_variants(matrix: Matrix, planned: list[plan.PlannedVariant], *,
+def publish_variants(matrix: Matrix, planned: list[PlannedVariant], *,
                      allow_cpu_smoke: bool, dry_run: bool = False,
                      manifest: Path | None = None,
                      locks_dir: Path = Path("locks"),
@@ -99,7 +100,7 @@ def report(manifest: Path | None, publications: dict[str, Publication]) -> None:
         publication.record(manifest, publications)
 
 
-def publish_group(matrix: Matrix, group: list[plan.PlannedVariant], *, allow_cpu_smoke: bool,
+def publish_group(matrix: Matrix, group: list[PlannedVariant], *, allow_cpu_smoke: bool,
                   dry_run: bool, trust: keypair.Trust = keypair.UNSIGNED) -> list[dict[str, Any]]:
     """The steps of one variant (see the module's docstring). Returns one result for the
     variant, one refusal per refused platform, or one would-publish entry per platform."""
@@ -144,7 +145,7 @@ def publish_group(matrix: Matrix, group: list[plan.PlannedVariant], *, allow_cpu
     return [{"id": first.variant.id, "status": "published", **pub.to_json()}]
 
 
-def already_published(known: dict[str, Publication], group: list[plan.PlannedVariant]
+def already_published(known: dict[str, Publication], group: list[PlannedVariant]
                       ) -> dict[str, Any] | None:
     """The result of a variant the registry already holds with this content (every platform's
     hash) under a publication that counts (signed by a trusted key, when keys are given)."""
@@ -175,15 +176,15 @@ def is_multi(matrix: Matrix, variant: Variant) -> bool:
     return len(names) > 1 or names != [platforms.DEFAULT]
 
 
-def groups(planned: Iterable[plan.PlannedVariant]) -> list[list[plan.PlannedVariant]]:
+def groups(planned: Iterable[PlannedVariant]) -> list[list[PlannedVariant]]:
     """The planned images by variant id (one list per variant), in plan order."""
-    by_id: dict[str, list[plan.PlannedVariant]] = {}
+    by_id: dict[str, list[PlannedVariant]] = {}
     for p in planned:
         by_id.setdefault(p.variant.id, []).append(p)
     return list(by_id.values())
 
 
-def check_same_tags(group: list[plan.PlannedVariant]) -> None:
+def check_same_tags(group: list[PlannedVariant]) -> None:
     """One tag names all platforms: they must resolve to the same CUDA/cuDNN tag."""
     found = {p.tags for p in group}
     if len(found) != 1:
@@ -192,14 +193,14 @@ def check_same_tags(group: list[plan.PlannedVariant]) -> None:
                           "them all; make their locks agree or give them separate variants")
 
 
-def gate_all(matrix: Matrix, group: list[plan.PlannedVariant], allow_cpu_smoke: bool,
+def gate_all(matrix: Matrix, group: list[PlannedVariant], allow_cpu_smoke: bool,
              trust: keypair.Trust = keypair.UNSIGNED
              ) -> tuple[list[Candidate], list[dict[str, Any]]]:
     """Candidates, and the variant's refusal (at most one: a variant is counted once): one
     refused or unselected platform refuses the variant (no partial index)."""
     vid = group[0].variant.id
     names = declared(matrix, vid)
-    cands = [publish.gate(matrix, p, allow_cpu_smoke=allow_cpu_smoke, trust=trust)
+    cands = [publish_gate.gate(matrix, p, allow_cpu_smoke=allow_cpu_smoke, trust=trust)
              for p in group]
     problems = [(f"{c.planned.variant.platform}: " if len(names) > 1 else "") + c.reason
                 for c in cands if c.reason]
@@ -247,10 +248,9 @@ def promote_with_evidence(matrix: Matrix, cand: Candidate
     points at it yet (sign_digest signs it next)."""
     trust = cand.trust
     vetted = publish.promote(matrix, stage(matrix, cand))
-    refs = {"sbom": publish.attach(vetted, "sbom", cand.evidence["sbom"], trust),
-            "smoke_report": publish.attach(vetted, "smoke", cand.evidence["smoke"], trust),
-            "provenance": publish.attach(vetted, "provenance", provenance_of(vetted, trust),
-                                         trust)}
+    refs = {"sbom": attach(vetted, "sbom", cand.evidence["sbom"], trust),
+            "smoke_report": attach(vetted, "smoke", cand.evidence["smoke"], trust),
+            "provenance": attach(vetted, "provenance", provenance_of(vetted, trust), trust)}
     return vetted, refs
 
 
@@ -262,6 +262,11 @@ def stage(matrix: Matrix, cand: Candidate) -> Staged:
                              evidence_files=cand.evidence, key=cand.trust.key)
     staging.attach_all(cand.staged, cand.evidence, cand.trust.key)
     return cand.staged
+
+
+def attach(vetted: Staged, kind: str, data: bytes, trust: keypair.Trust) -> dict[str, str]:
+    """One evidence file attached to a vetted digest, signed with the trusted key (if any)."""
+    return staging.attach(vetted, kind, data, key=trust.key)
 
 
 def provenance_of(vetted: Staged, trust: keypair.Trust) -> bytes:
@@ -361,9 +366,9 @@ def promote_twins(matrix: Matrix, top: Staged, images: Sequence[tuple[Staged, Ca
         mine = Staged(vetted.registry, vetted.repository, report.twins[vetted.digest],
                       vetted.image_id)
         for kind in ("sbom", "smoke"):
-            publish.attach(mine, kind, cand.evidence[kind], cand.trust)
-        publish.attach(mine, "provenance", twin_provenance(provenance_of(mine, cand.trust),
-                                                          vetted.digest), cand.trust)
+            attach(mine, kind, cand.evidence[kind], cand.trust)
+        attach(mine, "provenance", twin_provenance(provenance_of(mine, cand.trust),
+                                                   vetted.digest), cand.trust)
         twins[vetted.digest] = mine
     report.seconds = time.monotonic() - start
     step(f"  zstd twin {desc.digest[:19]} of {top.digest[:19]}: "

@@ -1,4 +1,4 @@
-"""The steps of `builder publish`: gate, stage, promote, attach, sign and tag one image.
+"""The steps of `builder publish` for one image: the gate's checks, promote, sign and tag.
 
 Publishing is promotion by digest; it never builds. Per variant, in this order (each step
 idempotent; what users and `builder plan` read comes last):
@@ -6,10 +6,11 @@ idempotent; what users and `builder plan` read comes last):
            a local image with that content hash is staged first (`docker push`)
   gate     its smoke report passed (CUDA: on a GPU unless --allow-cpu-smoke, which is recorded)
            and its SBOM validates — read from the registry (attached to the staged digest) or,
-           when only this machine has them, from .state/ and then attached
+           when only this machine has them, from .state/ and then attached; the checks are
+           here (config_problem, smoke_gate, sbom_gate), the reads in builder.flows.publish_gate
   copy     into the vetted repository by digest (blob mounts; no tag yet)
   attach   SBOM, smoke report and SLSA provenance as OCI artifacts whose subject is that digest
-           (also tagged `sha256-<hex>.sbom` / `.smoke` / `.provenance`)
+           (also tagged `sha256-<hex>.sbom` / `.smoke` / `.provenance`; builder.stages.staging)
   tag      `<floating>-YYYYMMDD` (UTC; `.1`, `.2`… when taken by another digest, never
            overwritten), the content tag `build-<hash20>`, the floating tag, then the aliases
 The steps are composed, for a single manifest and an image index alike, in builder.flows.publish.
@@ -21,17 +22,16 @@ for the registry API.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.core import engine, keypair, labels, limits, oci, sign, state
+from builder.core import keypair, labels, limits, oci, sign
 from builder.core.oci import RegistryError
 from builder.model import smokereport
 from builder.model.matrix import Matrix
+from builder.model.planned import PlannedVariant
 from builder.model.publication import Signed
-from builder.stages import plan, staging
-from builder.stages.staging import Staged
+from builder.model.staged import Staged
 from smoke.checks import gpu_checks_not_run
 
 MAX_SUFFIX = 99
@@ -41,7 +41,7 @@ MAX_SUFFIX = 99
 class Candidate:
     """One variant after the gate: what to promote, or why not."""
 
-    planned: plan.PlannedVariant
+    planned: PlannedVariant
     image: str
     image_id: str = ""
     staged: Staged | None = None
@@ -55,40 +55,7 @@ class Candidate:
 # ---- the gate ---------------------------------------------------------------------------------
 
 
-def gate(matrix: Matrix, p: plan.PlannedVariant, *, allow_cpu_smoke: bool,
-         trust: keypair.Trust = keypair.UNSIGNED) -> Candidate:
-    """The staged (else local) image of the plan's content hash, and its evidence, checked:
-    its config is the plan's, its smoke report and SBOM are signed by a trusted key (unless
-    `trust.unsigned`), the report passed every check on this very image, the SBOM is valid."""
-    cand = Candidate(p, p.local_image, trust=trust)
-    cand.staged = staging.find_staged(matrix, p.hash_tag)
-    cand.image_id = cand.staged.image_id if cand.staged else _local_image(cand)
-    if cand.reason:
-        return cand
-    for kind in ("smoke", "sbom"):
-        data = staging.fetch(cand.staged, kind) if cand.staged else _local_evidence(cand, kind)
-        if data is not None:
-            cand.evidence[kind] = data
-    cand.reason = (_staged_config_gate(cand) or _signed_gate(cand)
-                   or _smoke_gate(cand, allow_cpu_smoke) or _sbom_gate(cand))
-    return cand
-
-
-def _local_image(cand: Candidate) -> str:
-    """The id of the local image with the plan's content hash (not staged yet), or a reason."""
-    info = engine.inspect_image(cand.image)
-    if info is None:
-        cand.reason = (f"`{cand.planned.hash_tag}` is not staged and there is no local image "
-                       f"`{cand.image}`: build it first (builder build)")
-        return ""
-    have = (info["Config"].get("Labels") or {}).get(labels.CONTENT_HASH, "")
-    if have != cand.planned.content_hash:
-        cand.reason = (f"stale image: its content hash {have[:12] or '(none)'} is not the plan's "
-                       f"{cand.planned.content_hash[:12]}; rebuild it (builder build)")
-    return info["Id"]
-
-
-def config_problem(p: plan.PlannedVariant, config: dict[str, Any]) -> str:
+def config_problem(p: PlannedVariant, config: dict[str, Any]) -> str:
     """What makes an image config (from the registry) not the plan's image: its content hash,
     lock hash, os and architecture must all be the plan's."""
     found = (config.get("config") or {}).get("Labels") or {}
@@ -102,48 +69,9 @@ def config_problem(p: plan.PlannedVariant, config: dict[str, Any]) -> str:
     return "; ".join(wrong)
 
 
-def _staged_config_gate(cand: Candidate) -> str:
-    if cand.staged is None:
-        return ""
-    problem = config_problem(cand.planned, staging.image_config(cand.staged))
-    return f"the staged image {cand.staged.digest[:19]} is not the plan's: {problem}" if problem \
-        else ""
-
-
-EVIDENCE_NAMES = {"smoke": "smoke report", "sbom": "SBOM"}
-
-
-def _signed_gate(cand: Candidate) -> str:
-    """Staged evidence counts only as signed by a trusted key: the gate reads the attested
-    documents, and a file attached beside them must be the same document."""
-    if cand.staged is None or cand.trust.unsigned:
-        return ""  # a local image's evidence was made here: signed when publish stages it
-    files, problems = staging.signed(cand.staged, list(cand.trust.keys))
-    reg = oci.Registry(cand.staged.registry)
-    for kind, name in EVIDENCE_NAMES.items():
-        if kind not in files:
-            return (f"the staged {name} has no attestation signed by a trusted key: "
-                    f"{problems[kind]} (sign where it is made with --key, or publish --unsigned)")
-        attached = reg.fetch_artifact(cand.staged.repository, cand.staged.digest, kind)
-        if attached is not None and _parsed(attached) != json.loads(files[kind]):
-            return f"the attached {name} differs from its signed attestation"
-        cand.evidence[kind] = files[kind]
-    return ""
-
-
-def _parsed(data: bytes) -> Any:
-    try:
-        return limits.parse_json(data)
-    except ValueError:
-        return None
-
-
-def _local_evidence(cand: Candidate, kind: str) -> bytes | None:
-    path = state.evidence_path(kind, cand.image_id)
-    return path.read_bytes() if path.is_file() else None
-
-
-def _smoke_gate(cand: Candidate, allow_cpu_smoke: bool) -> str:
+def smoke_gate(cand: Candidate, allow_cpu_smoke: bool) -> str:
+    """Why the smoke report does not let this image through (empty: it does); records whether
+    it ran on a GPU and whether the CPU waiver was used."""
     is_cuda = cand.planned.variant.accelerator == "cuda"
     try:
         report = limits.parse_json(cand.evidence["smoke"]) if "smoke" in cand.evidence else None
@@ -168,7 +96,8 @@ def _smoke_gate(cand: Candidate, allow_cpu_smoke: bool) -> str:
     return ""
 
 
-def _sbom_gate(cand: Candidate) -> str:
+def sbom_gate(cand: Candidate) -> str:
+    """Why the SBOM does not let this image through (empty: it is valid CycloneDX 1.6)."""
     import sbom
 
     if "sbom" not in cand.evidence:
@@ -210,10 +139,6 @@ def promote(matrix: Matrix, staged: Staged) -> Staged:
     oci.promote(oci.Registry(staged.registry), staged.repository, oci.Registry(matrix.registry),
                 matrix.repository, staged.digest)
     return Staged(matrix.registry, matrix.repository, staged.descriptor, staged.image_id)
-
-
-def attach(vetted: Staged, kind: str, data: bytes, trust: keypair.Trust) -> dict[str, str]:
-    return staging.attach(vetted, kind, data, key=trust.key)
 
 
 def sign_digest(vetted: Staged, trust: keypair.Trust,

@@ -17,31 +17,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from builder.core import engine, keypair, media, oci, registry_auth, sign, state
 from builder.core.errors import BuilderError, CommandFailed
 from builder.core.output import step
 from builder.model.matrix import Matrix
-
-
-@dataclass(frozen=True)
-class Staged:
-    """An image in a registry, by digest, with its image id (the config digest)."""
-
-    registry: str
-    repository: str
-    descriptor: oci.Descriptor
-    image_id: str
-
-    @property
-    def digest(self) -> str:
-        return self.descriptor.digest
-
-    @property
-    def reference(self) -> str:
-        return f"{self.registry}/{self.repository}@{self.digest}"
+from builder.model.staged import Staged
 
 
 def find_staged(matrix: Matrix, hash_tag: str) -> Staged | None:

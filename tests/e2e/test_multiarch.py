@@ -20,6 +20,7 @@ from builder.core import engine, labels, oci, state
 from builder.flows import publish as publish_flow
 from builder.flows import verify
 from builder.model import matrix, platforms
+from builder.model.planned import PlannedVariant
 from builder.stages import plan, publish, render, smoketest, staging
 
 pytestmark = pytest.mark.docker
@@ -82,7 +83,7 @@ def test_index_of_two_scratch_images_pulls_per_platform(tmp_path: Path, registry
 
 
 def scratch_variant(tmp_path: Path, m: matrix.Matrix, variant: matrix.Variant,
-                    made: list[str]) -> tuple[plan.PlannedVariant, str]:
+                    made: list[str]) -> tuple[PlannedVariant, str]:
     """The variant's plan (with a unique content hash) and a scratch image of its platform
     carrying that hash, as `builder build` would leave it."""
     p = plan.plan_variant(m, render.render_locked(m, variant, ROOT / "locks"), None, "smoke")

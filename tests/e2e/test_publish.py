@@ -24,6 +24,7 @@ from builder.core import engine, labels, media, oci, registry, state
 from builder.core.oci import RegistryError
 from builder.flows import publish as publish_flow
 from builder.model import matrix, publication
+from builder.model.planned import PlannedVariant
 from builder.stages import plan, publish, render, smoketest, staging
 from smoke.checks import CHECKS, GPU_CHECKS
 
@@ -102,14 +103,14 @@ class Images:
         self.tmp, self.matrix, self.ids = tmp, m, []
         self.smoke_hash = plan.smoke_files_hash()
 
-    def planned(self, vid: str, content_hash: str) -> plan.PlannedVariant:
+    def planned(self, vid: str, content_hash: str) -> PlannedVariant:
         rendered = render.render_locked(self.matrix, self.matrix.variant(vid), ROOT / "locks")
         p = plan.plan_variant(self.matrix, rendered, None, self.smoke_hash)
         return dataclasses.replace(p, content_hash=content_hash)
 
     def build(self, vid: str, *, nonce: str = "", smoke_ok: bool = True,
               smoke_gpu: bool = False, sbom_ok: bool = True
-              ) -> tuple[plan.PlannedVariant, str]:
+              ) -> tuple[PlannedVariant, str]:
         """Image for `vid` tagged as build.py tags it; returns (its plan, its id)."""
         content_hash = uuid.uuid4().hex * 2
         p = self.planned(vid, content_hash)
@@ -152,7 +153,7 @@ def images(tmp_path: Path, env: Path, registry_addr: str,
     made.cleanup()
 
 
-def run(images: Images, planned: list[plan.PlannedVariant], tmp_path: Path, **kw: Any
+def run(images: Images, planned: list[PlannedVariant], tmp_path: Path, **kw: Any
         ) -> list[dict[str, Any]]:
     kw.setdefault("allow_cpu_smoke", False)
     return publish_flow.publish_variants(images.matrix, planned, manifest=tmp_path / "published.json",
@@ -329,7 +330,7 @@ def test_registry_start_is_idempotent(registry_addr: str, tmp_path: Path) -> Non
 
 # ---- interrupted publications ------------------------------------------------------------------
 
-# (the flow's own steps: `stage`, `provenance_of`; the rest are stages.publish's)
+# (the flow's own steps: `stage`, `attach`, `provenance_of`; the rest are stages.publish's)
 STEPS = [("stage", 1), ("promote", 1), ("attach", 1), ("attach", 2), ("provenance_of", 1),
          ("attach", 3), ("tag_image", 1), ("tag_image", 2), ("tag_image", 3)]
 
@@ -343,7 +344,7 @@ def test_a_crash_at_any_step_leaves_nothing_half_done(
     image without its SBOM and smoke report; the next `publish` completes the publication."""
     addr, repo = images.matrix.registry, images.matrix.repository
     p, _ = images.build(CPU_ID)
-    owner = publish_flow if function in ("stage", "provenance_of") else publish
+    owner = publish_flow if function in ("stage", "attach", "provenance_of") else publish
     real = getattr(owner, function)
     calls = []
 

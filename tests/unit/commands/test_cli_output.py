@@ -49,4 +49,4 @@ def test_an_sbom_nested_5000_deep_is_a_message(tmp_path):
     with pytest.raises(BuilderError, match=r"deep\.cdx\.json` is not JSON: nested deeper than"):
         sbom_cmd._load(deep)
     cand = publish.Candidate(planned=None, image="x", evidence={"sbom": deep.read_bytes()})  # type: ignore[arg-type]
-    assert "the SBOM is not JSON: nested deeper than" in publish._sbom_gate(cand)
+    assert "the SBOM is not JSON: nested deeper than" in publish.sbom_gate(cand)

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from matrix_files import CPU, LOCKS, ROOT, SLIM_TAG
 
+from builder.core import engine
 from builder.core.errors import BuilderError, ConfigError
 from builder.flows import publish as publish_flow
 from builder.model import matrix, publication
+from builder.model.planned import PlannedVariant
 from builder.stages import plan, publish, render
 
 
@@ -28,7 +30,7 @@ def test_an_alias_equal_to_another_variants_floating_tag_stops_publish_before_an
     def no_engine() -> None:
         pytest.fail("publish reached the engine before checking the tags")
 
-    monkeypatch.setattr(publish.engine, "ensure_engine", no_engine)
+    monkeypatch.setattr(engine, "ensure_engine", no_engine)
     with pytest.raises(ConfigError, match="tags collide"):
         publish_flow.publish_variants(hostile, [], allow_cpu_smoke=True, dry_run=True,
                                  manifest=Path("unused.json"), locks_dir=LOCKS)
@@ -38,7 +40,7 @@ SLIM = "2.13.0-py3.11-cpu-slim"
 
 
 @pytest.fixture(scope="module")
-def shipped_plan() -> tuple[matrix.Matrix, list[plan.PlannedVariant]]:
+def shipped_plan() -> tuple[matrix.Matrix, list[PlannedVariant]]:
     m = matrix.load(ROOT / "matrix.yaml")
     rendered = [render.render_locked(m, m.variant(vid), LOCKS) for vid in (CPU, SLIM)]
     return m, plan.make_plan(m, rendered, {}, check_registry=False)

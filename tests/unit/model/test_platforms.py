@@ -12,10 +12,12 @@ import pytest
 from builder.core import oci
 from builder.core.errors import ConfigError
 from builder.flows import publish as publish_flow
+from builder.flows import publish_gate
 from builder.model import lockfile, matrix, platforms
 from builder.model.matrix_yaml import MatrixError
+from builder.model.planned import PlannedVariant
+from builder.model.staged import Staged
 from builder.stages import locks, plan, publish, render, smoketest, twin, wheelhouse
-from builder.stages.staging import Staged
 
 ROOT = Path(__file__).resolve().parents[3]
 ARM = platforms.get("linux/arm64")
@@ -259,7 +261,7 @@ ARTIFACT = {"tag": "t", "digest": f"sha256:{9:064x}", "media_type": "x",
 
 
 def planned_pair(m: matrix.Matrix, name: str = "2.15.0-py3.11-cuda-slim"
-                 ) -> list[plan.PlannedVariant]:
+                 ) -> list[PlannedVariant]:
     return [plan.plan_variant(m, render.render_locked(m, v, ROOT / "locks"), None, "s")
             for v in m.select([f"id={name}"])]
 
@@ -295,7 +297,7 @@ def promoted(monkeypatch):
         top_twin = mine.get(top.digest) or dataclasses.replace(top, descriptor=desc(20))
         return publish_flow.Twins(top_twin, mine, twin.Report())
 
-    monkeypatch.setattr(publish, "gate", gate)
+    monkeypatch.setattr(publish_gate, "gate", gate)
     monkeypatch.setattr(publish_flow, "promote_with_evidence", promote_with_evidence)
     monkeypatch.setattr(publish_flow, "promote_twins", twin_promote)
     return reg, refuse, done
