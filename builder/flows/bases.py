@@ -60,6 +60,17 @@ def ensure(matrix: Matrix, variant: Variant, options: BaseOptions,
     return digest
 
 
+def ensure_all(matrix: Matrix, variants: list[Variant], options: BaseOptions,
+               progress: Progress = step) -> dict[str, str | None]:
+    """`ensure` for each distinct base of `variants`; their digests by platforms.base_key."""
+    digests: dict[str, str | None] = {}
+    for v in variants:
+        key = platforms.base_key(v.base.image, v.platform)
+        if key not in digests:
+            digests[key] = ensure(matrix, v, options, progress)
+    return digests
+
+
 def skip_reason(options: BaseOptions) -> str:
     """Why the registry is not even asked for the base ("" when it is)."""
     if not options.from_registry:

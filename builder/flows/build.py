@@ -142,11 +142,7 @@ def prepare(matrix: Matrix, variants: list[Variant],
     for v in variants:  # a missing or stale lock fails now, not after the bases are made
         lockfile.require_lock(options.locks, v)
     build.ensure_buildkit()
-    digests: dict[str, str | None] = {}
-    for v in variants:
-        key = platforms.base_key(v.base.image, v.platform)
-        if key not in digests:
-            digests[key] = bases.ensure(matrix, v, options.base_options(), progress=step)
+    digests = bases.ensure_all(matrix, variants, options.base_options())
     renders = [render.render_locked(matrix, v, options.locks) for v in variants]
     return plan.make_plan(matrix, renders, digests, check_registry=False)
 
