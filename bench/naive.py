@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.core import engine
+from builder.core import engine, settings
 from builder.core.errors import BuilderError
 from builder.model import bases
 from builder.stages import base
@@ -58,9 +58,10 @@ def dockerfile(torch: str, wheel_name: str | None) -> str:
 
 
 def local_wheel(torch: str, python: str, find_links: tuple[str, ...]) -> Path | None:
-    """The local torch wheel for `2.13.0+cpu` on cp311 in the variant's find-links, if any."""
+    """The local torch wheel for `2.13.0+cpu` on cp311 in the variant's find-links (or the
+    mirror that stands in for their URLs here), if any."""
     tag = "cp" + python.replace(".", "")
-    for folder in find_links:
+    for folder in settings.current().wheel_sources(find_links):
         hits = sorted(glob.glob(f"{folder}/torch-{torch}-{tag}-{tag}-*.whl"))
         if hits:
             return Path(hits[0])

@@ -14,15 +14,17 @@ from builder.commands.options import (
 )
 from builder.core import keypair
 from builder.core.output import emit_json, human_bytes, step, table
+from builder.flows import bases
 from builder.flows.build import BuildOptions, Outcome, build_images, build_lock
 from builder.model import platforms
 from builder.model.matrix import Variant
-from builder.stages import base, render
+from builder.stages import render
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "base", cmd_base, ("matrix", "select", "json", "registries"),
                     "make the selected variants' base images available")
+    add_base_trust_option(p, "the matrix's `trust_keys`")
 
     p = add_command(sub, "build", cmd_build, ("matrix", "select", "json", "registries", "locks"),
                     "build images for the selected variants")
@@ -37,10 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "report and SBOM attached, for other machines (GPU smoke, publish)")
     add_key_option(p, "the smoke report and SBOM attached at --stage (their attestations) "
                    "and the bootstrapped base kept in the registry")
-    p.add_argument("--trust-key", action="append", type=Path, default=[], metavar="FILE",
-                   help="public key (cosign.pub) a bootstrapped base taken from the registry "
-                   "must be signed by (repeatable; default: the matrix's `trust_keys`, else the "
-                   "--key's own public key; none: the base is bootstrapped here)")
+    add_base_trust_option(p, "the matrix's `trust_keys`, else the --key's own public key")
     p.add_argument("--require-gpu", action="store_true",
                    help="GPU checks that cannot run on this host fail instead of being skipped")
     # The install steps fetch missing wheels themselves, so they get the host's trust store (a
@@ -56,15 +55,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="re-run the apt upgrade step (security rebuilds pass a new token)")
 
 
+def add_base_trust_option(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--trust-key", action="append", type=Path, default=[], metavar="FILE",
+                   help="public key (cosign.pub) a bootstrapped base taken from the registry "
+                   f"must be signed by (repeatable; default: {default}; none: the base is "
+                   "bootstrapped here)")
+
+
 def cmd_base(args: argparse.Namespace) -> int:
-    """Pull each base image ref, or bootstrap `mmdebstrap:<suite>` into a local image (reused
-    while suite, packages and day are unchanged). Prints each base's digest, which is part of
-    every variant's content hash."""
+    """Pull each base image ref, or make `mmdebstrap:<suite>` a local image: today's signed
+    bootstrap from the registry when it verifies against --trust-key (or the matrix's
+    `trust_keys`), else bootstrapped here (reused while suite, packages and day are unchanged).
+    Prints each base's digest, which is part of every variant's content hash."""
     matrix, variants = load_selected(args)
     # One per base and platform (keys: platforms.base_key); off linux/amd64 a bootstrapped base
     # is served from the registry, a pulled one is left to BuildKit (digest unknown: None).
     first = {platforms.base_key(v.base.image, v.platform): v for v in variants}
-    digests = {key: base.ensure_variant(matrix, v, progress=step) for key, v in first.items()}
+    options = bases.BaseOptions(keypair.trusted_keys(args.trust_key or matrix.trust_keys, None))
+    digests = {key: bases.ensure(matrix, v, options, step) for key, v in first.items()}
     if args.json:
         emit_json(digests)
     else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from builder.core.errors import UsageError
@@ -18,6 +18,8 @@ CA_BUNDLE_ENV = "BUILDER_CA_BUNDLE"
 INSECURE_ENV = "BUILDER_INSECURE_REGISTRIES"
 DEADLINE_ENV = "BUILDER_REGISTRY_DEADLINE_S"
 VERBOSE_ENV = "BUILDER_VERBOSE"
+WHEEL_MIRROR_ENV = "BUILDER_WHEEL_MIRROR"
+PIP_FIND_LINKS_ENV = "PIP_FIND_LINKS"
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
@@ -29,6 +31,10 @@ class Settings:
     insecure_registries: tuple[str, ...] = ()  # plain HTTP allowed (Docker's setting)
     registry_deadline_s: float = 30.0  # one registry operation; slow links set more
     verbose: bool = False  # $BUILDER_VERBOSE: every command line on stderr
+    # Local wheel folders that stand in for a variant's `find_links` URLs on a machine that
+    # cannot reach them ($BUILDER_WHEEL_MIRROR, else the local folders of pip's own
+    # $PIP_FIND_LINKS): the lock and the image stay the same, the lock's hashes pin the bytes.
+    wheel_mirror: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **given: object) -> Settings:
@@ -39,14 +45,38 @@ class Settings:
             "insecure_registries": listed,
             "registry_deadline_s": _seconds(environ.get(DEADLINE_ENV) or "30"),
             "verbose": environ.get(VERBOSE_ENV, "") not in ("", "0"),
+            "wheel_mirror": _mirror(environ),
         }
         return cls(**{**found, **given})  # type: ignore[arg-type]
+
+    def wheel_sources(self, find_links: Iterable[str]) -> tuple[str, ...]:
+        """Where this machine looks for a variant's `find_links` wheels: each URL replaced by
+        the mirror folders when a mirror is set; local folders as they are."""
+        sources: list[str] = []
+        for link in find_links:
+            for source in (self.wheel_mirror if is_url(link) and self.wheel_mirror else (link,)):
+                if source not in sources:
+                    sources.append(source)
+        return tuple(sources)
 
     def host_ca_bundle(self) -> str | None:
         """The CA bundle of host-side HTTPS clients (pip, uv, urllib) and builds: the chosen
         one, else the system's, when that file exists."""
         chosen = self.ca_bundle or HOST_CA_BUNDLE
         return chosen if os.path.exists(chosen) else None
+
+
+def is_url(link: str) -> bool:
+    return link.startswith(("http://", "https://", "file://"))
+
+
+def _mirror(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """$BUILDER_WHEEL_MIRROR (folders joined by `:`), else the local folders in pip's
+    $PIP_FIND_LINKS (space-separated): a machine prepared with a wheel folder for pip."""
+    if chosen := environ.get(WHEEL_MIRROR_ENV, "").strip():
+        return tuple(f for f in chosen.split(os.pathsep) if f)
+    return tuple(f for f in environ.get(PIP_FIND_LINKS_ENV, "").split()
+                 if f.startswith("/") and os.path.isdir(f))
 
 
 def _seconds(text: str) -> float:

@@ -36,7 +36,7 @@ from builder.model import lockfile, platforms, rendered, smokereport
 from builder.model.matrix import Matrix, Variant
 from builder.model.planned import PlannedVariant
 from builder.stages import base, build, locks, plan, render, smoketest, staging
-from builder.stages.wheelhouse import Wheelhouse, local_wheels
+from builder.stages.wheelhouse import Wheelhouse
 
 OK = ("built", "up-to-date")
 
@@ -180,7 +180,8 @@ def context(run: Run, o: Outcome) -> Outcome:
         engine.ensure_disk(state.root(), build.NEED_GB[p.variant.accelerator])
         step(f"  [{o.variant_id}] wheels")
         uv = render.uv_requirements()
-        sets = [(s.source, s.requirements, tuple(local_wheels(s.find_links, s.requirements)))
+        sets = [(s.source, s.requirements,
+                 tuple(run.wheelhouse.source_wheels(p.variant, s.find_links, s.requirements)))
                 for s in p.rendered.steps]
         sets.append((render.uv_source(p.variant.platform), uv,
                      tuple(run.wheelhouse.ensure(p.variant, uv, progress=step))))

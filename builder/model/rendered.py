@@ -24,7 +24,7 @@ class Step:
 
     name: str
     requirements: str  # the lines of the lock this step installs
-    find_links: tuple[str, ...] = ()  # the variant's local wheel folders (linked into the set)
+    find_links: tuple[str, ...] = ()  # the variant's `find_links`: their wheels go in the set
     target: str = ""  # the site directory it installs into (the venv's, or NVIDIA_SITE)
     prune: str = ""  # a find expression of what to delete right after installing
     restore: str = ""  # a find expression of what to copy back in from the wheels (only that)

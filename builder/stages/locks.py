@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from builder.core import proc
+from builder.core import proc, settings
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.state import atomic_write
 from builder.model import platforms
@@ -62,7 +62,7 @@ def resolve(variant: Variant, reqs: list[str], *, upgrade: bool = False,
                 "--python-platform", platforms.get(variant.platform).uv,
                 "--generate-hashes", "--no-header", "--no-annotate", "--emit-find-links",
                 "--emit-index-url", str(req_in), "-o", str(out)]
-        for link in variant.find_links:
+        for link in settings.current().wheel_sources(variant.find_links):
             argv += ["--find-links", link]
         if variant.index_url:
             argv += ["--index-url", variant.index_url]
@@ -74,7 +74,17 @@ def resolve(variant: Variant, reqs: list[str], *, upgrade: bool = False,
             proc.run(argv, env=uv_env(), timeout=600)
         except BuilderError as exc:
             raise ConfigError(f"cannot resolve {variant.key}: {exc}", hint=exc.hint) from None
-        return out.read_text()
+        return declared_find_links(out.read_text(), variant.find_links)
+
+
+def declared_find_links(text: str, find_links: Sequence[str]) -> str:
+    """The lock names the variant's declared `find_links`, never the mirror folders this machine
+    resolved from (settings.wheel_sources): the same lock wherever it is made, its hashes
+    pinning the bytes either way."""
+    kept = [line for line in text.splitlines(keepends=True)
+            if not line.startswith("--find-links ")]
+    at = next((i + 1 for i, line in enumerate(kept) if line.startswith("--index-url ")), 0)
+    return "".join([*kept[:at], *(f"--find-links {link}\n" for link in find_links), *kept[at:]])
 
 
 def torch_pulls_cuda(variant: Variant) -> bool | None:

@@ -130,14 +130,9 @@ def site_packages(variant: Variant) -> str:
     return f"{labels.VENV}/lib/python{variant.python}/site-packages"
 
 
-def local_find_links(variant: Variant) -> tuple[str, ...]:
-    """Wheel folders on the host: the build cannot reach them, so their wheels go in the set."""
-    return tuple(link for link in variant.find_links if link.startswith("/"))
-
-
 def part_step(variant: Variant, part: str, requirements: str, **extra: Any) -> Step:
     nvidia = part == "nvidia"
-    return Step(part, requirements, local_find_links(variant),
+    return Step(part, requirements, variant.find_links,
                 target=NVIDIA_SITE if nvidia else site_packages(variant),
                 platform=platforms.get(variant.platform).suffix, **extra)
 
@@ -175,9 +170,7 @@ def install_args(step: Step, variant: Variant) -> str:
     args = ["--require-hashes", "--no-deps", "--no-config",
             "--cache-dir", MOUNTS["cache"], "--index-url",
             dockerfile_value(variant.index_url or "https://pypi.org/simple"),
-            "--find-links", MOUNTS["set"]]
-    args += [f"--find-links {dockerfile_value(link)}" for link in variant.find_links
-             if not link.startswith("/")]
+            "--find-links", MOUNTS["set"]]  # the host puts every `find_links` wheel there
     if step.restore:  # links into a scratch folder, from which only the matches are copied
         args += ["--link-mode", "symlink", "--target", '"$scratch"']
     else:

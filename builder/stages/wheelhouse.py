@@ -22,7 +22,7 @@ from pathlib import Path
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from builder.core import proc, state
+from builder.core import proc, settings, simple_index, state
 from builder.core.errors import BuilderError
 from builder.model import platforms
 from builder.model.lockfile import normalize
@@ -114,6 +114,36 @@ class Wheelhouse:
                 self.index[digest] = wheel.name
         self._save()
 
+    def source_wheels(self, variant: Variant, find_links: Iterable[str],
+                      requirements: str) -> list[Path]:
+        """The wheels of a step's `find_links` sources, which the build then installs from its
+        set (its Dockerfile names no source but the index): from local folders (the variant's
+        own, or the mirror that stands in for its URLs here), else fetched from each URL's page
+        into the wheelhouse, by the lock's hashes."""
+        sources = settings.current().wheel_sources(find_links)
+        found = local_wheels([s for s in sources if not settings.is_url(s)], requirements)
+        for url in (s for s in sources if settings.is_url(s)):
+            found += self.from_page(url, variant, requirements)
+        return found
+
+    def from_page(self, url: str, variant: Variant, requirements: str) -> list[Path]:
+        """The wheels a find-links page lists for these pins whose bytes the lock names,
+        downloaded once (checked against the hash) and kept by sha256."""
+        pinned = set(_name_versions(requirements))
+        accepted = {h for block in _hash_blocks(requirements) for h in block}
+        paths = []
+        for file in simple_index.project_files(url):
+            if not (_pins(file.filename) in pinned
+                    and installable(file.filename, variant.python, variant.platform)
+                    and (file.sha256 is None or file.sha256 in accepted)):
+                continue
+            if (path := self.find([file.sha256] if file.sha256 else [])) is None:
+                self.index[simple_index.download(file, self.root, accepted)] = file.filename
+                self._save()
+                path = self.root / file.filename
+            paths.append(path)
+        return paths
+
     def link_set(self, set_dir: Path, requirements: str, wheels: list[Path]) -> None:
         """Fill `set_dir` with the requirements file and hard links to its wheels."""
         staging = set_dir.with_name(set_dir.name + ".tmp")
@@ -144,6 +174,15 @@ def local_wheels(folders: Iterable[str], requirements: str) -> list[Path]:
             if (normalize(name), rest.split("-", 1)[0]) in wanted:
                 found.append(wheel)
     return found
+
+
+def _pins(wheel: str) -> tuple[str, str] | None:
+    """A wheel file's (normalized name, version); None for anything else."""
+    try:
+        name, version, *_ = parse_wheel_filename(wheel)
+    except InvalidWheelFilename:
+        return None
+    return str(name), str(version)
 
 
 def _name_versions(requirements: str) -> Iterable[tuple[str, str]]:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-import ssl
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from builder.core import proc, state
+from builder.core import settings, simple_index, state
+from builder.core.errors import BuilderError
 from builder.model import platforms
 from builder.model.matrix import Variant
 
@@ -26,9 +25,7 @@ def _cache_file(url: str) -> Path:
 
 
 def _get(url: str, timeout: float, accept: str = "*/*") -> bytes:
-    request = urllib.request.Request(url, headers={"Accept": accept})
-    context = ssl.create_default_context(cafile=proc.host_ca_bundle())
-    with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+    with simple_index.open_url(url, timeout, accept) as response:
         return response.read()
 
 
@@ -88,9 +85,14 @@ def index_for(variant: Variant) -> str:
 def filenames(variant: Variant) -> list[str] | None:
     """Candidate torch file names for the variant's sources; None when none could be read."""
     names: list[str] = []
-    for link in variant.find_links:
-        if link.startswith("/") and Path(link).is_dir():
+    for link in settings.current().wheel_sources(variant.find_links):
+        if not settings.is_url(link) and Path(link).is_dir():
             names += [p.name for p in Path(link).iterdir()]
+        elif settings.is_url(link):
+            try:
+                names += [f.filename for f in simple_index.project_files(link)]
+            except BuilderError:
+                return None  # the page that serves the wheel is not readable from here
     try:
         names += _filenames_from_index(index_for(variant))
     except (OSError, ValueError, KeyError):

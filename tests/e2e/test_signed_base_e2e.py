@@ -153,3 +153,14 @@ def test_a_publishing_runner_without_the_base_finds_the_staged_image(
     reason = outcome.get("reason") or ""
     assert "not staged" not in reason and "stale image" not in reason, outcome
     assert engine.inspect_image(REF) is None  # nothing bootstrapped or loaded
+
+
+def test_builder_base_takes_the_signed_base_too(env, staged, without_base) -> None:
+    """`builder base` on a fresh runner: the same verified base, no mmdebstrap, same digest."""
+    result = run_builder("base", *CPU, "--json", "--trust-key",
+                         str(env["tmp"] / "ours" / "cosign.pub"),
+                         matrix=env["matrix"], env=env["env"])
+    [line] = base_lines(result)
+    assert line.startswith(f"base {REF}: taken from `{env['addr']}/{env['repository']}:"
+                           f"{staged['tag']}`"), result.stderr[-3000:]
+    assert list(json.loads(result.stdout).values()) == [staged["plan"]["base_digest"]]

