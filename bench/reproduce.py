@@ -122,9 +122,9 @@ def build(mpath: Path, variant: str, *extra: str, evidence: bool = False, stage:
 
 
 def base_way(outcome: dict[str, Any]) -> str:
-    """How the build got its base: its `base …:` line (builder.flows.bases), shortened."""
+    """How the build got its base: its `base …:` line (builder.flows.bases), up to the keys."""
     line = outcome["base_lines"][0] if outcome["base_lines"] else "no base line"
-    return line.split(": ", 1)[-1][:90]
+    return line.split(": ", 1)[-1].split(", its signature")[0]
 
 
 def retried(outcome: dict[str, Any]) -> str:
