@@ -91,6 +91,7 @@ def download(file: IndexFile, folder: Path, accepted: set[str], timeout: float =
                                "which the lock does not name: refused",
                                hint="the page serves other bytes than the lock was made "
                                "from: re-lock (`builder lock`) only if that is expected")
+        os.chmod(tmp, 0o644)  # mkstemp's 0600: the build reads it as another user
         os.replace(tmp, folder / file.filename)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -8,6 +8,7 @@ unchanged variants are not resolved again).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,7 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from builder.core import proc, settings
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+from builder.core import proc, settings, simple_index
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.state import atomic_write
 from builder.model import platforms
@@ -28,6 +31,7 @@ from builder.model.lockfile import (
     is_current,
     lock_metadata,
     lock_paths,
+    normalize,
     parse_pins,
     require_lock,
     requirements,
@@ -74,7 +78,35 @@ def resolve(variant: Variant, reqs: list[str], *, upgrade: bool = False,
             proc.run(argv, env=uv_env(), timeout=600)
         except BuilderError as exc:
             raise ConfigError(f"cannot resolve {variant.key}: {exc}", hint=exc.hint) from None
-        return declared_find_links(out.read_text(), variant.find_links)
+        text = with_page_hashes(out.read_text(), [
+            link for link in settings.current().wheel_sources(variant.find_links)
+            if settings.is_url(link)])
+        return declared_find_links(text, variant.find_links)
+
+
+def with_page_hashes(text: str, pages: Sequence[str]) -> str:
+    """uv writes no hash for a pin it found on a remote `find_links` page (astral-sh/uv#10308):
+    each such pin gets the sha256 of every wheel of its version the pages list, as pip-tools
+    does (a local mirror's wheels uv hashes itself). ConfigError naming a pin still unhashed."""
+    if not pages:
+        return text
+    listed: dict[tuple[str, str], set[str]] = {}
+    for page in pages:
+        for file in simple_index.project_files(page):
+            with contextlib.suppress(InvalidWheelFilename):
+                name, version, *_ = parse_wheel_filename(file.filename)
+                if file.sha256:
+                    listed.setdefault((str(name), str(version)), set()).add(file.sha256)
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", line)
+        if match:
+            hashes = sorted(listed.get((normalize(match[1]), match[2]), ()))
+            if not hashes:
+                raise ConfigError(f"{line}: no page of {', '.join(pages)} lists its sha256",
+                                  hint="a find-links page must give `#sha256=` with each file")
+            lines[i] = " \\\n".join([line, *(f"    --hash=sha256:{h}" for h in hashes)])
+    return "\n".join(lines) + "\n"
 
 
 def declared_find_links(text: str, find_links: Sequence[str]) -> str:

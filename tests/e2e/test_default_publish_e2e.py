@@ -97,6 +97,7 @@ def test_the_default_selection_publishes_once_every_platform_is_staged(
     result = publish_default(setup)
     assert result.returncode == 0, result.stderr[-3000:]
     by_id = {r["id"]: r for r in json.loads(result.stdout)}
+    print("\n".join(f"{i}: {r['status']} {', '.join(r.get('tags', []))}" for i, r in by_id.items()))
     assert {i: r["status"] for i, r in by_id.items()} == {
         "2.13.0-py3.11-cpu-runtime": "published", SLIM: "published"}
     slim = next(p for p in planned if p.variant.id == SLIM)
@@ -118,6 +119,7 @@ def test_with_only_amd64_staged_the_missing_platform_is_named_once(
     result = publish_default(setup)
     assert result.returncode == 1, result.stderr[-3000:]
     error = next(line for line in result.stderr.splitlines() if line.startswith("error:"))
+    print(error)
     assert error.startswith("error: 1 of 2 variants refused:"), error
     assert error.count("linux/arm64") == 1, error
     assert "platform=" not in result.stderr  # the user typed no --select

@@ -24,6 +24,7 @@ from helpers import ROOT, private_matrix, run_builder
 
 from builder.model import matrix
 from builder.model.lockfile import parse_pins
+from builder.stages.render import split_requirements
 from builder.stages.wheelhouse import Wheelhouse
 
 pytestmark = pytest.mark.docker
@@ -44,8 +45,8 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """(the page's URL, the served wheel's sha256)."""
     served = tmp_path_factory.mktemp("wheel-page")
     variant = matrix.load(ROOT / "matrix.yaml").variant(CPU)
-    torch = "".join(block for block in (ROOT / "locks" / f"{CPU}.txt").read_text().split("\n\n")
-                    if block.startswith("torch=="))
+    torch = next(block for name, block in split_requirements(
+        (ROOT / "locks" / f"{CPU}.txt").read_text()) if name == "torch")
     [wheel] = Wheelhouse(served / "house").source_wheels(variant, variant.find_links, torch)
     (served / "torch").mkdir()
     shutil.copy(wheel, served / "torch" / wheel.name)

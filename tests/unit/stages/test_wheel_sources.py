@@ -117,3 +117,23 @@ def test_an_unreachable_page_names_its_url_and_the_mirror_setting(tmp_path: Path
     with pytest.raises(BuilderError, match="cannot read the wheel page file://") as caught:
         simple_index.project_files((tmp_path / "none.html").as_uri())
     assert settings.WHEEL_MIRROR_ENV in (caught.value.hint or "")
+
+
+def test_a_pin_from_a_page_gets_every_hash_of_its_version_that_the_page_lists(page) -> None:
+    url, files = page
+    made_by_uv = (f"--index-url https://pypi.org/simple\n--find-links {url}\n\n"
+                  "numpy==2.4.6 \\\n    --hash=sha256:" + "1" * 64 + "\ntorch==2.13.0+cpu\n")
+    text = locks.with_page_hashes(made_by_uv, [url])
+    block = text.split("torch==2.13.0+cpu", 1)[1]
+    assert {h.split()[0] for h in block.split("--hash=sha256:")[1:]} == {
+        sha(files[TORCH]), sha(files[OTHER_PY])}
+    assert sha(files[OLDER]) not in text  # another version
+    with pytest.raises(BuilderError, match=r"no page of .* lists its sha256"):
+        locks.with_page_hashes(made_by_uv.replace("torch==2.13.0+cpu", "torch==9.9"), [url])
+
+
+def test_a_fetched_wheel_is_readable_by_the_builds_user(page, tmp_path: Path) -> None:
+    url, files = page
+    [listed] = [f for f in simple_index.project_files(url) if f.filename == TORCH]
+    simple_index.download(listed, tmp_path, {sha(files[TORCH])})
+    assert (tmp_path / TORCH).stat().st_mode & 0o777 == 0o644
