@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 from helpers import PRIVATE_REPOSITORIES, free_port, missing
 
-from builder.core import registry
+from builder.core import engine, registry
 
 DOCKER = "/usr/bin/docker"
 
@@ -96,3 +96,12 @@ def registry_addr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     registry.start(addr, folder)
     yield addr
     registry.stop(folder)
+
+
+@pytest.fixture
+def made() -> Iterator[list[str]]:
+    """The image references a test made (append to it): removed after the test."""
+    refs: list[str] = []
+    yield refs
+    for ref in refs:
+        engine.remove_image(ref)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +30,6 @@ pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "default-publish-e2e"
 SLIM = "2.15.0-py3.11-cuda-slim"
-
-
-@pytest.fixture
-def made() -> Iterator[list[str]]:
-    refs: list[str] = []
-    yield refs
-    for ref in refs:
-        engine.remove_image(ref)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,14 +25,6 @@ from builder.stages import plan, publish, render, smoketest, staging
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
 VARIANT = "2.15.0-py3.11-cuda-runtime"  # declared for linux/amd64 and linux/arm64
-
-
-@pytest.fixture
-def made() -> Iterator[list[str]]:
-    refs: list[str] = []
-    yield refs
-    for ref in refs:
-        engine.remove_image(ref)
 
 
 def scratch_image(tmp: Path, ref: str, platform: str, made: list[str],
