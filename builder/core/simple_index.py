@@ -79,6 +79,9 @@ def _from_href(page: str, href: str) -> IndexFile:
 def download(file: IndexFile, folder: Path, accepted: set[str], timeout: float = 600.0) -> str:
     """Stream `file` into `folder` under its name, and return its sha256; BuilderError, and
     nothing left, when its bytes hash to none of `accepted` (the lock's hashes)."""
+    if Path(file.filename).name != file.filename or file.filename.startswith("."):
+        raise BuilderError(f"{file.url}: the page names the file `{file.filename[:80]}`, "
+                           "not a plain file name: refused")
     digest = hashlib.sha256()
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".download-")
     try:

@@ -137,3 +137,9 @@ def test_a_fetched_wheel_is_readable_by_the_builds_user(page, tmp_path: Path) ->
     [listed] = [f for f in simple_index.project_files(url) if f.filename == TORCH]
     simple_index.download(listed, tmp_path, {sha(files[TORCH])})
     assert (tmp_path / TORCH).stat().st_mode & 0o777 == 0o644
+
+
+def test_a_page_naming_a_path_instead_of_a_file_is_refused(tmp_path: Path) -> None:
+    planted = simple_index.IndexFile("../../etc/evil.whl", (tmp_path / "x").as_uri(), None)
+    with pytest.raises(BuilderError, match="not a plain file name: refused"):
+        simple_index.download(planted, tmp_path, {"0" * 64})
