@@ -220,7 +220,7 @@ class Runner:
         return {"HOME": str(home), "PATH": f"{shims}:/usr/local/bin:/usr/bin:/bin",
                 "CI": "true", "GITHUB_ACTIONS": "true", "GITHUB_WORKSPACE": str(work),
                 "RUNNER_TEMP": str(files), "LANG": "C.UTF-8",
-                "REHEARSAL_CONTENTS": contents, **self.runner_env}
+                "REHEARSAL_CONTENTS": contents, **self.runner_env, **wheel_mirror()}
 
     def step(self, step: dict[str, Any], label: str, context: dict[str, Any],
              status: dict[str, bool], env: dict[str, str], work: Path,
@@ -414,3 +414,12 @@ def make_origin(origin: Path) -> None:
                     '  echo "remote: Permission to rehearsal/torch-images denied: the job has '
                     'contents: ${REHEARSAL_CONTENTS:-none}" >&2\n  exit 1\nfi\n')
     hook.chmod(0o755)
+
+
+def wheel_mirror() -> dict[str, str]:
+    """This machine's wheel mirror (it cannot reach the PyTorch CPU index): what a runner
+    prepared by hand would set; a hosted runner sets none and fetches from the page."""
+    from builder.core import settings
+
+    mirror = settings.Settings.from_env().wheel_mirror
+    return {settings.WHEEL_MIRROR_ENV: ":".join(mirror)} if mirror else {}
