@@ -20,6 +20,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
 from builder.core import settings
 from builder.core.errors import BuilderError
 
@@ -31,6 +33,15 @@ class IndexFile:
     filename: str
     url: str  # absolute, without its #fragment
     sha256: str | None  # from the page (`#sha256=` or the JSON hashes), when it gives one
+
+    @property
+    def pin(self) -> tuple[str, str] | None:
+        """The wheel's (normalized name, version), as a lock pins it; None for anything else."""
+        try:
+            name, version, *_ = parse_wheel_filename(self.filename)
+        except InvalidWheelFilename:
+            return None
+        return str(name), str(version)
 
 
 class _Anchors(HTMLParser):

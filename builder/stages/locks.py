@@ -8,7 +8,6 @@ unchanged variants are not resolved again).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -16,8 +15,6 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from builder.core import proc, settings, simple_index
 from builder.core.errors import BuilderError, ConfigError
@@ -66,7 +63,8 @@ def resolve(variant: Variant, reqs: list[str], *, upgrade: bool = False,
                 "--python-platform", platforms.get(variant.platform).uv,
                 "--generate-hashes", "--no-header", "--no-annotate", "--emit-find-links",
                 "--emit-index-url", str(req_in), "-o", str(out)]
-        for link in settings.current().wheel_sources(variant.find_links):
+        sources = settings.current().wheel_sources(variant.find_links)
+        for link in sources:
             argv += ["--find-links", link]
         if variant.index_url:
             argv += ["--index-url", variant.index_url]
@@ -78,9 +76,7 @@ def resolve(variant: Variant, reqs: list[str], *, upgrade: bool = False,
             proc.run(argv, env=uv_env(), timeout=600)
         except BuilderError as exc:
             raise ConfigError(f"cannot resolve {variant.key}: {exc}", hint=exc.hint) from None
-        text = with_page_hashes(out.read_text(), [
-            link for link in settings.current().wheel_sources(variant.find_links)
-            if settings.is_url(link)])
+        text = with_page_hashes(out.read_text(), [s for s in sources if settings.is_url(s)])
         return declared_find_links(text, variant.find_links)
 
 
@@ -93,10 +89,8 @@ def with_page_hashes(text: str, pages: Sequence[str]) -> str:
     listed: dict[tuple[str, str], set[str]] = {}
     for page in pages:
         for file in simple_index.project_files(page):
-            with contextlib.suppress(InvalidWheelFilename):
-                name, version, *_ = parse_wheel_filename(file.filename)
-                if file.sha256:
-                    listed.setdefault((str(name), str(version)), set()).add(file.sha256)
+            if file.pin and file.sha256:
+                listed.setdefault(file.pin, set()).add(file.sha256)
     lines = text.splitlines()
     for i, line in enumerate(lines):
         match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", line)

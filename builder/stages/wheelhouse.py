@@ -133,7 +133,7 @@ class Wheelhouse:
         accepted = {h for block in _hash_blocks(requirements) for h in block}
         paths = []
         for file in simple_index.project_files(url):
-            if not (_pins(file.filename) in pinned
+            if not (file.pin in pinned
                     and installable(file.filename, variant.python, variant.platform)
                     and (file.sha256 is None or file.sha256 in accepted)):
                 continue
@@ -174,15 +174,6 @@ def local_wheels(folders: Iterable[str], requirements: str) -> list[Path]:
             if (normalize(name), rest.split("-", 1)[0]) in wanted:
                 found.append(wheel)
     return found
-
-
-def _pins(wheel: str) -> tuple[str, str] | None:
-    """A wheel file's (normalized name, version); None for anything else."""
-    try:
-        name, version, *_ = parse_wheel_filename(wheel)
-    except InvalidWheelFilename:
-        return None
-    return str(name), str(version)
 
 
 def _name_versions(requirements: str) -> Iterable[tuple[str, str]]:
