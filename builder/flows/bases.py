@@ -8,12 +8,17 @@ lacks it, and kept there signed when the build stages with a key.
                 no trusted key / --no-registry-cache)
   --stage --key the local bootstrap pushed there once, signed and attested (a failure is one
                 warning line: the build goes on)
-Other bases (pulled refs, foreign platforms served from the registry) are builder.stages.base's.
+A foreign-platform bootstrap (`ensure_foreign`) is served from the registry, where BuildKit
+resolves a foreign-platform FROM by its floating tag `<suite>-slim-<arch>`: the keyed
+`<suite>-slim-<arch>-<bootstrap key>` is used when its signature and provenance verify against a
+trusted key, else it is bootstrapped here (emulated) and pushed, signed when staging with a key;
+the floating tag is then pointed at that digest. BuildKit reads the tag later, so the build checks
+its image's first layer against the base digest returned here (builder.stages.build).
+Pulled refs are builder.stages.base's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +26,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from builder.core import engine, oci
+from builder.core import engine, oci, rootfs_image
 from builder.core.errors import BuilderError
 from builder.core.keypair import SigningKey, key_id
 from builder.core.output import step
@@ -49,8 +54,10 @@ def ensure(matrix: Matrix, variant: Variant, options: BaseOptions,
            progress: Progress = step) -> str | None:
     """The variant's base made available (base.ensure_variant), a native bootstrap taken from
     the registry first when it is absent here, and kept there signed with `options.signer`."""
-    suite = variant.base.bootstrap_suite
-    if suite is None or platforms.get(variant.platform).suffix:
+    suite, platform = variant.base.bootstrap_suite, platforms.get(variant.platform)
+    if suite is not None and platform.suffix:
+        return ensure_foreign(matrix, suite, platform, options, progress)
+    if suite is None:
         return base.ensure_variant(matrix, variant, progress=progress)
     if not base.have_bootstrapped(suite):
         take(matrix, suite, options, progress)
@@ -58,6 +65,49 @@ def ensure(matrix: Matrix, variant: Variant, options: BaseOptions,
     if options.signer is not None:
         keep(matrix, suite, options.signer, progress)
     return digest
+
+
+def ensure_foreign(matrix: Matrix, suite: str, platform: platforms.Platform,
+                   options: BaseOptions, progress: Progress = step) -> str:
+    """Today's bootstrap of `suite` for the foreign `platform` in the registry, verified or made
+    here, with its floating tag pointed at it; returns its base digest (module docstring)."""
+    reg = oci.Registry(matrix.registry)
+    at = where(matrix, suite, platform)
+    floating = f"{at.registry}/{at.repository}:{platforms.base_tag(suite, platform.arch)}"
+    try:
+        if why := skip_reason(options):
+            raise signed_base.Unverified(why)
+        verified = signed_base.verify(reg, at, list(options.trusted), suite)
+        progress(f"base {floating}: taken from `{at.reference}` ({verified.layout.digest[:19]}), "
+                 f"its signature and provenance verified against {keys_named(options.trusted)}")
+    except signed_base.Unverified as exc:
+        progress(f"base {floating}: bootstrapping: {exc}")
+        verified = push_foreign(reg, at, suite, platform, options.signer, progress)
+    reg.tag(at.repository, verified.layout.digest, floating.rsplit(":", 1)[1])
+    return verified.base_digest
+
+
+def push_foreign(reg: oci.Registry, at: signed_base.Where, suite: str,
+                 platform: platforms.Platform, signer: SigningKey | None,
+                 progress: Progress) -> signed_base.Verified:
+    """Bootstrap `suite` for `platform` and push it under `at`, signed and attested with
+    `signer` when there is one; returns what was pushed (ours: no need to verify it)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        config, tar = base.bootstrap_foreign(suite, platform, Path(tmp), progress)
+        if signer is None:
+            digest = rootfs_image.push(reg, at.repository, tar, config, [at.tag])
+        else:
+            digest = signed_base.publish(reg, at, config, tar, signer,
+                                         base.mmdebstrap_inputs(suite, platform.arch))
+    layout = rootfs_image.layout(reg, at.repository, digest)
+    progress(f"base: pushed as `{at.reference}` ({digest[:19]})" + (
+        f", signed and attested by key {key_id(signer.public)}" if signer else ", unsigned"))
+    return signed_base.Verified(layout, layout.config_digest,
+                                platforms.layers_digest([layout.diff_id]))
+
+
+def keys_named(keys: tuple[ec.EllipticCurvePublicKey, ...]) -> str:
+    return f"the trusted key{'s' * (len(keys) > 1)} {', '.join(key_id(k) for k in keys)}"
 
 
 def ensure_all(matrix: Matrix, variants: list[Variant], options: BaseOptions,
@@ -85,17 +135,15 @@ def take(matrix: Matrix, suite: str, options: BaseOptions, progress: Progress) -
     if why := skip_reason(options):
         progress(f"base {ref}: bootstrapping: {why}")
         return False
-    at = signed_base.where(matrix, suite, base.bootstrap_key(suite, options=base.SLIM_OPTIONS))
+    at = where(matrix, suite)
     try:
         image_id = load_verified(oci.Registry(matrix.registry), at, list(options.trusted),
                                  suite)
     except signed_base.Unverified as exc:
         progress(f"base {ref}: bootstrapping: {exc}")
         return False
-    keys = ", ".join(key_id(k) for k in options.trusted)
     progress(f"base {ref}: taken from `{at.reference}` ({image_id[:19]}), its signature and "
-             f"provenance verified against the trusted key{'s' * (len(options.trusted) > 1)} "
-             f"{keys}")
+             f"provenance verified against {keys_named(options.trusted)}")
     return True
 
 
@@ -125,7 +173,7 @@ def forget(suite: str) -> None:
 def keep(matrix: Matrix, suite: str, key: SigningKey, progress: Progress) -> None:
     """Today's local bootstrap of `suite` in the registry, signed with `key` and attested,
     unless a base there verifies against `key` already; a failure is one warning line."""
-    at = signed_base.where(matrix, suite, base.bootstrap_key(suite, options=base.SLIM_OPTIONS))
+    at = where(matrix, suite)
     reg = oci.Registry(matrix.registry)
     try:
         signed_base.verify(reg, at, [key.public], suite)
@@ -146,19 +194,31 @@ def keep(matrix: Matrix, suite: str, key: SigningKey, progress: Progress) -> Non
 
 def known_digests(matrix: Matrix, variants: list[Variant],
                   trusted: tuple[ec.EllipticCurvePublicKey, ...]) -> dict[str, str | None]:
-    """base.known_digests, and for a native bootstrap this engine lacks (a fresh runner that
-    plans or publishes), the base digest stated by the registry's signed base of today, when
-    its signature and provenance verify against `trusted`: the staged images' content hashes
-    are then found without bootstrapping the base. Still unknown otherwise (→ build)."""
+    """base.known_digests; with `trusted` keys, a bootstrapped base that is not this engine's
+    own (a native one it lacks: a fresh runner that plans or publishes; a foreign one, which
+    base.known_digests reads by its floating tag, unverified) is the base digest stated by the
+    registry's signed base of today, when its signature and provenance verify: the staged
+    images' content hashes are then found without bootstrapping. Unknown otherwise (→ build)."""
     digests = base.known_digests(variants, matrix)
-    missing = {platforms.base_key(v.base.image, v.platform): v.base.bootstrap_suite
-               for v in variants if v.base.bootstrap_suite and trusted
-               and not platforms.get(v.platform).suffix}
-    for key, suite in missing.items():
-        if digests.get(key) or suite is None:
+    checked: set[str] = set()
+    for v in variants if trusted else ():
+        suite, platform = v.base.bootstrap_suite, platforms.get(v.platform)
+        key = platforms.base_key(v.base.image, v.platform)
+        if suite is None or key in checked or (digests.get(key) and not platform.suffix):
             continue
-        at = signed_base.where(matrix, suite, base.bootstrap_key(suite, options=base.SLIM_OPTIONS))
-        with contextlib.suppress(signed_base.Unverified):
-            digests[key] = signed_base.verify(oci.Registry(matrix.registry), at, list(trusted),
+        checked.add(key)
+        try:
+            digests[key] = signed_base.verify(oci.Registry(matrix.registry),
+                                              where(matrix, suite, platform), list(trusted),
                                               suite).base_digest
+        except signed_base.Unverified:
+            if platform.suffix:  # its unverified reading goes
+                digests[key] = None
     return digests
+
+
+def where(matrix: Matrix, suite: str, platform: platforms.Platform | None = None
+          ) -> signed_base.Where:
+    """Where today's slim bootstrap of `suite` (for the foreign `platform`) is kept."""
+    return signed_base.where(matrix, suite, base.bootstrap_key(suite, options=base.SLIM_OPTIONS),
+                             platform if platform and platform.suffix else None)

@@ -214,6 +214,9 @@ def buildkit(run: Run, o: Outcome) -> Outcome:
     except BuilderError as exc:
         return failed(o, exc)
     info = engine.inspect_image(image_id) or {}
+    if problem := build.base_layer_problem(p.variant, p.base_digest,
+                                           (info.get("RootFS") or {}).get("Layers") or []):
+        return failed(o, BuilderError(problem))
     o = replace(o, state="built", image_id=image_id, size=int(info.get("Size", 0)),
                 seconds=time.monotonic() - o.started)
     step(f"  [{o.variant_id}] built {o.image} ({human_bytes(o.size)}, {o.seconds:.0f} s)")

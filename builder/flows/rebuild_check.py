@@ -33,7 +33,7 @@ from typing import Any
 from builder.core import engine, labels, oci, proc, sign
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.output import step
-from builder.flows import record
+from builder.flows import bases, record
 from builder.model import lockfile, platforms
 from builder.model.matrix import Matrix, Variant
 from builder.model.publication import Publication
@@ -272,8 +272,8 @@ def base_now(s: Subject) -> str:
     if key not in s.base_digests:
         s.base_digests[key] = (base_digest_now(variant)
                                if variant.platform == platforms.DEFAULT
-                               else base.ensure_variant(s.matrix, variant, progress=step)
-                               or "unknown")
+                               else bases.ensure(s.matrix, variant, bases.BaseOptions(s.keys),
+                                                 step) or "unknown")
     return s.base_digests[key]
 
 

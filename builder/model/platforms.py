@@ -181,8 +181,9 @@ def base_repository(repository: str) -> str:
     return f"{repository}-base"
 
 
-def base_tag(suite: str, platform: Platform) -> str:
-    return f"{suite}-slim-{platform.arch}"  # the slim bootstrap (builder.stages.base.SLIM_OPTIONS)
+def base_tag(suite: object, arch: object) -> str:
+    """The floating tag a foreign-platform FROM names: `<suite>-slim-<arch>`."""
+    return f"{suite}-slim-{arch}"  # the slim bootstrap (builder.stages.base.SLIM_OPTIONS)
 
 
 def layers_digest(diff_ids: Sequence[str]) -> str:

@@ -13,11 +13,11 @@ import json
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from builder.core import engine, oci, proc, reproducible, rootfs_image
+from builder.core import engine, oci, proc, reproducible
 from builder.core.errors import BuilderError, EngineError
 from builder.core.output import step
 from builder.model import platforms
@@ -67,19 +67,12 @@ def ensure(base: Base, *, progress=step) -> str:
 
 
 def ensure_variant(matrix: Matrix, variant: Variant, *, progress=step) -> str | None:
-    """`ensure` for the variant's platform. Off linux/amd64 a bootstrapped base is served from
-    the registry (BuildKit resolves a foreign-platform FROM there, not in the local store); a
-    normal ref is left to BuildKit, which pulls that platform's manifest (digest unknown)."""
-    platform = platforms.get(variant.platform)
-    suite = variant.base.bootstrap_suite
-    if not platform.suffix:
-        return ensure(variant.base, progress=progress)
-    if suite is None:
+    """`ensure` for the variant's platform. Off linux/amd64 a normal ref is left to BuildKit,
+    which pulls that platform's manifest (digest unknown: None); a bootstrapped base is served
+    from the registry, verified (builder.flows.bases.ensure_foreign)."""
+    if platforms.get(variant.platform).suffix:
         return None
-    return ensure_registry_base(
-        matrix.registry, matrix.repository, suite, platform,
-        bootstrap_key(suite, options=SLIM_OPTIONS),
-        lambda tar: mmdebstrap(suite, tar, platform.arch, SLIM_OPTIONS), progress)
+    return ensure(variant.base, progress=progress)
 
 
 def known_digest(matrix: Matrix | None, variant: Variant) -> str | None:
@@ -95,7 +88,7 @@ def known_digest(matrix: Matrix | None, variant: Variant) -> str | None:
     try:
         return registry_base_digest(
             oci.Registry(matrix.registry), platforms.base_repository(matrix.repository),
-            platforms.base_tag(suite, platform))
+            platforms.base_tag(suite, platform.arch))
     except BuilderError:
         return None
 
@@ -191,14 +184,16 @@ def _member(archive: tarfile.TarFile, name: str) -> IO[bytes]:
     return fh
 
 
-def mmdebstrap_inputs(suite: str) -> dict[str, Any]:
-    """What a slim bootstrap of `suite` was made from (its signed provenance states it)."""
+def mmdebstrap_inputs(suite: str, arch: str | None = None) -> dict[str, Any]:
+    """What a slim bootstrap of `suite` (for the foreign `arch`) was made from (its signed
+    provenance states it)."""
     version = proc.run(["mmdebstrap", "--version"], timeout=60).stdout.strip()
     return {"suite": suite, "variant": "minbase", "packages": list(BOOTSTRAP_PACKAGES),
             "options": list(SLIM_OPTIONS), "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH,
             "mmdebstrap": version.removeprefix("mmdebstrap ").strip(),
             "day": dt.datetime.now(dt.UTC).date().isoformat(),
-            "bootstrap_key": bootstrap_key(suite, options=SLIM_OPTIONS)}
+            "bootstrap_key": bootstrap_key(suite, options=SLIM_OPTIONS),
+            **({"arch": arch} if arch else {})}
 
 
 def registry_tag(base_digest: str) -> str:
@@ -251,41 +246,29 @@ def rootfs_config(platform: Platform, diff_id: str, labels: Mapping[str, str],
     }
 
 
-def push_rootfs(reg: oci.Registry, repository: str, tar: Path, platform: Platform,
-                tags: Iterable[str], labels: Mapping[str, str], created_by: str) -> str:
-    """Push a rootfs tarball as a one-layer image of `platform`; returns the manifest digest."""
-    config = json.dumps(rootfs_config(platform, reproducible.file_digest(tar), labels, created_by),
-                        sort_keys=True, separators=(",", ":")).encode()
-    return rootfs_image.push(reg, repository, tar, config, tags)
+def foreign_config(suite: str, platform: Platform, tar: Path) -> bytes:
+    """The config bytes a foreign-platform bootstrap of `suite` is pushed with."""
+    config = rootfs_config(platform, reproducible.file_digest(tar),
+                           {KEY_LABEL: bootstrap_key(suite, options=SLIM_OPTIONS)},
+                           f"mmdebstrap --variant=minbase --arch={platform.arch} {suite}")
+    return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+
+
+def bootstrap_foreign(suite: str, platform: Platform, folder: Path,
+                      progress: Callable[[str], None] = step) -> tuple[bytes, Path]:
+    """Today's slim bootstrap of `suite` for `platform` (emulated) as its config bytes and its
+    rootfs tarball in `folder`."""
+    progress(f"bootstrapping {suite} for {platform.name} (emulated: about 2 min)")
+    tar = folder / "base.tar"
+    mmdebstrap(suite, tar, platform.arch, SLIM_OPTIONS)
+    return foreign_config(suite, platform, tar), tar
 
 
 def registry_base_digest(reg: oci.Registry, repository: str, tag: str) -> str | None:
+    """The base digest of the registry's base under `tag`, read without verifying (a plan's
+    guess; builds verify, see builder.flows.bases.ensure_foreign)."""
     found = reg.manifest(repository, tag)
     if found is None:
         return None
     config = json.loads(reg.blob(repository, json.loads(found[0])["config"]["digest"]))
     return platforms.layers_digest(config["rootfs"]["diff_ids"])
-
-
-def ensure_registry_base(registry: str, repository: str, suite: str, platform: Platform,
-                         key: str, bootstrap: Callable[[Path], None],
-                         progress: Callable[[str], None] = step) -> str:
-    """Bootstrap `suite` for `platform` (once per key) and serve it from the registry, where
-    BuildKit looks for a foreign-platform FROM. Returns the base digest (see layers_digest)."""
-    reg = oci.Registry(registry)
-    repo, tag = platforms.base_repository(repository), platforms.base_tag(suite, platform)
-    keyed = f"{tag}-{key}"
-    digest = registry_base_digest(reg, repo, keyed)
-    if digest is not None:
-        reg.tag(repo, reg.head(repo, keyed).digest, tag)  # type: ignore[union-attr]
-        return digest
-    progress(f"bootstrapping {suite} for {platform.name} (emulated: about 2 min), serving it "
-             f"as {registry}/{repo}:{tag}")
-    with tempfile.TemporaryDirectory() as tmp:
-        tar = Path(tmp) / "base.tar"
-        bootstrap(tar)
-        push_rootfs(reg, repo, tar, platform, [keyed, tag], {KEY_LABEL: key},
-                    f"mmdebstrap --variant=minbase --arch={platform.arch} {suite}")
-    found = registry_base_digest(reg, repo, keyed)
-    assert found is not None
-    return found

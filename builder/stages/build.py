@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from builder.core import engine, labels, oci, proc, reproducible, state
 from builder.core.errors import BuilderError, CommandFailed, EngineError
 from builder.core.output import step
 from builder.model import platforms
-from builder.model.matrix import Matrix
+from builder.model.matrix import Matrix, Variant
 
 NEED_GB = {"cpu": 4, "cuda": 12}  # a new CUDA variant: ~7 GB of layers + ~5 GB of wheel cache
 
@@ -203,3 +203,21 @@ def build_from_registry_cache(spec: Spec, cache_from: list[str]) -> str:
              "registry's cache (a Docker 20.10 BuildKit bug): building again "
              + ("with it" if then else "without it"))
     return docker_build(spec, cache_from=attempts[-1])
+
+
+def base_layer_problem(variant: Variant, base_digest: str | None, layers: Sequence[str]) -> str:
+    """Why the built image does not start with the base its content hash names ("" when it
+    does, or when the base is not a foreign-platform bootstrap). BuildKit resolves that FROM
+    by its floating tag in the registry during the build, after builder.flows.bases verified
+    the digest the tag points at: a tag moved in between is caught here, before anything is
+    staged or signed. (A native base is this engine's own image.)"""
+    foreign = platforms.get(variant.platform).suffix
+    if not (foreign and variant.base.bootstrap_suite and base_digest):
+        return ""
+    if platforms.layers_digest(layers[:1]) == base_digest:
+        return ""
+    first = layers[0][:19] if layers else "none"
+    return (f"the image was built on another base than the verified one: its first layer "
+            f"{first} is not that of base digest {base_digest[:19]} (was the registry's "
+            f"{variant.base.bootstrap_suite}-slim base tag moved during the build?); "
+            "nothing is staged")

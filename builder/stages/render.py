@@ -228,7 +228,7 @@ def base_ref(variant: Variant, matrix: Matrix) -> str:
     platform = platforms.get(variant.platform)
     if suite and platform.suffix:
         repo = platforms.base_repository(matrix.repository)
-        return f"{matrix.registry}/{repo}:{platforms.base_tag(suite, platform)}"
+        return f"{matrix.registry}/{repo}:{platforms.base_tag(suite, platform.arch)}"
     return bases.local_ref(variant.base)
 
 

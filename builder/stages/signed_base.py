@@ -22,6 +22,7 @@ from builder.core.errors import BuilderError
 from builder.core.keypair import SigningKey
 from builder.model import platforms
 from builder.model.matrix import Matrix
+from builder.model.platforms import Platform
 
 BUILD_TYPE = "https://github.com/torch-images/torch-images/buildtypes/mmdebstrap-base@v1"
 
@@ -53,8 +54,16 @@ class Verified:
     base_digest: str
 
 
-def where(matrix: Matrix, suite: str, key: str) -> Where:
-    return Where(matrix.registry, platforms.base_repository(matrix.repository), f"{suite}-{key}")
+def where(matrix: Matrix, suite: str, key: str, platform: Platform | None = None) -> Where:
+    """Where the bootstrap of `suite` with `key` is kept (for a foreign `platform`: its own)."""
+    return Where(matrix.registry, platforms.base_repository(matrix.repository),
+                 bootstrap_tag(suite, key, platform.arch if platform else None))
+
+
+def bootstrap_tag(suite: object, key: object, arch: object = None) -> str:
+    """`<suite>-<key>`, or a foreign platform's `<suite>-slim-<arch>-<key>` (the floating tag
+    that BuildKit's FROM names, plus the key)."""
+    return f"{platforms.base_tag(suite, arch) if arch else suite}-{key}"
 
 
 def predicate(inputs: dict[str, Any], image_id: str, base_digest: str) -> dict[str, Any]:
@@ -134,9 +143,9 @@ def check_provenance(doc: dict[str, Any], image: rootfs_image.Layout, suite: str
     inputs = (doc.get("buildDefinition") or {}).get("externalParameters") or {}
     made = {p.get("name"): "sha256:" + str((p.get("digest") or {}).get("sha256"))
             for p in (doc.get("runDetails") or {}).get("byproducts") or [] if isinstance(p, dict)}
-    if f"{inputs.get('suite')}-{inputs.get('bootstrap_key')}" != tag or inputs["suite"] != suite:
-        raise Unverified(f"its provenance is about the bootstrap "
-                         f"`{inputs.get('suite')}-{inputs.get('bootstrap_key')}`, not `{tag}`")
+    about = bootstrap_tag(inputs.get("suite"), inputs.get("bootstrap_key"), inputs.get("arch"))
+    if about != tag or inputs["suite"] != suite:
+        raise Unverified(f"its provenance is about the bootstrap `{about}`, not `{tag}`")
     if made.get("image id") != image.config_digest:
         raise Unverified(f"its provenance names the image id {str(made.get('image id'))[:19]}, "
                          f"not its config {image.config_digest[:19]}")

@@ -34,6 +34,9 @@ class MemoryRegistry:
         self.manifests[(repository, ref)] = self.manifests[(repository, digest)] = body
         return digest
 
+    def tag(self, repository: str, digest: str, tag: str) -> None:
+        self.manifests[(repository, tag)] = self.manifests[(repository, digest)]
+
     def push_blob(self, repository: str, data: bytes) -> str:
         self.blobs[oci.sha256(data)] = data
         return oci.sha256(data)

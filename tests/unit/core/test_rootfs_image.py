@@ -1,5 +1,5 @@
 """builder.core.rootfs_image against an in-memory registry: the same tarball pushes to the same
-manifest, reads back byte for byte, and a foreign-platform base (stages.base.push_rootfs) keeps
+manifest, reads back byte for byte, and a foreign-platform base (stages.base.foreign_config) keeps
 its platform and diff id in the config it pushes."""
 
 from __future__ import annotations
@@ -44,11 +44,12 @@ def test_a_foreign_base_is_pushed_with_its_platform_and_diff_id(tmp_path) -> Non
     reg, tar = MemoryRegistry(), tmp_path / "rootfs.tar"
     tar.write_bytes(b"arm64 rootfs" * 4000)
     arm = platforms.get("linux/arm64")
-    digest = base.push_rootfs(reg, "repo-base", tar, arm, ["t"],  # type: ignore[arg-type]
-                              {base.KEY_LABEL: "k"}, "mmdebstrap --arch=arm64 bookworm")
+    digest = rootfs_image.push(reg, "repo-base", tar,  # type: ignore[arg-type]
+                               base.foreign_config("bookworm", arm, tar), ["t"])
     image = rootfs_image.layout(reg, "repo-base", digest)  # type: ignore[arg-type]
     config = json.loads(reg.blob("repo-base", image.config_digest))
-    assert config["architecture"] == "arm64" and config["config"]["Labels"] == {base.KEY_LABEL: "k"}
+    assert config["architecture"] == "arm64" and config["config"]["Labels"] == {
+        base.KEY_LABEL: base.bootstrap_key("bookworm", options=base.SLIM_OPTIONS)}
     assert image.diff_id == reproducible.file_digest(tar)
     assert base.registry_base_digest(reg, "repo-base", "t") == platforms.layers_digest(  # type: ignore[arg-type]
         [image.diff_id])

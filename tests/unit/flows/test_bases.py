@@ -1,6 +1,7 @@
 """builder.flows.bases with an in-memory registry and a fake engine: which way a bootstrapped
 base arrives (taken from the registry, verified / bootstrapped, saying why) and when it is kept
-signed in the registry. No engine, no mmdebstrap: those are the e2e test's
+signed in the registry; a foreign-platform (arm64) bootstrap, served from the registry, used only
+when it verifies and its floating tag pointed back at it. No engine, no mmdebstrap: those are the e2e test's
 (tests/e2e/test_signed_base_e2e.py)."""
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from matrix_files import ROOT
 from memregistry import MemoryRegistry
 
-from builder.core import keypair, oci, reproducible
+from builder.core import keypair, oci, reproducible, rootfs_image
 from builder.flows import bases
 from builder.flows.build import BuildOptions  # at collection: core/swap runs ldconfig on import
-from builder.model import matrix
+from builder.model import matrix, platforms
 from builder.model.bases import bootstrap_ref
 from builder.stages import base, signed_base
 
@@ -75,8 +76,9 @@ def world(monkeypatch, tmp_path):
     reg = MemoryRegistry()
     monkeypatch.setattr(oci, "Registry", lambda _addr: reg)
     monkeypatch.setattr(base, "bootstrap_key", lambda suite, day=None, options=(): KEY)
-    monkeypatch.setattr(base, "mmdebstrap_inputs", lambda suite: {
-        "suite": suite, "bootstrap_key": KEY, "mmdebstrap": "1.3.5"})
+    monkeypatch.setattr(base, "mmdebstrap_inputs", lambda suite, arch=None: {
+        "suite": suite, "bootstrap_key": KEY, "mmdebstrap": "1.3.5",
+        **({"arch": arch} if arch else {})})
 
     def runner(name: str, **kw: Any) -> Runner:
         r = Runner(tmp_path / name, **kw)
@@ -217,3 +219,100 @@ def test_a_fresh_runner_that_publishes_knows_the_base_digest_from_the_signed_bas
     assert bases.known_digests(m, [v], (new_key().public,)) == {}  # another key: unknown
     assert bases.known_digests(m, [v], ()) == {}  # no trusted key: not asked
     assert fresh.ran == []
+
+
+# ---- foreign-platform (arm64) bootstraps, served from the registry ---------------------------
+
+ARM_KEYED = f"bookworm-slim-arm64-{KEY}"
+ARM_REF = "127.0.0.1:5000/torch-base:bookworm-slim-arm64"
+
+
+@pytest.fixture
+def arm(monkeypatch, tmp_path):
+    """(matrix, the arm64 CUDA slim, the bootstraps run): mmdebstrap --arch=arm64 faked."""
+    m = matrix.load(ROOT / "matrix.yaml")
+    [v] = m.select(["id=2.15.0-py3.11-cuda-slim", "platform=linux/arm64"])
+    ran: list[str] = []
+
+    def bootstrap(suite, platform, folder, progress):
+        ran.append(f"mmdebstrap --arch={platform.arch} {suite}")
+        tar = folder / "base.tar"
+        tar.write_bytes(b"the arm64 packages today" * 1000)
+        return base.foreign_config(suite, platform, tar), tar
+    monkeypatch.setattr(base, "bootstrap_foreign", bootstrap)
+    return m, v, ran
+
+
+def floating_digest(reg: MemoryRegistry) -> str:
+    return reg.head("torch-base", "bookworm-slim-arm64").digest  # type: ignore[union-attr]
+
+
+def plant(reg: MemoryRegistry, tmp_path: Path, ref: str) -> str:
+    """An attacker with push rights: another arm64 rootfs under `ref`, unsigned."""
+    tar = tmp_path / "planted.tar"
+    tar.write_bytes(b"a backdoored rootfs" * 1000)
+    return rootfs_image.push(reg, "torch-base", tar,  # type: ignore[arg-type]
+                             base.foreign_config("bookworm", platforms.get("linux/arm64"), tar),
+                             [ref])
+
+
+def test_a_signed_foreign_base_is_taken_and_a_moved_floating_tag_is_pointed_back(
+        world, arm, capsys, tmp_path):
+    reg, _ = world
+    m, v, ran = arm
+    key = new_key()
+    digest = bases.ensure(m, v, bases.BaseOptions((key.public,), key))
+    assert ran == ["mmdebstrap --arch=arm64 bookworm"]
+    signed = floating_digest(reg)
+    assert lines(capsys)[-1].endswith(f"signed and attested by key {keypair.key_id(key.public)}")
+    plant(reg, tmp_path, "bookworm-slim-arm64")  # the tag BuildKit's FROM names
+    assert bases.ensure(m, v, bases.BaseOptions((key.public,))) == digest
+    assert ran == ["mmdebstrap --arch=arm64 bookworm"]  # not bootstrapped again
+    assert floating_digest(reg) == signed
+    assert lines(capsys) == [f"base {ARM_REF}: taken from `{ARM_REF}-{KEY}` ({signed[:19]}), its "
+                             f"signature and provenance verified against the trusted key "
+                             f"{keypair.key_id(key.public)}"]
+
+
+def test_an_unsigned_foreign_base_under_the_keyed_tag_is_bootstrapped_again(
+        world, arm, capsys, tmp_path):
+    reg, _ = world
+    m, v, ran = arm
+    planted = plant(reg, tmp_path, ARM_KEYED)
+    key = new_key()
+    digest = bases.ensure(m, v, bases.BaseOptions((key.public,)))
+    assert ran == ["mmdebstrap --arch=arm64 bookworm"]
+    assert floating_digest(reg) != planted
+    assert digest == base.registry_base_digest(reg, "torch-base", ARM_KEYED)  # type: ignore[arg-type]
+    out = lines(capsys)
+    assert out[0].startswith(f"base {ARM_REF}: bootstrapping: the signature of `{ARM_REF}-{KEY}` "
+                             "did not verify")
+    assert out[-1].startswith(f"base: pushed as `{ARM_REF}-{KEY}`")
+
+
+def test_without_a_trusted_key_a_foreign_base_is_bootstrapped_and_pushed_unsigned(
+        world, arm, capsys, tmp_path):
+    reg, _ = world
+    m, v, ran = arm
+    plant(reg, tmp_path, ARM_KEYED)
+    digest = bases.ensure(m, v, bases.BaseOptions())
+    assert ran == ["mmdebstrap --arch=arm64 bookworm"]
+    assert base.registry_base_digest(reg, "torch-base", "bookworm-slim-arm64") == digest  # type: ignore[arg-type]
+    out = lines(capsys)
+    assert out[0] == f"base {ARM_REF}: bootstrapping: {bases.NO_KEY}"
+    assert out[-1].startswith(f"base: pushed as `{ARM_REF}-{KEY}`") and out[-1].endswith("unsigned")
+
+
+def test_a_plan_reads_a_foreign_base_digest_only_from_its_verified_bootstrap(
+        world, arm, capsys, tmp_path, monkeypatch):
+    reg, _ = world
+    m, v, _ran = arm
+    key = new_key()
+    digest = bases.ensure(m, v, bases.BaseOptions((key.public,), key))
+    plant(reg, tmp_path, "bookworm-slim-arm64")
+    monkeypatch.setattr(base.engine, "ensure_engine", lambda: None)
+    key_of = platforms.base_key(v.base.image, v.platform)
+    assert bases.known_digests(m, [v], ()) == {key_of: base.registry_base_digest(  # type: ignore[arg-type]
+        reg, "torch-base", "bookworm-slim-arm64")} != {key_of: digest}  # no key: a guess
+    assert bases.known_digests(m, [v], (key.public,)) == {key_of: digest}
+    assert bases.known_digests(m, [v], (new_key().public,)) == {key_of: None}

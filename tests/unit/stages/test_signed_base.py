@@ -121,6 +121,19 @@ def test_provenance_about_another_bootstrap_is_refused(doc, suite, why) -> None:
         signed_base.check_provenance(doc, layout(), suite, WHERE.tag)
 
 
+def test_a_foreign_bases_provenance_must_name_its_platform() -> None:
+    """An arm64 bootstrap's signed provenance cannot stand for the amd64 one, nor the reverse:
+    the tag it is about is derived from its suite, key and arch."""
+    arm = signed_base.bootstrap_tag("bookworm", "0123456789abcdef", "arm64")
+    assert arm == "bookworm-slim-arm64-0123456789abcdef"
+    assert signed_base.check_provenance(provenance(arch="arm64"), layout(), "bookworm", arm)
+    for doc in (provenance(), provenance(arch="riscv64")):
+        with pytest.raises(signed_base.Unverified, match=f"not `{arm}`"):
+            signed_base.check_provenance(doc, layout(), "bookworm", arm)
+    with pytest.raises(signed_base.Unverified, match="about the bootstrap `bookworm-slim-arm64-"):
+        signed_base.check_provenance(provenance(arch="arm64"), layout(), "bookworm", WHERE.tag)
+
+
 def test_provenance_naming_another_image_id_is_refused() -> None:
     doc = provenance()
     doc["runDetails"]["byproducts"][0]["digest"]["sha256"] = "9" * 64
