@@ -19,19 +19,20 @@ Pulled refs are builder.stages.base's.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from builder.core import engine, oci, rootfs_image
+from builder.core import engine, oci, reproducible, rootfs_image
 from builder.core.errors import BuilderError
 from builder.core.keypair import SigningKey, key_id
 from builder.core.output import step
 from builder.model import platforms
-from builder.model.bases import bootstrap_ref
+from builder.model.bases import bootstrap_ref, registry_served
 from builder.model.matrix import Matrix, Variant
 from builder.stages import base, signed_base
 
@@ -49,14 +50,33 @@ class BaseOptions:
     signer: SigningKey | None = None
     from_registry: bool = True
 
+    @property
+    def verifying_keys(self) -> tuple[ec.EllipticCurvePublicKey, ...]:
+        """The trusted keys, and the signer's own: a base it signed is not made again."""
+        signer = (self.signer.public,) if self.signer else ()
+        return self.trusted + tuple(k for k in signer if k.public_numbers() not in
+                                    {t.public_numbers() for t in self.trusted})
+
+
+@dataclass(frozen=True)
+class Bases:
+    """What the bases of a build came to, by platforms.base_key: each one's digest (part of the
+    content hash; None when unknown) and, for a base the registry serves (a foreign-platform
+    bootstrap), the verified `<registry>/<repository>@<digest>` its FROM takes."""
+
+    digests: dict[str, str | None]
+    pins: dict[str, str]
+
 
 def ensure(matrix: Matrix, variant: Variant, options: BaseOptions,
            progress: Progress = step) -> str | None:
-    """The variant's base made available (base.ensure_variant), a native bootstrap taken from
-    the registry first when it is absent here, and kept there signed with `options.signer`."""
-    suite, platform = variant.base.bootstrap_suite, platforms.get(variant.platform)
-    if suite is not None and platform.suffix:
-        return ensure_foreign(matrix, suite, platform, options, progress)
+    """The variant's base made available and its digest: a foreign-platform bootstrap by
+    `ensure_foreign`; a native one taken from the registry first when it is absent here, and
+    kept there signed with `options.signer`; a pulled ref by base.ensure_variant."""
+    if suite := registry_served(variant):
+        return ensure_foreign(matrix, suite, platforms.get(variant.platform), options,
+                              progress).base_digest
+    suite = variant.base.bootstrap_suite
     if suite is None:
         return base.ensure_variant(matrix, variant, progress=progress)
     if not base.have_bootstrapped(suite):
@@ -67,58 +87,76 @@ def ensure(matrix: Matrix, variant: Variant, options: BaseOptions,
     return digest
 
 
+def ensure_all(matrix: Matrix, variants: list[Variant], options: BaseOptions,
+               progress: Progress = step) -> Bases:
+    """`ensure` for each distinct base of `variants`."""
+    made = Bases({}, {})
+    for v in variants:
+        key = platforms.base_key(v.base.image, v.platform)
+        if key in made.digests:
+            continue
+        if suite := registry_served(v):
+            served = ensure_foreign(matrix, suite, platforms.get(v.platform), options, progress)
+            made.digests[key], made.pins[key] = served.base_digest, served.pinned
+        else:
+            made.digests[key] = ensure(matrix, v, options, progress)
+    return made
+
+
+@dataclass(frozen=True)
+class Served:
+    """A foreign-platform base in the registry: its base digest and the reference by digest
+    that a build's FROM takes (never the floating tag, which anyone with push rights moves)."""
+
+    base_digest: str
+    pinned: str
+
+
 def ensure_foreign(matrix: Matrix, suite: str, platform: platforms.Platform,
-                   options: BaseOptions, progress: Progress = step) -> str:
-    """Today's bootstrap of `suite` for the foreign `platform` in the registry, verified or made
-    here, with its floating tag pointed at it; returns its base digest (module docstring)."""
-    reg = oci.Registry(matrix.registry)
-    at = where(matrix, suite, platform)
-    floating = f"{at.registry}/{at.repository}:{platforms.base_tag(suite, platform.arch)}"
+                   options: BaseOptions, progress: Progress = step) -> Served:
+    """Today's bootstrap of `suite` for the foreign `platform`: the registry's keyed one when
+    it verifies against the trusted keys (or the signer's own), else bootstrapped here and
+    pushed (module docstring)."""
+    reg, key = oci.Registry(matrix.registry), base.bootstrap_key(suite, options=base.SLIM_OPTIONS)
+    at = signed_base.where(matrix, suite, key, platform)
+    keys = options.verifying_keys
     try:
-        if why := skip_reason(options):
+        if why := skip_reason(replace(options, trusted=keys)):
             raise signed_base.Unverified(why)
-        verified = signed_base.verify(reg, at, list(options.trusted), suite)
-        progress(f"base {floating}: taken from `{at.reference}` ({verified.layout.digest[:19]}), "
-                 f"its signature and provenance verified against {keys_named(options.trusted)}")
+        verified = signed_base.verify(reg, at, list(keys), suite)
+        progress(f"base {at.reference}: taken ({verified.layout.digest[:19]}), its signature "
+                 f"and provenance verified against {keys_named(keys)}")
     except signed_base.Unverified as exc:
-        progress(f"base {floating}: bootstrapping: {exc}")
-        verified = push_foreign(reg, at, suite, platform, options.signer, progress)
-    reg.tag(at.repository, verified.layout.digest, floating.rsplit(":", 1)[1])
-    return verified.base_digest
+        progress(f"base {at.reference}: bootstrapping: {exc}")
+        verified = push_foreign(reg, at, suite, key, platform, options.signer, progress)
+    return Served(verified.base_digest, f"{at.registry}/{at.repository}@{verified.layout.digest}")
 
 
-def push_foreign(reg: oci.Registry, at: signed_base.Where, suite: str,
+def push_foreign(reg: oci.Registry, at: signed_base.Where, suite: str, key: str,
                  platform: platforms.Platform, signer: SigningKey | None,
                  progress: Progress) -> signed_base.Verified:
-    """Bootstrap `suite` for `platform` and push it under `at`, signed and attested with
-    `signer` when there is one; returns what was pushed (ours: no need to verify it)."""
+    """Bootstrap today's suite for `platform` and push it: signed and attested under its keyed
+    tag `at` with `signer`; without one, under the floating tag only (the keyed tag is a signed
+    base's alone). The floating tag names it either way. Returns what was pushed (ours)."""
+    floating = platforms.base_tag(suite, platform.arch)
     with tempfile.TemporaryDirectory() as tmp:
-        config, tar = base.bootstrap_foreign(suite, platform, Path(tmp), progress)
+        config, tar = base.bootstrap_foreign(suite, platform, key, Path(tmp), progress)
         if signer is None:
-            digest = rootfs_image.push(reg, at.repository, tar, config, [at.tag])
+            digest = rootfs_image.push(reg, at.repository, tar, config, [floating])
         else:
             digest = signed_base.publish(reg, at, config, tar, signer,
-                                         base.mmdebstrap_inputs(suite, platform.arch))
+                                         base.mmdebstrap_inputs(suite, platform.arch, key))
+            reg.tag(at.repository, digest, floating)
     layout = rootfs_image.layout(reg, at.repository, digest)
-    progress(f"base: pushed as `{at.reference}` ({digest[:19]})" + (
-        f", signed and attested by key {key_id(signer.public)}" if signer else ", unsigned"))
+    progress(f"base {at.reference}: pushed ({digest[:19]})" + (
+        f", signed and attested by key {key_id(signer.public)}" if signer else
+        f", unsigned: as `{floating}` only"))
     return signed_base.Verified(layout, layout.config_digest,
                                 platforms.layers_digest([layout.diff_id]))
 
 
 def keys_named(keys: tuple[ec.EllipticCurvePublicKey, ...]) -> str:
     return f"the trusted key{'s' * (len(keys) > 1)} {', '.join(key_id(k) for k in keys)}"
-
-
-def ensure_all(matrix: Matrix, variants: list[Variant], options: BaseOptions,
-               progress: Progress = step) -> dict[str, str | None]:
-    """`ensure` for each distinct base of `variants`; their digests by platforms.base_key."""
-    digests: dict[str, str | None] = {}
-    for v in variants:
-        key = platforms.base_key(v.base.image, v.platform)
-        if key not in digests:
-            digests[key] = ensure(matrix, v, options, progress)
-    return digests
 
 
 def skip_reason(options: BaseOptions) -> str:
@@ -196,9 +234,9 @@ def known_digests(matrix: Matrix, variants: list[Variant],
                   trusted: tuple[ec.EllipticCurvePublicKey, ...]) -> dict[str, str | None]:
     """base.known_digests; with `trusted` keys, a bootstrapped base that is not this engine's
     own (a native one it lacks: a fresh runner that plans or publishes; a foreign one, which
-    base.known_digests reads by its floating tag, unverified) is the base digest stated by the
-    registry's signed base of today, when its signature and provenance verify: the staged
-    images' content hashes are then found without bootstrapping. Unknown otherwise (→ build)."""
+    base.known_digests reads by its floating tag, unverified) is the digest `signed_digest`
+    finds: the staged images' content hashes are then found without bootstrapping. Unknown
+    otherwise (→ build)."""
     digests = base.known_digests(variants, matrix)
     checked: set[str] = set()
     for v in variants if trusted else ():
@@ -207,14 +245,43 @@ def known_digests(matrix: Matrix, variants: list[Variant],
         if suite is None or key in checked or (digests.get(key) and not platform.suffix):
             continue
         checked.add(key)
-        try:
-            digests[key] = signed_base.verify(oci.Registry(matrix.registry),
-                                              where(matrix, suite, platform), list(trusted),
-                                              suite).base_digest
-        except signed_base.Unverified:
-            if platform.suffix:  # its unverified reading goes
-                digests[key] = None
+        found = signed_digest(matrix, suite, platform, trusted)
+        if found or platform.suffix:  # a foreign base's unverified reading goes
+            digests[key] = found
     return digests
+
+
+def signed_digest(matrix: Matrix, suite: str, platform: platforms.Platform,
+                  trusted: tuple[ec.EllipticCurvePublicKey, ...]) -> str | None:
+    """The base digest of the registry's signed bootstrap of `suite` (for `platform`): today's;
+    for a foreign platform, else the one its floating tag points at (made on an earlier day: a
+    build before midnight, its publish after). None when none verifies against `trusted`."""
+    reg, at, keys = oci.Registry(matrix.registry), where(matrix, suite, platform), list(trusted)
+    attempts = [lambda: signed_base.verify(reg, at, keys, suite)]
+    if platform.suffix:
+        floating = replace(at, tag=platforms.base_tag(suite, platform.arch))
+        attempts.append(lambda: signed_base.verify_pointed(reg, floating, keys, suite))
+    for attempt in attempts:
+        with contextlib.suppress(signed_base.Unverified):
+            return attempt().base_digest
+    return None
+
+
+def foreign_digest_now(matrix: Matrix, suite: str, platform: platforms.Platform,
+                       trusted: tuple[ec.EllipticCurvePublicKey, ...],
+                       progress: Progress = step) -> str:
+    """Today's base digest of `suite` for `platform`, writing nothing to the registry (what
+    `rebuild --check` compares): the registry's signed bootstrap of today when it verifies,
+    else a bootstrap made here (emulated) and not pushed."""
+    at = where(matrix, suite, platform)
+    if trusted:
+        with contextlib.suppress(signed_base.Unverified):
+            return signed_base.verify(oci.Registry(matrix.registry), at, list(trusted),
+                                      suite).base_digest
+    with tempfile.TemporaryDirectory() as tmp:
+        key = base.bootstrap_key(suite, options=base.SLIM_OPTIONS)
+        _config, tar = base.bootstrap_foreign(suite, platform, key, Path(tmp), progress)
+        return platforms.layers_digest([reproducible.file_digest(tar)])
 
 
 def where(matrix: Matrix, suite: str, platform: platforms.Platform | None = None

@@ -21,7 +21,7 @@ import contextlib
 import fcntl
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -98,6 +98,7 @@ class Run:
     matrix: Matrix
     options: BuildOptions
     wheelhouse: Wheelhouse
+    base_pins: Mapping[str, str] = field(default_factory=dict)  # bases.Bases.pins
 
 
 Step = Callable[[Run, Outcome], Outcome]
@@ -109,8 +110,8 @@ def build_images(matrix: Matrix, variants: list[Variant], options: BuildOptions)
     variants, skipped = runnable(variants)
     if not variants:
         return skipped
-    planned = prepare(matrix, variants, options)
-    run = Run(matrix, options, Wheelhouse())
+    planned, pins = prepare(matrix, variants, options)
+    run = Run(matrix, options, Wheelhouse(), pins)
     todo = [p for p in planned if p.state == "build" or options.force]
     step(f"{len(todo)} of {len(planned)} variants to build"
          + ("" if todo else ": everything is up to date"))
@@ -134,17 +135,18 @@ def through_steps(run: Run, outcome: Outcome) -> Outcome:
 
 
 def prepare(matrix: Matrix, variants: list[Variant],
-            options: BuildOptions) -> list[PlannedVariant]:
-    """Locks current (re-locked with --relock), BuildKit there, every base made, the plan."""
+            options: BuildOptions) -> tuple[list[PlannedVariant], dict[str, str]]:
+    """Locks current (re-locked with --relock), BuildKit there, every base made: the plan, and
+    the verified references of the bases the registry serves (bases.Bases.pins)."""
     if options.relock:
         stale = [v for v in variants if not lockfile.is_current(options.locks, v)]
         locks.lock_all(matrix, stale, options.locks, progress=step)
     for v in variants:  # a missing or stale lock fails now, not after the bases are made
         lockfile.require_lock(options.locks, v)
     build.ensure_buildkit()
-    digests = bases.ensure_all(matrix, variants, options.base_options())
+    made = bases.ensure_all(matrix, variants, options.base_options())
     renders = [render.render_locked(matrix, v, options.locks) for v in variants]
-    return plan.make_plan(matrix, renders, digests, check_registry=False)
+    return plan.make_plan(matrix, renders, made.digests, check_registry=False), made.pins
 
 
 # ---- the steps of one variant, in order -------------------------------------------------------
@@ -203,7 +205,8 @@ def buildkit(run: Run, o: Outcome) -> Outcome:
     spec = build.Spec(o.variant_id, p.local_image, p.variant.platform, build.build_labels(
         lockfile.lock_paths(run.options.locks, p.variant), p.base_digest, p.content_hash,
         p.lock_hash), state.root() / "context", state.root() / "rendered" / p.variant.key /
-        "Dockerfile", log, run.options.apt_refresh)
+        "Dockerfile", log, run.options.apt_refresh,
+        run.base_pins.get(platforms.base_key(p.variant.base.image, p.variant.platform), ""))
     step(f"  [{o.variant_id}] building (log: {log})")
     try:
         cache = build.registry_cache(run.matrix, p.local_image) \
@@ -216,6 +219,8 @@ def buildkit(run: Run, o: Outcome) -> Outcome:
     info = engine.inspect_image(image_id) or {}
     if problem := build.base_layer_problem(p.variant, p.base_digest,
                                            (info.get("RootFS") or {}).get("Layers") or []):
+        for ref in (p.local_image, build.cache_ref(run.matrix, p.local_image)):
+            engine.remove_image(ref)  # its content hash must not find it up to date
         return failed(o, BuilderError(problem))
     o = replace(o, state="built", image_id=image_id, size=int(info.get("Size", 0)),
                 seconds=time.monotonic() - o.started)

@@ -35,6 +35,7 @@ from builder.core.errors import BuilderError, ConfigError
 from builder.core.output import step
 from builder.flows import bases, record
 from builder.model import lockfile, platforms
+from builder.model.bases import registry_served
 from builder.model.matrix import Matrix, Variant
 from builder.model.publication import Publication
 from builder.stages import base, plan, render
@@ -272,9 +273,21 @@ def base_now(s: Subject) -> str:
     if key not in s.base_digests:
         s.base_digests[key] = (base_digest_now(variant)
                                if variant.platform == platforms.DEFAULT
-                               else bases.ensure(s.matrix, variant, bases.BaseOptions(s.keys),
-                                                 step) or "unknown")
+                               else foreign_base_now(s))
     return s.base_digests[key]
+
+
+def foreign_base_now(s: Subject) -> str:
+    """Off linux/amd64: a bootstrapped base's digest today, read or made without writing to
+    the registry; a pulled ref's is BuildKit's (unknown)."""
+    suite = registry_served(s.variant)
+    if suite is None:
+        return "unknown"
+    try:
+        return bases.foreign_digest_now(s.matrix, suite, platforms.get(s.variant.platform),
+                                        s.keys, step)
+    except BuilderError as exc:
+        raise SourceError(f"base {s.variant.base.image} ({s.variant.platform}): {exc}") from None
 
 
 def ask_base(s: Subject) -> list[Finding]:

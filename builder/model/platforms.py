@@ -181,7 +181,7 @@ def base_repository(repository: str) -> str:
     return f"{repository}-base"
 
 
-def base_tag(suite: object, arch: object) -> str:
+def base_tag(suite: str, arch: str) -> str:
     """The floating tag a foreign-platform FROM names: `<suite>-slim-<arch>`."""
     return f"{suite}-slim-{arch}"  # the slim bootstrap (builder.stages.base.SLIM_OPTIONS)
 

@@ -21,7 +21,13 @@ from builder.core import engine, oci, proc, reproducible
 from builder.core.errors import BuilderError, EngineError
 from builder.core.output import step
 from builder.model import platforms
-from builder.model.bases import DPKG_EXCLUDES, SOURCE_DATE_EPOCH, bootstrap_ref, local_ref
+from builder.model.bases import (
+    DPKG_EXCLUDES,
+    SOURCE_DATE_EPOCH,
+    bootstrap_ref,
+    local_ref,
+    registry_served,
+)
 from builder.model.matrix import Base, Matrix, Variant
 from builder.model.platforms import Platform
 
@@ -68,8 +74,11 @@ def ensure(base: Base, *, progress=step) -> str:
 
 def ensure_variant(matrix: Matrix, variant: Variant, *, progress=step) -> str | None:
     """`ensure` for the variant's platform. Off linux/amd64 a normal ref is left to BuildKit,
-    which pulls that platform's manifest (digest unknown: None); a bootstrapped base is served
-    from the registry, verified (builder.flows.bases.ensure_foreign)."""
+    which pulls that platform's manifest (digest unknown: None); a bootstrapped base is the
+    registry's, not this step's (builder.flows.bases.ensure_foreign), and refused here."""
+    if registry_served(variant):
+        raise EngineError(f"the {variant.platform} base of {variant.id} is served from the "
+                          "registry: builder.flows.bases.ensure makes it")
     if platforms.get(variant.platform).suffix:
         return None
     return ensure(variant.base, progress=progress)
@@ -184,15 +193,16 @@ def _member(archive: tarfile.TarFile, name: str) -> IO[bytes]:
     return fh
 
 
-def mmdebstrap_inputs(suite: str, arch: str | None = None) -> dict[str, Any]:
-    """What a slim bootstrap of `suite` (for the foreign `arch`) was made from (its signed
-    provenance states it)."""
+def mmdebstrap_inputs(suite: str, arch: str | None = None,
+                      key: str | None = None) -> dict[str, Any]:
+    """What a slim bootstrap of `suite` (for the foreign `arch`; with bootstrap key `key`,
+    today's when not given) was made from (its signed provenance states it)."""
     version = proc.run(["mmdebstrap", "--version"], timeout=60).stdout.strip()
     return {"suite": suite, "variant": "minbase", "packages": list(BOOTSTRAP_PACKAGES),
             "options": list(SLIM_OPTIONS), "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH,
             "mmdebstrap": version.removeprefix("mmdebstrap ").strip(),
             "day": dt.datetime.now(dt.UTC).date().isoformat(),
-            "bootstrap_key": bootstrap_key(suite, options=SLIM_OPTIONS),
+            "bootstrap_key": key or bootstrap_key(suite, options=SLIM_OPTIONS),
             **({"arch": arch} if arch else {})}
 
 
@@ -246,22 +256,23 @@ def rootfs_config(platform: Platform, diff_id: str, labels: Mapping[str, str],
     }
 
 
-def foreign_config(suite: str, platform: Platform, tar: Path) -> bytes:
-    """The config bytes a foreign-platform bootstrap of `suite` is pushed with."""
-    config = rootfs_config(platform, reproducible.file_digest(tar),
-                           {KEY_LABEL: bootstrap_key(suite, options=SLIM_OPTIONS)},
+def foreign_config(suite: str, platform: Platform, tar: Path, key: str) -> bytes:
+    """The config bytes a foreign-platform bootstrap of `suite` (bootstrap key `key`) is pushed
+    with."""
+    config = rootfs_config(platform, reproducible.file_digest(tar), {KEY_LABEL: key},
                            f"mmdebstrap --variant=minbase --arch={platform.arch} {suite}")
     return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 
 
-def bootstrap_foreign(suite: str, platform: Platform, folder: Path,
+def bootstrap_foreign(suite: str, platform: Platform, key: str, folder: Path,
                       progress: Callable[[str], None] = step) -> tuple[bytes, Path]:
-    """Today's slim bootstrap of `suite` for `platform` (emulated) as its config bytes and its
-    rootfs tarball in `folder`."""
+    """The slim bootstrap of `suite` for `platform` (emulated) as its config bytes and its
+    rootfs tarball in `folder`; `key` is its bootstrap key, taken once by the caller so that a
+    bootstrap across midnight is still named by one day."""
     progress(f"bootstrapping {suite} for {platform.name} (emulated: about 2 min)")
     tar = folder / "base.tar"
     mmdebstrap(suite, tar, platform.arch, SLIM_OPTIONS)
-    return foreign_config(suite, platform, tar), tar
+    return foreign_config(suite, platform, tar, key), tar
 
 
 def registry_base_digest(reg: oci.Registry, repository: str, tag: str) -> str | None:

@@ -22,6 +22,7 @@ from builder.core import engine, labels, oci, proc, reproducible, state
 from builder.core.errors import BuilderError, CommandFailed, EngineError
 from builder.core.output import step
 from builder.model import platforms
+from builder.model.bases import registry_served
 from builder.model.matrix import Matrix, Variant
 
 NEED_GB = {"cpu": 4, "cuda": 12}  # a new CUDA variant: ~7 GB of layers + ~5 GB of wheel cache
@@ -92,6 +93,7 @@ class Spec:
     dockerfile: Path
     log: Path
     apt_refresh: str = ""
+    base_image: str = ""  # the verified `<ref>@<digest>` of a registry-served base (BASE_IMAGE)
 
 
 def created_time(lock_files: tuple[Path, Path]) -> str:
@@ -167,6 +169,8 @@ def docker_build(spec: Spec, cache_from: list[str] | None = None) -> str:
         argv += ["--secret", f"id=ca,src={ca}"]
     if spec.apt_refresh:
         argv += ["--build-arg", f"APT_REFRESH={spec.apt_refresh}"]
+    if spec.base_image:
+        argv += ["--build-arg", f"BASE_IMAGE={spec.base_image}"]
     # A BuildKit that honours it (0.11+) fixes the config's times itself; 20.10's does not
     # (reproducible.normalise_image does it afterwards either way).
     argv += ["--build-arg", f"SOURCE_DATE_EPOCH={reproducible.SOURCE_DATE_EPOCH}"]
@@ -207,17 +211,13 @@ def build_from_registry_cache(spec: Spec, cache_from: list[str]) -> str:
 
 def base_layer_problem(variant: Variant, base_digest: str | None, layers: Sequence[str]) -> str:
     """Why the built image does not start with the base its content hash names ("" when it
-    does, or when the base is not a foreign-platform bootstrap). BuildKit resolves that FROM
-    by its floating tag in the registry during the build, after builder.flows.bases verified
-    the digest the tag points at: a tag moved in between is caught here, before anything is
-    staged or signed. (A native base is this engine's own image.)"""
-    foreign = platforms.get(variant.platform).suffix
-    if not (foreign and variant.base.bootstrap_suite and base_digest):
+    does, or when the base is not served by the registry). The build takes such a base by the
+    digest it verified (BASE_IMAGE); this re-reads what BuildKit actually built on, so that
+    an image on any other base is never staged or signed. (A native base is this engine's.)"""
+    if not (registry_served(variant) and base_digest):
         return ""
     if platforms.layers_digest(layers[:1]) == base_digest:
         return ""
     first = layers[0][:19] if layers else "none"
     return (f"the image was built on another base than the verified one: its first layer "
-            f"{first} is not that of base digest {base_digest[:19]} (was the registry's "
-            f"{variant.base.bootstrap_suite}-slim base tag moved during the build?); "
-            "nothing is staged")
+            f"{first} is not that of base digest {base_digest[:19]}; the image was removed")

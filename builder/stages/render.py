@@ -224,11 +224,10 @@ def base_ref(variant: Variant, matrix: Matrix) -> str:
     """The image name of the variant's base (`builder base` makes it exist): local on
     linux/amd64; off it, a bootstrapped base is served from the registry (BuildKit resolves a
     foreign-platform FROM there), and a normal ref is pulled for that platform."""
-    suite = variant.base.bootstrap_suite
-    platform = platforms.get(variant.platform)
-    if suite and platform.suffix:
+    if suite := bases.registry_served(variant):
         repo = platforms.base_repository(matrix.repository)
-        return f"{matrix.registry}/{repo}:{platforms.base_tag(suite, platform.arch)}"
+        arch = platforms.get(variant.platform).arch
+        return f"{matrix.registry}/{repo}:{platforms.base_tag(suite, arch)}"
     return bases.local_ref(variant.base)
 
 
@@ -269,6 +268,7 @@ def template_context(matrix: Matrix, variant: Variant, facts: Mapping[str, Any],
         "v": variant,
         "facts": facts,
         "base_ref": base_ref(variant, matrix),
+        "base_by_digest": bool(bases.registry_served(variant)),
         "lock_stem": lock_stem(variant),
         "venv": labels.VENV,
         "site": site_packages(variant),

@@ -11,6 +11,7 @@ does not verify is an `Unverified` naming why; the caller bootstraps instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,7 @@ def where(matrix: Matrix, suite: str, key: str, platform: Platform | None = None
                  bootstrap_tag(suite, key, platform.arch if platform else None))
 
 
-def bootstrap_tag(suite: object, key: object, arch: object = None) -> str:
+def bootstrap_tag(suite: str, key: str, arch: str | None = None) -> str:
     """`<suite>-<key>`, or a foreign platform's `<suite>-slim-<arch>-<key>` (the floating tag
     that BuildKit's FROM names, plus the key)."""
     return f"{platforms.base_tag(suite, arch) if arch else suite}-{key}"
@@ -104,27 +105,48 @@ def verify(reg: oci.Registry, at: Where, keys: list[ec.EllipticCurvePublicKey],
     """The base at `at`, verified: a signature by one of `keys` over its digest that names
     its tag, and a signed provenance about this suite and key whose image id is the manifest's
     config and whose base digest is its layer's. `Unverified` saying why not."""
+    return _verified(reg, at, keys, suite, lambda signed: [at.tag] if at.tag in signed else [],
+                     f"does not name the tag `{at.tag}` (the tag was moved to another signed "
+                     "digest?)")
+
+
+def verify_pointed(reg: oci.Registry, at: Where, keys: list[ec.EllipticCurvePublicKey],
+                   suite: str) -> Verified:
+    """The base a floating tag `at` points at, verified as `verify` does, except that the
+    keyed tag its signature and provenance name is that of its own day (`<at.tag>-<key>`):
+    what a runner reads after the day (and so the key) changed since the base was made."""
+    return _verified(reg, at, keys, suite,
+                     lambda signed: sorted(t for t in signed if t.startswith(f"{at.tag}-")),
+                     f"names no tag `{at.tag}-<key>`")
+
+
+def _verified(reg: oci.Registry, at: Where, keys: list[ec.EllipticCurvePublicKey], suite: str,
+              keyed: Callable[[set[str]], list[str]], unnamed: str) -> Verified:
+    """verify's and verify_pointed's one path: `keyed` picks, from the tags the signatures
+    name, those the provenance may be about (`unnamed` says why there are none)."""
     try:
         found = reg.head(at.repository, at.tag)
         if found is None:
             raise Unverified(f"`{at.reference}` is absent")
-        signed_tag(reg, at, found.digest, keys)
+        tags = keyed(signed_tags(reg, at, found.digest, keys))
+        if not tags:
+            raise Unverified(f"the signature of `{at.reference}` {unnamed}")
         doc = provenance(reg, at, found.digest, keys)
         image = rootfs_image.layout(reg, at.repository, found.digest)
     except oci.RegistryError as exc:
         raise Unverified(f"`{at.reference}` cannot be read: {exc}") from None
-    return check_provenance(doc, image, suite, at.tag)
+    about = provenance_about(doc)
+    return check_provenance(doc, image, suite, about if about in tags else tags[0])
 
 
-def signed_tag(reg: oci.Registry, at: Where, digest: str,
-               keys: list[ec.EllipticCurvePublicKey]) -> None:
+def signed_tags(reg: oci.Registry, at: Where, digest: str,
+                keys: list[ec.EllipticCurvePublicKey]) -> set[str]:
+    """The tags that the signatures of `digest` by `keys` name."""
     try:
         payloads = sign.verified_payloads(reg, at.repository, digest, keys)
     except sign.SignatureError as exc:
         raise Unverified(f"the signature of `{at.reference}` did not verify: {exc}") from None
-    if not any(at.tag in sign.signed_tags(p.get("optional")) for p in payloads):
-        raise Unverified(f"the signature of `{at.reference}` does not name the tag `{at.tag}` "
-                         f"(the tag was moved to another signed digest?)")
+    return {tag for p in payloads for tag in sign.signed_tags(p.get("optional"))}
 
 
 def provenance(reg: oci.Registry, at: Where, digest: str,
@@ -140,10 +162,10 @@ def check_provenance(doc: dict[str, Any], image: rootfs_image.Layout, suite: str
                      tag: str) -> Verified:
     """What the verified provenance states, checked against the signed manifest (a pure
     function: the unit tests give it documents)."""
-    inputs = (doc.get("buildDefinition") or {}).get("externalParameters") or {}
+    inputs = _inputs(doc)
     made = {p.get("name"): "sha256:" + str((p.get("digest") or {}).get("sha256"))
             for p in (doc.get("runDetails") or {}).get("byproducts") or [] if isinstance(p, dict)}
-    about = bootstrap_tag(inputs.get("suite"), inputs.get("bootstrap_key"), inputs.get("arch"))
+    about = provenance_about(doc)
     if about != tag or inputs["suite"] != suite:
         raise Unverified(f"its provenance is about the bootstrap `{about}`, not `{tag}`")
     if made.get("image id") != image.config_digest:
@@ -154,6 +176,18 @@ def check_provenance(doc: dict[str, Any], image: rootfs_image.Layout, suite: str
         raise Unverified(f"its provenance names the base digest "
                          f"{str(made.get('base digest'))[:19]}, not its layer's {layers[:19]}")
     return Verified(image, image.config_digest, layers)
+
+
+def _inputs(doc: dict[str, Any]) -> dict[str, Any]:
+    return (doc.get("buildDefinition") or {}).get("externalParameters") or {}
+
+
+def provenance_about(doc: dict[str, Any]) -> str:
+    """The keyed tag of the bootstrap a provenance document states (its suite, key, arch)."""
+    inputs = _inputs(doc)
+    arch = inputs.get("arch")
+    return bootstrap_tag(str(inputs.get("suite")), str(inputs.get("bootstrap_key")),
+                         str(arch) if arch else None)
 
 
 def fetch(reg: oci.Registry, at: Where, base: Verified, dest: Path) -> None:

@@ -76,8 +76,8 @@ def world(monkeypatch, tmp_path):
     reg = MemoryRegistry()
     monkeypatch.setattr(oci, "Registry", lambda _addr: reg)
     monkeypatch.setattr(base, "bootstrap_key", lambda suite, day=None, options=(): KEY)
-    monkeypatch.setattr(base, "mmdebstrap_inputs", lambda suite, arch=None: {
-        "suite": suite, "bootstrap_key": KEY, "mmdebstrap": "1.3.5",
+    monkeypatch.setattr(base, "mmdebstrap_inputs", lambda suite, arch=None, key=None: {
+        "suite": suite, "bootstrap_key": key or KEY, "mmdebstrap": "1.3.5",
         **({"arch": arch} if arch else {})})
 
     def runner(name: str, **kw: Any) -> Runner:
@@ -223,96 +223,141 @@ def test_a_fresh_runner_that_publishes_knows_the_base_digest_from_the_signed_bas
 
 # ---- foreign-platform (arm64) bootstraps, served from the registry ---------------------------
 
-ARM_KEYED = f"bookworm-slim-arm64-{KEY}"
 ARM_REF = "127.0.0.1:5000/torch-base:bookworm-slim-arm64"
+ARM_KEYED = f"{ARM_REF}-{KEY}"
+ARM = platforms.get("linux/arm64")
 
 
 @pytest.fixture
 def arm(monkeypatch, tmp_path):
-    """(matrix, the arm64 CUDA slim, the bootstraps run): mmdebstrap --arch=arm64 faked."""
+    """(matrix, the arm64 CUDA slim, the bootstraps run): mmdebstrap --arch=arm64 faked; what
+    it makes is `content` (change it: Debian moved on)."""
     m = matrix.load(ROOT / "matrix.yaml")
     [v] = m.select(["id=2.15.0-py3.11-cuda-slim", "platform=linux/arm64"])
     ran: list[str] = []
+    content = [b"the arm64 packages today"]
 
-    def bootstrap(suite, platform, folder, progress):
+    def bootstrap(suite, platform, key, folder, progress):
         ran.append(f"mmdebstrap --arch={platform.arch} {suite}")
         tar = folder / "base.tar"
-        tar.write_bytes(b"the arm64 packages today" * 1000)
-        return base.foreign_config(suite, platform, tar), tar
+        tar.write_bytes(content[0] * 1000)
+        return base.foreign_config(suite, platform, tar, key), tar
     monkeypatch.setattr(base, "bootstrap_foreign", bootstrap)
-    return m, v, ran
+    monkeypatch.setattr(base.engine, "ensure_engine", lambda: None)
+    return m, v, ran, content
 
 
-def floating_digest(reg: MemoryRegistry) -> str:
-    return reg.head("torch-base", "bookworm-slim-arm64").digest  # type: ignore[union-attr]
+def tag_digest(reg: MemoryRegistry, tag: str) -> str | None:
+    found = reg.head("torch-base", tag)
+    return found.digest if found else None
 
 
-def plant(reg: MemoryRegistry, tmp_path: Path, ref: str) -> str:
-    """An attacker with push rights: another arm64 rootfs under `ref`, unsigned."""
+def plant(reg: MemoryRegistry, tmp_path: Path, tag: str) -> str:
+    """An attacker with push rights: another arm64 rootfs under `tag`, unsigned."""
     tar = tmp_path / "planted.tar"
     tar.write_bytes(b"a backdoored rootfs" * 1000)
     return rootfs_image.push(reg, "torch-base", tar,  # type: ignore[arg-type]
-                             base.foreign_config("bookworm", platforms.get("linux/arm64"), tar),
-                             [ref])
+                             base.foreign_config("bookworm", ARM, tar, KEY), [tag])
 
 
-def test_a_signed_foreign_base_is_taken_and_a_moved_floating_tag_is_pointed_back(
+def made(m, v, options) -> bases.Bases:
+    return bases.ensure_all(m, [v], options)
+
+
+def test_a_signed_foreign_base_is_taken_by_digest_whatever_the_floating_tag_says(
         world, arm, capsys, tmp_path):
     reg, _ = world
-    m, v, ran = arm
+    m, v, ran, _ = arm
     key = new_key()
-    digest = bases.ensure(m, v, bases.BaseOptions((key.public,), key))
+    first = made(m, v, bases.BaseOptions((key.public,), key))
     assert ran == ["mmdebstrap --arch=arm64 bookworm"]
-    signed = floating_digest(reg)
-    assert lines(capsys)[-1].endswith(f"signed and attested by key {keypair.key_id(key.public)}")
-    plant(reg, tmp_path, "bookworm-slim-arm64")  # the tag BuildKit's FROM names
-    assert bases.ensure(m, v, bases.BaseOptions((key.public,))) == digest
+    signed = tag_digest(reg, f"bookworm-slim-arm64-{KEY}")
+    assert tag_digest(reg, "bookworm-slim-arm64") == signed
+    assert lines(capsys)[-1] == (f"base {ARM_KEYED}: pushed ({signed[:19]}), signed and "  # type: ignore[index]
+                                 f"attested by key {keypair.key_id(key.public)}")
+    plant(reg, tmp_path, "bookworm-slim-arm64")  # the tag the Dockerfile's default names
+    again = made(m, v, bases.BaseOptions((key.public,)))
     assert ran == ["mmdebstrap --arch=arm64 bookworm"]  # not bootstrapped again
-    assert floating_digest(reg) == signed
-    assert lines(capsys) == [f"base {ARM_REF}: taken from `{ARM_REF}-{KEY}` ({signed[:19]}), its "
-                             f"signature and provenance verified against the trusted key "
+    assert again == first
+    [pin] = again.pins.values()
+    assert pin == f"127.0.0.1:5000/torch-base@{signed}"
+    assert lines(capsys) == [f"base {ARM_KEYED}: taken ({signed[:19]}), its signature and "  # type: ignore[index]
+                             f"provenance verified against the trusted key "
                              f"{keypair.key_id(key.public)}"]
 
 
-def test_an_unsigned_foreign_base_under_the_keyed_tag_is_bootstrapped_again(
+def test_an_unsigned_base_under_the_keyed_tag_is_bootstrapped_and_pinned_to_ours(
         world, arm, capsys, tmp_path):
     reg, _ = world
-    m, v, ran = arm
-    planted = plant(reg, tmp_path, ARM_KEYED)
+    m, v, ran, _ = arm
+    planted = plant(reg, tmp_path, f"bookworm-slim-arm64-{KEY}")
     key = new_key()
-    digest = bases.ensure(m, v, bases.BaseOptions((key.public,)))
+    bases_made = made(m, v, bases.BaseOptions((key.public,), key))
     assert ran == ["mmdebstrap --arch=arm64 bookworm"]
-    assert floating_digest(reg) != planted
-    assert digest == base.registry_base_digest(reg, "torch-base", ARM_KEYED)  # type: ignore[arg-type]
+    [pin] = bases_made.pins.values()
+    assert planted not in pin and pin.endswith(tag_digest(reg, f"bookworm-slim-arm64-{KEY}"))  # type: ignore[arg-type]
     out = lines(capsys)
-    assert out[0].startswith(f"base {ARM_REF}: bootstrapping: the signature of `{ARM_REF}-{KEY}` "
+    assert out[0].startswith(f"base {ARM_KEYED}: bootstrapping: the signature of `{ARM_KEYED}` "
                              "did not verify")
-    assert out[-1].startswith(f"base: pushed as `{ARM_REF}-{KEY}`")
 
 
-def test_without_a_trusted_key_a_foreign_base_is_bootstrapped_and_pushed_unsigned(
-        world, arm, capsys, tmp_path):
+def test_without_a_signer_the_keyed_tag_is_never_written(world, arm, capsys):
+    """A run that cannot sign (`builder base`, no key) pushes under the floating tag only: a
+    signed base of today stays where a publish runner verifies it."""
     reg, _ = world
-    m, v, ran = arm
-    plant(reg, tmp_path, ARM_KEYED)
-    digest = bases.ensure(m, v, bases.BaseOptions())
-    assert ran == ["mmdebstrap --arch=arm64 bookworm"]
-    assert base.registry_base_digest(reg, "torch-base", "bookworm-slim-arm64") == digest  # type: ignore[arg-type]
+    m, v, ran, content = arm
+    key = new_key()
+    signed = made(m, v, bases.BaseOptions((key.public,), key)).digests
+    content[0] = b"Debian moved on"
+    unsigned = made(m, v, bases.BaseOptions())
+    assert ran == ["mmdebstrap --arch=arm64 bookworm"] * 2 and unsigned.digests != signed
+    assert tag_digest(reg, "bookworm-slim-arm64") != tag_digest(reg, f"bookworm-slim-arm64-{KEY}")
     out = lines(capsys)
-    assert out[0] == f"base {ARM_REF}: bootstrapping: {bases.NO_KEY}"
-    assert out[-1].startswith(f"base: pushed as `{ARM_REF}-{KEY}`") and out[-1].endswith("unsigned")
+    assert out[-2] == f"base {ARM_KEYED}: bootstrapping: {bases.NO_KEY}"
+    assert out[-1].endswith(", unsigned: as `bookworm-slim-arm64` only")
+    assert bases.known_digests(m, [v], (key.public,)) == signed
 
 
-def test_a_plan_reads_a_foreign_base_digest_only_from_its_verified_bootstrap(
-        world, arm, capsys, tmp_path, monkeypatch):
+def test_a_signer_not_among_the_trusted_keys_takes_its_own_base(world, arm):
+    m, v, ran, _ = arm
+    options = bases.BaseOptions((new_key().public,), new_key())
+    assert made(m, v, options) == made(m, v, options)
+    assert ran == ["mmdebstrap --arch=arm64 bookworm"]
+
+
+def test_a_plan_reads_a_foreign_base_digest_only_from_a_verified_bootstrap(
+        world, arm, tmp_path, monkeypatch):
     reg, _ = world
-    m, v, _ran = arm
+    m, v, _ran, _ = arm
     key = new_key()
     digest = bases.ensure(m, v, bases.BaseOptions((key.public,), key))
     plant(reg, tmp_path, "bookworm-slim-arm64")
-    monkeypatch.setattr(base.engine, "ensure_engine", lambda: None)
     key_of = platforms.base_key(v.base.image, v.platform)
-    assert bases.known_digests(m, [v], ()) == {key_of: base.registry_base_digest(  # type: ignore[arg-type]
-        reg, "torch-base", "bookworm-slim-arm64")} != {key_of: digest}  # no key: a guess
+    guess = base.registry_base_digest(reg, "torch-base", "bookworm-slim-arm64")  # type: ignore[arg-type]
+    assert bases.known_digests(m, [v], ()) == {key_of: guess} != {key_of: digest}  # no key
     assert bases.known_digests(m, [v], (key.public,)) == {key_of: digest}
     assert bases.known_digests(m, [v], (new_key().public,)) == {key_of: None}
+
+
+def test_a_publish_after_midnight_finds_yesterdays_signed_base_by_its_floating_tag(
+        world, arm, monkeypatch):
+    m, v, _ran, _ = arm
+    key = new_key()
+    digest = bases.ensure(m, v, bases.BaseOptions((key.public,), key))
+    monkeypatch.setattr(base, "bootstrap_key", lambda suite, day=None, options=(): "f" * 16)
+    key_of = platforms.base_key(v.base.image, v.platform)
+    assert bases.known_digests(m, [v], (key.public,)) == {key_of: digest}
+    assert bases.known_digests(m, [v], (new_key().public,)) == {key_of: None}
+
+
+def test_rebuild_check_reads_todays_signed_base_or_bootstraps_without_pushing(world, arm):
+    reg, _ = world
+    m, v, ran, content = arm
+    key = new_key()
+    digest = bases.ensure(m, v, bases.BaseOptions((key.public,), key))
+    before = dict(reg.manifests)
+    assert bases.foreign_digest_now(m, "bookworm", ARM, (key.public,)) == digest
+    content[0] = b"Debian moved on"
+    moved = bases.foreign_digest_now(m, "bookworm", ARM, ())
+    assert moved != digest and ran == ["mmdebstrap --arch=arm64 bookworm"] * 2
+    assert reg.manifests == before  # nothing written

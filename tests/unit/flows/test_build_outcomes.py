@@ -105,3 +105,41 @@ def test_an_up_to_date_image_without_evidence_gets_its_smoke_report_and_sbom(mon
 ])
 def test_source_label_is_a_public_url_never_a_local_path(remote, url):
     assert build.public_url(remote) == url
+
+
+def test_an_arm64_build_takes_its_base_by_the_verified_digest_and_is_removed_off_it(
+        monkeypatch, tmp_path):
+    """The buildkit step gives BuildKit the base's verified reference (BASE_IMAGE); an image
+    whose first layer is not that base's anyway fails and loses its tags, so that no later run
+    finds it up to date by its content hash."""
+    from builder.stages import plan, render
+
+    monkeypatch.setenv("BUILDER_STATE", str(tmp_path))
+    m = matrix.load(ROOT / "matrix.yaml")
+    [v] = m.select(["id=2.15.0-py3.11-cuda-slim", "platform=linux/arm64"])
+    verified = "sha256:" + "a" * 64
+    p = plan.plan_variant(m, render.render_locked(m, v, LOCKS),
+                          platforms.layers_digest([verified]), "smoke")
+    pin = "127.0.0.1:5000/torch-base@sha256:" + "d" * 64
+    given, removed = [], []
+    monkeypatch.setattr(build, "build_labels", lambda *a: {})
+    monkeypatch.setattr(build, "registry_cache", lambda *_: [])
+    monkeypatch.setattr(build, "build_from_registry_cache",
+                        lambda spec, cache: given.append(spec.base_image) or "sha256:built")
+    monkeypatch.setattr(build_flow.reproducible, "normalise_image", lambda i, ref, keep: i)
+    layers = [["sha256:" + "c" * 64]]
+    monkeypatch.setattr(build_flow.engine, "inspect_image",
+                        lambda ref: {"Id": ref, "Size": 1, "RootFS": {"Layers": layers[0]}})
+    monkeypatch.setattr(build_flow.engine, "remove_image", removed.append)
+    run = build_flow.Run(m, build_flow.BuildOptions(locks=LOCKS), build_flow.Wheelhouse(),
+                         {platforms.base_key(v.base.image, v.platform): pin})
+
+    def through() -> build_flow.Outcome:
+        return build_flow.buildkit(run, build_flow.Outcome(v.key, "build", p.local_image,
+                                                           planned=p))
+    o = through()
+    assert given == [pin]
+    assert o.state == "failed" and "built on another base than the verified one" in o.message
+    assert removed == [p.local_image, build.cache_ref(m, p.local_image)]
+    layers[0] = [verified, "sha256:" + "b" * 64]
+    assert through().state == "built"

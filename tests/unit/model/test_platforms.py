@@ -193,7 +193,10 @@ def test_arm64_renders_a_registry_base_and_its_own_wheel_sets():
     r_amd = render.render(m, amd, lockfile.require_lock(ROOT / "locks", amd))
     r_arm = render.render(m, arm, lockfile.require_lock(ROOT / "locks", arm))
     assert "FROM torch-images-base:bookworm-slim AS os" in r_amd.dockerfile
-    assert "FROM 127.0.0.1:5000/torch-base:bookworm-slim-arm64 AS os" in r_arm.dockerfile
+    # by the digest the build verified (BASE_IMAGE), the floating tag only as its default
+    assert "ARG BASE_IMAGE=127.0.0.1:5000/torch-base:bookworm-slim-arm64\n" in r_arm.dockerfile
+    assert "FROM ${BASE_IMAGE} AS os" in r_arm.dockerfile
+    assert "BASE_IMAGE" not in r_amd.dockerfile
     assert "locks/2.15.0-py3.11-cuda-slim.linux-arm64.txt" in r_arm.dockerfile
     assert r_arm.facts["platform"] == "linux/arm64" and "platform" not in r_amd.facts
     # Same lock text (hashes cover every platform) but different wheels: different sets.

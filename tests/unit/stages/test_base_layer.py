@@ -25,7 +25,7 @@ def test_an_arm64_image_on_another_base_is_refused_naming_both() -> None:
     problem = build.base_layer_problem(ARM, BASE, [planted, "sha256:" + "b" * 64])
     assert problem.startswith("the image was built on another base than the verified one: its "
                               f"first layer {planted[:19]} is not that of base digest {BASE[:19]}")
-    assert problem.endswith("nothing is staged")
+    assert problem.endswith("the image was removed")
     assert "first layer none" in build.base_layer_problem(ARM, BASE, [])
 
 
