@@ -8,13 +8,13 @@ lacks it, and kept there signed when the build stages with a key.
                 no trusted key / --no-registry-cache)
   --stage --key the local bootstrap pushed there once, signed and attested (a failure is one
                 warning line: the build goes on)
-A foreign-platform bootstrap (`ensure_foreign`) is served from the registry, where BuildKit
-resolves a foreign-platform FROM by its floating tag `<suite>-slim-<arch>`: the keyed
-`<suite>-slim-<arch>-<bootstrap key>` is used when its signature and provenance verify against a
-trusted key, else it is bootstrapped here (emulated) and pushed, signed when staging with a key;
-the floating tag is then pointed at that digest. BuildKit reads the tag later, so the build checks
-its image's first layer against the base digest returned here (builder.stages.build).
-Pulled refs are builder.stages.base's.
+A foreign-platform bootstrap (`ensure_foreign`) is served from the registry (BuildKit resolves a
+foreign-platform FROM there): today's keyed `<suite>-slim-<arch>-<bootstrap key>` is used when its
+signature and provenance verify against a trusted key (or the signer's), else it is bootstrapped
+here (emulated) and pushed, signed under the keyed tag when staging with a key, unsigned under the
+floating tag `<suite>-slim-<arch>` only otherwise. The build takes it by the verified digest
+(`Bases.pins`, BASE_IMAGE), never by the floating tag, and checks its image's first layer against
+the base digest returned here (builder.stages.build). Pulled refs are builder.stages.base's.
 """
 
 from __future__ import annotations
@@ -253,17 +253,12 @@ def known_digests(matrix: Matrix, variants: list[Variant],
 
 def signed_digest(matrix: Matrix, suite: str, platform: platforms.Platform,
                   trusted: tuple[ec.EllipticCurvePublicKey, ...]) -> str | None:
-    """The base digest of the registry's signed bootstrap of `suite` (for `platform`): today's;
-    for a foreign platform, else the one its floating tag points at (made on an earlier day: a
-    build before midnight, its publish after). None when none verifies against `trusted`."""
-    reg, at, keys = oci.Registry(matrix.registry), where(matrix, suite, platform), list(trusted)
-    attempts = [lambda: signed_base.verify(reg, at, keys, suite)]
-    if platform.suffix:
-        floating = replace(at, tag=platforms.base_tag(suite, platform.arch))
-        attempts.append(lambda: signed_base.verify_pointed(reg, floating, keys, suite))
-    for attempt in attempts:
-        with contextlib.suppress(signed_base.Unverified):
-            return attempt().base_digest
+    """The base digest of the registry's signed bootstrap of `suite` (for `platform`) of today;
+    None when it does not verify against `trusted`. Never an older signed base that a floating
+    tag points at: that would let anyone with push rights roll the base back (→ build)."""
+    with contextlib.suppress(signed_base.Unverified):
+        return signed_base.verify(oci.Registry(matrix.registry), where(matrix, suite, platform),
+                                  list(trusted), suite).base_digest
     return None
 
 

@@ -33,6 +33,7 @@ from builder.core.errors import BuilderError
 from builder.core.output import human_bytes, step
 from builder.flows import bases
 from builder.model import lockfile, platforms, rendered, smokereport
+from builder.model.bases import registry_served
 from builder.model.matrix import Matrix, Variant
 from builder.model.planned import PlannedVariant
 from builder.stages import base, build, locks, plan, render, smoketest, staging
@@ -207,6 +208,8 @@ def buildkit(run: Run, o: Outcome) -> Outcome:
         p.lock_hash), state.root() / "context", state.root() / "rendered" / p.variant.key /
         "Dockerfile", log, run.options.apt_refresh,
         run.base_pins.get(platforms.base_key(p.variant.base.image, p.variant.platform), ""))
+    if registry_served(p.variant) and not spec.base_image:  # never FROM the movable tag
+        return failed(o, BuilderError(f"no verified base reference for {o.variant_id}"))
     step(f"  [{o.variant_id}] building (log: {log})")
     try:
         cache = build.registry_cache(run.matrix, p.local_image) \

@@ -110,19 +110,9 @@ def verify(reg: oci.Registry, at: Where, keys: list[ec.EllipticCurvePublicKey],
                      "digest?)")
 
 
-def verify_pointed(reg: oci.Registry, at: Where, keys: list[ec.EllipticCurvePublicKey],
-                   suite: str) -> Verified:
-    """The base a floating tag `at` points at, verified as `verify` does, except that the
-    keyed tag its signature and provenance name is that of its own day (`<at.tag>-<key>`):
-    what a runner reads after the day (and so the key) changed since the base was made."""
-    return _verified(reg, at, keys, suite,
-                     lambda signed: sorted(t for t in signed if t.startswith(f"{at.tag}-")),
-                     f"names no tag `{at.tag}-<key>`")
-
-
 def _verified(reg: oci.Registry, at: Where, keys: list[ec.EllipticCurvePublicKey], suite: str,
               keyed: Callable[[set[str]], list[str]], unnamed: str) -> Verified:
-    """verify's and verify_pointed's one path: `keyed` picks, from the tags the signatures
+    """verify's path: `keyed` picks, from the tags the signatures
     name, those the provenance may be about (`unnamed` says why there are none)."""
     try:
         found = reg.head(at.repository, at.tag)

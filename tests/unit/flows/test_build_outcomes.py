@@ -143,3 +143,7 @@ def test_an_arm64_build_takes_its_base_by_the_verified_digest_and_is_removed_off
     assert removed == [p.local_image, build.cache_ref(m, p.local_image)]
     layers[0] = [verified, "sha256:" + "b" * 64]
     assert through().state == "built"
+    run = build_flow.Run(m, build_flow.BuildOptions(locks=LOCKS), build_flow.Wheelhouse())
+    unpinned = through()  # no verified reference: never built FROM the floating tag
+    assert unpinned.state == "failed" and "no verified base reference" in unpinned.message
+    assert given == [pin, pin]
