@@ -151,8 +151,7 @@ def push_foreign(reg: oci.Registry, at: signed_base.Where, suite: str, key: str,
     progress(f"base {at.reference}: pushed ({digest[:19]})" + (
         f", signed and attested by key {key_id(signer.public)}" if signer else
         f", unsigned: as `{floating}` only"))
-    return signed_base.Verified(layout, layout.config_digest,
-                                platforms.layers_digest([layout.diff_id]))
+    return signed_base.Verified(layout)
 
 
 def keys_named(keys: tuple[ec.EllipticCurvePublicKey, ...]) -> str:
@@ -268,11 +267,8 @@ def foreign_digest_now(matrix: Matrix, suite: str, platform: platforms.Platform,
     """Today's base digest of `suite` for `platform`, writing nothing to the registry (what
     `rebuild --check` compares): the registry's signed bootstrap of today when it verifies,
     else a bootstrap made here (emulated) and not pushed."""
-    at = where(matrix, suite, platform)
-    if trusted:
-        with contextlib.suppress(signed_base.Unverified):
-            return signed_base.verify(oci.Registry(matrix.registry), at, list(trusted),
-                                      suite).base_digest
+    if trusted and (found := signed_digest(matrix, suite, platform, trusted)):
+        return found
     with tempfile.TemporaryDirectory() as tmp:
         key = base.bootstrap_key(suite, options=base.SLIM_OPTIONS)
         _config, tar = base.bootstrap_foreign(suite, platform, key, Path(tmp), progress)

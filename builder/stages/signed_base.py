@@ -47,12 +47,18 @@ class Where:
 
 @dataclass(frozen=True)
 class Verified:
-    """A base whose signature and provenance verified: its layout (every digest to fetch by)
-    and what loading it must give (the image id and base digest its provenance states)."""
+    """A base whose signature and provenance verified (or that this run pushed): its layout
+    (every digest to fetch by), and what loading it must give, read from that layout."""
 
     layout: rootfs_image.Layout
-    image_id: str
-    base_digest: str
+
+    @property
+    def image_id(self) -> str:
+        return self.layout.config_digest
+
+    @property
+    def base_digest(self) -> str:
+        return platforms.layers_digest([self.layout.diff_id])
 
 
 def where(matrix: Matrix, suite: str, key: str, platform: Platform | None = None) -> Where:
@@ -165,7 +171,7 @@ def check_provenance(doc: dict[str, Any], image: rootfs_image.Layout, suite: str
     if made.get("base digest") != layers:
         raise Unverified(f"its provenance names the base digest "
                          f"{str(made.get('base digest'))[:19]}, not its layer's {layers[:19]}")
-    return Verified(image, image.config_digest, layers)
+    return Verified(image)
 
 
 def _inputs(doc: dict[str, Any]) -> dict[str, Any]:
