@@ -14,7 +14,7 @@ from typing import Any
 from builder.core import keypair, labels, oci, sign, zstd
 from builder.core.errors import BuilderError
 from builder.flows import verify_tags
-from builder.model import platforms, smokereport
+from builder.model import accelerators, platforms, smokereport
 from builder.stages import provenance, twin
 from smoke import OK_STATUSES
 from smoke.checks import gpu_checks_not_run
@@ -249,7 +249,7 @@ def smoke_rows(report: Any, config_digest: str, image_labels: dict[str, str],
     if problems:
         return [Row("smoke", BAD, "; ".join(problems)), *rows]
     stand_ins = gpu_checks_not_run(report["checks"])
-    if facts.get("accelerator") == "cuda" and stand_ins:
+    if accelerators.needs_gpu_evidence(facts.get("accelerator")) and stand_ins:
         status = BAD if policy.require_gpu else CPU_ONLY
         return [Row("smoke", status, f"GPU checks not run on a GPU ({', '.join(stand_ins)}): "
                     f"{report['status']}: {host}"), *rows]
