@@ -154,6 +154,38 @@ def inflate(chunks: Iterable[bytes], where: str = "layer", *,
         raise LayerMismatch(f"{where}: the gzip stream ends in the middle of a member: refused")
 
 
+class _Reader:
+    """A file-like `read` over an iterable of byte chunks (what zstandard's stream reader asks)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks, self._held = iter(chunks), b""
+
+    def read(self, size: int = -1) -> bytes:
+        while not self._held:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return b""
+            self._held = chunk
+        n = len(self._held) if size < 0 else size
+        out, self._held = self._held[:n], self._held[n:]
+        return out
+
+
+def zstd_diff_id(chunks: Iterable[bytes], limit: int, where: str = "layer") -> str:
+    """The sha256 of a zstd layer's uncompressed bytes, decompressed in pieces of OUT_PIECE
+    (bounded memory whatever the ratio); LayerMismatch past `limit` bytes or when the stream
+    is not zstd."""
+    hasher, total = hashlib.sha256(), 0
+    reader = zstandard.ZstdDecompressor().stream_reader(_Reader(chunks), read_across_frames=True)
+    try:
+        while piece := reader.read(OUT_PIECE):
+            total = _capped(piece, total, limit, where)
+            hasher.update(piece)
+    except zstandard.ZstdError as exc:
+        raise LayerMismatch(f"{where}: not a valid zstd stream ({exc}): refused") from None
+    return "sha256:" + hasher.hexdigest()
+
+
 @dataclass
 class Counted:
     """What a recompression saw: the uncompressed bytes' digest and size, the output size."""

@@ -163,3 +163,14 @@ def test_a_bomb_with_the_right_digest_stops_at_the_ratio_cap(tmp_path, monkeypat
     monkeypatch.setenv("BUILDER_INFLATE_RATIO", "0")
     with pytest.raises(zstd.ConfigError, match="BUILDER_INFLATE_RATIO `0`"):
         zstd.inflate_limit(1)
+
+
+def test_a_zstd_layers_diff_id_is_read_in_bounded_pieces_and_capped() -> None:
+    data = tar_like()
+    packed = zstandard.ZstdCompressor().compress(data)
+    assert zstd.zstd_diff_id(pieces(packed, 4096), limit=len(data)) == \
+        "sha256:" + hashlib.sha256(data).hexdigest()
+    with pytest.raises(zstd.LayerMismatch, match=f"inflates past {len(data) - 1} bytes"):
+        zstd.zstd_diff_id(pieces(packed, 4096), limit=len(data) - 1)
+    with pytest.raises(zstd.LayerMismatch, match="not a valid zstd stream"):
+        zstd.zstd_diff_id([b"not zstd at all"], limit=1 << 20)
