@@ -117,7 +117,7 @@ def publish_group(matrix: Matrix, group: list[PlannedVariant], *, allow_cpu_smok
     top = push_index(matrix, promoted) if multi else promoted[0].vetted
     first = cands[0].planned
     tags = [*([] if multi else [first.hash_tag]), *first.tags]
-    dated = publish.next_dated(top, first.floating_tag)
+    dated = publish.next_dated(top, first.floating_tag, cands[0].trust.keys)
     twins = promote_twins(matrix, top, [(p.vetted, p.cand) for p in promoted], first.floating_tag)
     signed = publish.sign_digest(top, cands[0].trust,
                                  sign.tag_annotations(first.variant.id, [dated[0], *tags]))
