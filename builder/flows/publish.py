@@ -33,7 +33,7 @@ from typing import Any
 from builder.core import engine, keypair, oci, reproducible, sign, zstd
 from builder.core.errors import ConfigError
 from builder.core.output import human_bytes, step
-from builder.flows import publish_gate, record
+from builder.flows import publish_gate, record, tag_repair
 from builder.model import platforms, publication
 from builder.model.matrix import Matrix, Variant
 from builder.model.planned import PlannedVariant
@@ -75,12 +75,17 @@ def publish_variants(matrix: Matrix, planned: list[PlannedVariant], *,
     engine.ensure_engine()
     results: list[dict[str, Any]] = []
     try:
-        known = record.latest(matrix, trust.keys)  # a registry down: the same hint as below
+        found = record.history(matrix, trust.keys)  # a registry down: the same hint as below
+        known = {vid: pubs[0] for vid, pubs in found.items()}
         for group in groups(planned):
             if held := already_published(known, group):
+                if not dry_run:
+                    tag_repair.repair(oci.Registry(matrix.registry), known[held["id"]],
+                                      group[0].tags, trust.keys)
                 results.append(held)
                 report(manifest, {held["id"]: known[held["id"]]})
                 continue
+            tag_repair.refuse_older(found.get(group[0].variant.id, []), group)
             out = publish_group(matrix, group, allow_cpu_smoke=allow_cpu_smoke,
                                 dry_run=dry_run, trust=trust)
             report(manifest, {r["id"]: Publication.from_json(

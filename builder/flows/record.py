@@ -51,19 +51,25 @@ def dated_tags(all_tags: Iterable[str]) -> list[Dated]:
 def latest(matrix: Matrix, keys: tuple[Any, ...] = ()) -> dict[str, Publication]:
     """variant id → its newest publication in the matrix's vetted repository (with `keys`: the
     newest whose signature by one of them names its dated tag and its variant)."""
+    return {vid: pubs[0] for vid, pubs in history(matrix, keys).items()}
+
+
+def history(matrix: Matrix, keys: tuple[Any, ...] = ()) -> dict[str, list[Publication]]:
+    """variant id → its publications, newest first (publication order: date, then suffix),
+    each counted as `latest` counts it; keyed on the verified variant, never the tag's text."""
     reg = oci.Registry(matrix.registry)
     all_tags = reg.tags(matrix.repository)
-    out: dict[str, tuple[tuple[str, int], Publication]] = {}
+    out: dict[str, list[Publication]] = {}
     for dated in current(dated_tags(all_tags)):
         vid, pub = read_publication(reg, matrix, dated, all_tags)
-        if pub is None or not vid or vid in out:
-            continue  # `out` keys on the verified variant, never on the tag's text
+        if pub is None or not vid:
+            continue
         if keys and (why := record_problem(reg, matrix.repository, pub.digest, dated.tag,
                                            vid, keys)):
             step(f"  {dated.tag}: not part of the record: {why}")
             continue
-        out[vid] = (dated.order, pub)
-    return {vid: pub for vid, (_, pub) in sorted(out.items())}
+        out.setdefault(vid, []).append(pub)
+    return dict(sorted(out.items()))
 
 
 def today() -> str:
