@@ -85,7 +85,9 @@ def run_sbom(args: argparse.Namespace) -> int:
             sbom.write(doc, Path(args.output), args.format)
         except OSError as exc:
             raise state.path_error(Path(args.output), exc) from exc
-    count = sum(1 for _ in _iter(doc))
+    from sbom.diff import component_total
+
+    count = component_total(doc)
     print(f"sbom: {args.target[0]} → {args.output or 'stdout'} ({count} components, "
           f"{time.monotonic() - start:.1f} s)", file=sys.stderr)
     return 0
@@ -102,12 +104,6 @@ def check_writable(target: Path) -> None:
                            hint=OUTPUT_HINT)
     if not os.access(parent, os.W_OK | os.X_OK):
         raise BuilderError(f"cannot write {target}: {parent} is not writable", hint=OUTPUT_HINT)
-
-
-def _iter(doc: dict[str, Any]) -> Any:
-    from sbom.diff import iter_components
-
-    return iter_components(doc)
 
 
 def _run_diff(args: argparse.Namespace) -> int:

@@ -320,6 +320,8 @@ def failed(o: Outcome, exc: BuilderError) -> Outcome:
 def summarized(outcome: Outcome) -> Outcome:
     """The outcome with its smoke summary and SBOM component count for the table and --json,
     from this run's evidence or the stored one."""
+    from sbom.diff import component_total
+
     report, sbom_path = outcome.report, outcome.sbom_path
     if outcome.image_id:
         report = report or _read_json(state.evidence_path("smoke", outcome.image_id))
@@ -327,7 +329,7 @@ def summarized(outcome: Outcome) -> Outcome:
     sbom_doc = _read_json(Path(sbom_path)) if sbom_path else None
     return replace(outcome, report=report, smoke=smokereport.summary(report),
                    sbom_path=sbom_path if sbom_doc else "",
-                   sbom_components=len(sbom_doc.get("components") or []) if sbom_doc else None)
+                   sbom_components=component_total(sbom_doc) if sbom_doc else None)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

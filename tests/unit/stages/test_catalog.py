@@ -289,3 +289,14 @@ def test_collect_reads_the_twins_layers_once_and_writes_each_pull(
     reads = reg.reads
     assert catalog.collect(source, tmp_path / "site", cache)[1] == 0  # twins too are cached
     assert reg.reads == reads
+
+
+def test_a_downgrade_is_called_a_downgrade_on_the_page(tmp_path: Path) -> None:
+    """A rollback (numpy 2.3.6 → 2.3.5) is never counted as an upgrade."""
+    images = paged({D1: image(D1, {"numpy": "2.3.6"}), D2: image(D2, {"numpy": "2.3.5"})})
+    doc = document(images, {"t": D2, "t-20261201": D1, "t-20261204": D2})
+    jsonschema.Draft202012Validator(json.loads(catalog_doc.SCHEMA_PATH.read_text())).validate(doc)
+    catalog_site.write_site(doc, tmp_path)
+    page = (tmp_path / "tags" / "t-20261204.html").read_text()
+    assert "0 added, 0 removed, 0 upgraded, 1 downgraded" in page
+    assert "pypi/numpy 2.3.6 → 2.3.5 (downgrade)" in page
