@@ -29,7 +29,7 @@ SBOM_USAGE = """%(prog)s IMAGE [-o FILE] [--format {json,xml}] [--key FILE] [--r
 
 
 def register(subparsers: Any) -> None:
-    p = add_command(subparsers, "sbom", run_sbom, ("json", "registries"),
+    p = add_command(subparsers, "sbom", run_sbom, ("matrix", "json", "registries"),
                     "write an image's CycloneDX 1.6 SBOM, or diff two SBOMs", usage=SBOM_USAGE)
     p.add_argument("target", nargs="+", metavar="IMAGE",
                    help="an image (id, tag or REGISTRY/REPOSITORY@sha256:DIGEST), or `diff` and "
@@ -41,7 +41,7 @@ def register(subparsers: Any) -> None:
                    help="serial number from the image id, timestamp from its created label "
                    "(also on when SOURCE_DATE_EPOCH is set)")
 
-    a = add_command(subparsers, "audit", run_audit, ("json", "registries"),
+    a = add_command(subparsers, "audit", run_audit, ("matrix", "json", "registries"),
                     "known vulnerabilities of an image or SBOM")
     a.add_argument("target", metavar="IMAGE|SBOM")
     a.add_argument("--write-into", metavar="SBOM", type=Path,
