@@ -247,7 +247,7 @@ def evidence(run: Run, o: Outcome) -> Outcome:
     elif missing and o.state == "up-to-date":
         step(f"  [{o.variant_id}] up to date, but "
              + (f"--resmoke: making its {named} again" if again
-                else f"no {named} in {state.root()}: making it"))
+                else f"no usable {named} in {state.root()}: making it"))
     return replace(o, missing=missing, reused=reused)
 
 
