@@ -1,7 +1,9 @@
 """The workflows rehearsed: build.yml and rebuild.yml run as GitHub would run them
 (tests/e2e/actions_runner.py), for the CPU runtime only, against a registry with credentials
-that is the only thing their jobs share.
+that is the only thing their jobs share, each job with a PATH of the ubuntu-24.04 runner image's
+tools plus what its own steps install (tests/e2e/runner_image.py).
 
+  0. A planted build.yml whose build job does not install mmdebstrap fails there.
   1. build.yml (dispatched with `select: id=<CPU runtime>`): plan → build --stage → smoke →
      publish → catalog, with numpy one patch release older in the lock.
   2. A fresh clone with no published.json and an empty state folder: `rebuild --check` names
@@ -10,6 +12,8 @@ that is the only thing their jobs share.
   4. numpy bumped in the lock (the shipped lock): a planted rebuild.yml that logs in after the
      rebuild fails; the shipped one runs check → rebuild (publishes `-YYYYMMDD.1`) → catalog.
   5. `builder verify --key cosign.pub` of the new dated tag, from a fresh clone.
+  6. The relock-pr job, given a leg's relock report, pushes `relock/security-rebuild` to the
+     origin (its locks/ diff is exactly the relock) and opens the pull request (gh stood in).
 
 Secrets come from a throw-away `builder keygen`. The vulnerability feed this machine cannot
 reach (python-vuln) is named in the runner's environment (REBUILD_SKIP_SOURCES) and reported as
@@ -183,9 +187,37 @@ def plant_login_after_rebuild(doc: dict[str, Any]) -> None:
     steps.insert(rebuild, steps.pop(login))
 
 
+def plant_no_mmdebstrap(doc: dict[str, Any]) -> None:
+    """The build job without the step that installs mmdebstrap (not on the runner image), and
+    a step that runs it. (Its `builder build` alone would not show it here: the jobs share this
+    machine's engine, which holds today's bootstrapped base, where a fresh runner has none.)"""
+    steps = doc["jobs"]["build"]["steps"]
+    at = next(i for i, s in enumerate(steps) if "mmdebstrap" in s.get("run", ""))
+    steps[at] = {"name": "Bootstrap tool", "run": "mmdebstrap --version"}
+
+
+def relock_report(stage: dict[str, Any]) -> dict[str, Any]:
+    """What a rebuild leg that re-locked uploads (`builder rebuild --relock-report`): the lock
+    of the first commit (numpy one patch release apart from main's) as the relock."""
+    files = {f"locks/{CPU}.{s}": git(stage["origin"], "show", f"main~1:locks/{CPU}.{s}")
+             for s in ("txt", "json")}
+    return {"schema_version": 1, "relocked": [CPU], "files": files,
+            "title": "Relock from the security rebuild: numpy",
+            "body": f"### `{CPU}`\n\n- reasons: python-vuln\n- upgraded: numpy\n"}
+
+
 def test_the_workflows_rehearsed(stage: dict[str, Any]) -> None:
     runner: Runner = stage["runner"]
     today = dt.datetime.now(dt.UTC).strftime("%Y%m%d")
+    # 0. planted: a job that runs a tool no step installed fails on the runner image's PATH
+    runner.log.append("== planted build.yml: the build job does not install mmdebstrap")
+    planted = runner.run(workflow(stage, "build.yml", plant_no_mmdebstrap),
+                         inputs={"select": f"id={CPU}", "arm64_emulated": False},
+                         only={"plan", "build"})
+    assert (planted["plan"].result, planted["build"].result) == ("success", "failure")
+    assert any("mmdebstrap: command not found" in line for line in runner.log), runner.log
+    assert not (runner.root / "runner-bin" / "mmdebstrap").exists()
+    assert tags(stage) == []
     # 1. build.yml
     runner.log.append("== build.yml (workflow_dispatch, select: id=" + CPU + ")")
     built = runner.run(workflow(stage, "build.yml"),
@@ -240,7 +272,8 @@ def test_the_workflows_rehearsed(stage: dict[str, Any]) -> None:
     runner.log.append("== rebuild.yml (schedule)")
     rebuilt = runner.run(workflow(stage, "rebuild.yml"))
     assert results(rebuilt) == {"check": "success", "rebuild": "success",
-                                "catalog": "success", "report-failure": "skipped"}, runner.log
+                                "relock-pr": "success", "catalog": "success",
+                                "report-failure": "skipped"}, runner.log
     dated = f"{CPU}-{today}.1"
     assert dated in tags(stage)
 
@@ -249,3 +282,20 @@ def test_the_workflows_rehearsed(stage: dict[str, Any]) -> None:
                             f"{stage['addr']}/{stage['repository']}:{dated}")
     runner.log.append(f"== builder verify --key cosign.pub {dated}: exit {verify.returncode}")
     assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
+
+    # 6. the relock comes back to git: the relock-pr job (contents: write) pushes a branch whose
+    # locks/ diff is exactly the relock, and opens the pull request (gh stood in)
+    report = runner.root / "artifacts" / f"relock-{CPU}" / "relock.json"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(json.dumps(relock_report(stage)))
+    runner.log.append("== rebuild.yml relock-pr (a leg's relock report uploaded)")
+    pr = runner.run(workflow(stage, "rebuild.yml"), rerun=rebuilt, only={"relock-pr"})
+    assert pr["relock-pr"].result == "success", runner.log
+    branch = "relock/security-rebuild"
+    changed = git(stage["origin"], "diff", "--name-only", "main", branch, "--", "locks/")
+    assert changed.split() == [f"locks/{CPU}.json", f"locks/{CPU}.txt"]
+    for name, text in relock_report(stage)["files"].items():
+        assert git(stage["origin"], "show", f"{branch}:{name}") == text
+    log = (runner.root / "pull-requests.log").read_text()
+    runner.log.append(f"pull request: {log.splitlines()[0]}")
+    assert "gh pr create --head relock/security-rebuild" in log and f"### `{CPU}`" in log
