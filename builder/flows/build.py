@@ -91,9 +91,10 @@ class Outcome:
     missing: tuple[str, ...] = field(default=(), repr=False, compare=False)  # evidence to make
     reused: tuple[str, ...] = ()  # evidence this state folder held for the new image's id
     started: float = field(default=0.0, repr=False, compare=False)
+    started_on: str = field(default="", repr=False, compare=False)  # UTC, for the provenance
 
     def as_json(self) -> dict[str, Any]:
-        internal = ("report", "planned", "missing", "started")
+        internal = ("report", "planned", "missing", "started", "started_on")
         return {k: v for k, v in self.__dict__.items() if k not in internal}
 
 
@@ -173,7 +174,7 @@ def context(run: Run, o: Outcome) -> Outcome:
     if o.state != "build":
         return o
     p = planned_of(o)
-    o = replace(o, started=time.monotonic())
+    o = replace(o, started=time.monotonic(), started_on=build.utc_now())
     try:
         engine.ensure_disk(state.root(), build.NEED_GB[p.variant.accelerator])
         step(f"  [{o.variant_id}] wheels")
@@ -220,6 +221,7 @@ def buildkit(run: Run, o: Outcome) -> Outcome:
         for ref in (p.local_image, build.cache_ref(run.matrix, p.local_image)):
             engine.remove_image(ref)  # its content hash must not find it up to date
         return failed(o, BuilderError(problem))
+    build.record_times(image_id, o.started_on)
     o = replace(o, state="built", image_id=image_id, size=int(info.get("Size", 0)),
                 seconds=time.monotonic() - o.started)
     step(f"  [{o.variant_id}] built {o.image} ({human_bytes(o.size)}, {o.seconds:.0f} s)")
