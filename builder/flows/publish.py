@@ -36,7 +36,7 @@ from typing import Any
 from builder.core import engine, keypair, oci, sign
 from builder.core.errors import ConfigError
 from builder.core.output import step
-from builder.flows import publish_gate, record
+from builder.flows import publish_gate, record, tag_repair
 from builder.flows.publish_twin import (
     Twins,
     attach,
@@ -86,12 +86,17 @@ def publish_variants(matrix: Matrix, planned: list[PlannedVariant], *,
     engine.ensure_engine()
     results: list[dict[str, Any]] = []
     try:
-        known = record.latest(matrix, trust.keys)  # a registry down: the same hint as below
+        found = record.history(matrix, trust.keys)  # a registry down: the same hint as below
+        known = {vid: pubs[0] for vid, pubs in found.items()}
         for group in groups(planned):
             if held := already_published(known, group):
+                if not dry_run:
+                    tag_repair.repair(oci.Registry(matrix.registry), known[held["id"]],
+                                      group[0].tags, trust.keys)
                 results.append(held)
                 report(manifest, {held["id"]: known[held["id"]]})
                 continue
+            tag_repair.refuse_older(found.get(group[0].variant.id, []), group)
             out = publish_group(matrix, group, allow_cpu_smoke=allow_cpu_smoke,
                                 dry_run=dry_run, trust=trust)
             report(manifest, {r["id"]: Publication.from_json(
@@ -197,7 +202,8 @@ def index(run: Run, g: Going) -> Going:
     """Step `index`: the image index of several platforms (else the plain manifest), and the
     dated tag it will take."""
     top = push_index(run.matrix, list(g.promoted)) if g.multi else g.promoted[0].vetted
-    return replace(g, top=top, dated=publish.next_dated(top, g.first.floating_tag))
+    return replace(g, top=top, dated=publish.next_dated(top, g.first.floating_tag,
+                                                             g.cands[0].trust.keys))
 
 
 def twin_step(run: Run, g: Going) -> Going:

@@ -14,7 +14,7 @@ from builder.core import keypair, oci, reproducible, sign, zstd
 from builder.core.output import human_bytes, step
 from builder.model.matrix import Matrix
 from builder.model.staged import Staged
-from builder.stages import provenance, publish, staging, twin
+from builder.stages import build, provenance, publish, staging, twin
 from builder.stages.publish import Candidate
 
 
@@ -29,7 +29,8 @@ def provenance_of(vetted: Staged, trust: keypair.Trust) -> bytes:
     config = staging.image_config(vetted)
     doc = provenance.statement(f"{vetted.registry}/{vetted.repository}", vetted.digest,
                                (config.get("config") or {}).get("Labels") or {},
-                               reproducible.record(config))
+                               reproducible.record(config),
+                               times=build.build_times(vetted.image_id))
     if trust.unsigned:
         doc["predicate"]["buildDefinition"]["internalParameters"]["unsigned_staging"] = True
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
