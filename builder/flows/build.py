@@ -199,11 +199,15 @@ def buildkit(run: Run, o: Outcome) -> Outcome:
     if o.state != "build":
         return o
     p, log = planned_of(o), state.path("logs") / f"{o.variant_id}.log"
-    spec = build.Spec(o.variant_id, p.local_image, p.variant.platform, build.build_labels(
-        lockfile.lock_paths(run.options.locks, p.variant), p.base_digest, p.content_hash,
-        p.lock_hash), state.root() / "context", state.root() / "rendered" / p.variant.key /
-        "Dockerfile", log, run.options.apt_refresh,
-        run.base_pins.get(platforms.base_key(p.variant.base.image, p.variant.platform), ""))
+    spec = build.Spec(
+        key=o.variant_id, image=p.local_image, platform=p.variant.platform,
+        labels=build.build_labels(lockfile.lock_paths(run.options.locks, p.variant),
+                                  p.base_digest, p.content_hash, p.lock_hash),
+        context=state.root() / "context",
+        dockerfile=state.root() / "rendered" / p.variant.key / "Dockerfile", log=log,
+        apt_refresh=run.options.apt_refresh,
+        base_image=run.base_pins.get(platforms.base_key(p.variant.base.image,
+                                                        p.variant.platform), ""))
     if registry_served(p.variant) and not spec.base_image:  # never FROM the movable tag
         return failed(o, BuilderError(f"no verified base reference for {o.variant_id}"))
     step(f"  [{o.variant_id}] building (log: {log})")
