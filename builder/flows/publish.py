@@ -22,7 +22,6 @@ complete it.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import time
 from collections.abc import Iterable, Sequence
@@ -30,7 +29,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, keypair, oci, reproducible, sign, zstd
+from builder.core import clock, engine, keypair, oci, reproducible, sign, zstd
 from builder.core.errors import ConfigError
 from builder.core.output import human_bytes, step
 from builder.flows import publish_gate, record
@@ -322,7 +321,7 @@ def publication_of(matrix: Matrix, cand: Candidate, digest: str, dated: str,
     facts = p.rendered.facts
     return Publication(
         date=f"{date[:4]}-{date[4:6]}-{date[6:]}",
-        published_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        published_at=clock.iso(),
         registry=matrix.registry, repository=matrix.repository,
         digest=digest, reference=f"{matrix.image_name}@{digest}",
         image_id=cand.image_id, content_hash=p.content_hash,

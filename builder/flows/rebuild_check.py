@@ -19,7 +19,6 @@ is unknown. What is done about the findings is `builder.flows.rebuild`.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import re
@@ -30,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, labels, oci, proc, sign
+from builder.core import clock, engine, labels, oci, proc, sign
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.output import step
 from builder.flows import bases, record
@@ -455,6 +454,6 @@ def exit_code(findings: list[Finding]) -> int:
 def apt_token(upgradable: dict[str, tuple[str, str]]) -> str:
     """`YYYYMMDD-<hash of the upgradable list>`: a new token re-runs the apt upgrade step."""
     listing = "\n".join(f"{n} {o} {nw}" for n, (o, nw) in sorted(upgradable.items()))
-    day = dt.datetime.now(dt.UTC).strftime("%Y%m%d")
+    day = clock.stamp()
     return f"{day}-{hashlib.sha256(listing.encode()).hexdigest()[:12]}"
 

@@ -7,14 +7,13 @@ lock, which base digest, which builder.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from builder import __version__
-from builder.core import labels
+from builder.core import clock, labels
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -63,7 +62,7 @@ def statement(image_name: str, digest: str, image_labels: Mapping[str, str],
             "runDetails": {
                 "builder": {"id": builder_id(os.environ if environ is None else environ)},
                 "metadata": {"finishedOn": get(labels.OCI + "created")
-                             or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                             or clock.iso(),
                              **invocation(os.environ if environ is None else environ)},
             },
         },
