@@ -44,3 +44,33 @@ def test_an_unset_clock_is_utc_now() -> None:
 def test_a_malformed_clock_is_one_error() -> None:
     with pytest.raises(ConfigError, match=clock.ENV):
         clock.start({clock.ENV: "yesterday"})
+
+
+def test_a_build_after_midnight_takes_the_bases_already_here(monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """Every variant up to date on the engine's base: no new day's bootstrap (flows/build)."""
+    from dataclasses import dataclass
+
+    from builder.flows import build
+
+    @dataclass(frozen=True)
+    class P:
+        state: str
+
+    seen: list[object] = []
+    monkeypatch.setattr(build.base, "known_digests", lambda v, m: {"base": "sha256:b"})
+    monkeypatch.setattr(build, "registry_served", lambda v: None)
+    states = ["up-to-date"]
+    monkeypatch.setattr(build.plan, "make_plan",
+                        lambda m, r, d, **kw: seen.append(d) or [P(s) for s in states])
+    assert build.already_built(None, ["v"], ["r"]) == [P("up-to-date")]
+    assert seen == [{"base": "sha256:b"}]
+    states[:] = ["up-to-date", "build"]
+    assert build.already_built(None, ["v", "w"], ["r", "s"]) is None
+
+
+def test_a_foreign_base_is_always_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    from builder.flows import build
+
+    monkeypatch.setattr(build, "registry_served", lambda v: "bookworm")
+    assert build.already_built(None, ["v"], ["r"]) is None
