@@ -38,7 +38,7 @@ from builder.model.matrix import Matrix, Variant
 from builder.model.planned import PlannedVariant
 from builder.model.publication import Artifact, PlatformEntry, Publication, ZstdTwin
 from builder.model.staged import Staged
-from builder.stages import plan, provenance, publish, staging, twin
+from builder.stages import build, plan, provenance, publish, staging, twin
 from builder.stages.publish import Candidate
 
 # What a platform's entry keeps of its own publication (the rest is the variant's).
@@ -274,7 +274,8 @@ def provenance_of(vetted: Staged, trust: keypair.Trust) -> bytes:
     config = staging.image_config(vetted)
     doc = provenance.statement(f"{vetted.registry}/{vetted.repository}", vetted.digest,
                                (config.get("config") or {}).get("Labels") or {},
-                               reproducible.record(config))
+                               reproducible.record(config),
+                               times=build.build_times(vetted.image_id))
     if trust.unsigned:
         doc["predicate"]["buildDefinition"]["internalParameters"]["unsigned_staging"] = True
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()

@@ -325,7 +325,7 @@ def pins_moved(s: Subject) -> dict[str, tuple[str, str]]:
     from sbom.diff import iter_components
 
     try:
-        doc = fetch_artifact(s.pub.registry, s.pub.repository, s.pub.sbom.digest)
+        doc = artifact_json_by_digest(s.pub.registry, s.pub.repository, s.pub.sbom.digest)
         lock = lockfile.require_lock(s.locks_dir, s.variant)
     except (BuilderError, ValueError, KeyError, IndexError):
         return {}
@@ -336,7 +336,7 @@ def pins_moved(s: Subject) -> dict[str, tuple[str, str]]:
             if name in old and old[name] != version}
 
 
-def fetch_artifact(registry: str, repository: str, digest: str) -> dict[str, Any]:
+def artifact_json_by_digest(registry: str, repository: str, digest: str) -> dict[str, Any]:
     """The JSON payload of a one-layer OCI artifact, by its manifest digest."""
     reg = oci.Registry(registry)
     found = reg.manifest(repository, digest)
