@@ -32,7 +32,7 @@ from typing import Any
 from builder.core import clock, engine, keypair, oci, reproducible, sign, zstd
 from builder.core.errors import ConfigError
 from builder.core.output import human_bytes, step
-from builder.flows import publish_gate, record
+from builder.flows import publish_gate, record, tag_repair
 from builder.model import platforms, publication
 from builder.model.matrix import Matrix, Variant
 from builder.model.planned import PlannedVariant
@@ -74,12 +74,17 @@ def publish_variants(matrix: Matrix, planned: list[PlannedVariant], *,
     engine.ensure_engine()
     results: list[dict[str, Any]] = []
     try:
-        known = record.latest(matrix, trust.keys)  # a registry down: the same hint as below
+        found = record.history(matrix, trust.keys)  # a registry down: the same hint as below
+        known = {vid: pubs[0] for vid, pubs in found.items()}
         for group in groups(planned):
             if held := already_published(known, group):
+                if not dry_run:
+                    tag_repair.repair(oci.Registry(matrix.registry), known[held["id"]],
+                                      group[0].tags, trust.keys)
                 results.append(held)
                 report(manifest, {held["id"]: known[held["id"]]})
                 continue
+            tag_repair.refuse_older(found.get(group[0].variant.id, []), group)
             out = publish_group(matrix, group, allow_cpu_smoke=allow_cpu_smoke,
                                 dry_run=dry_run, trust=trust)
             report(manifest, {r["id"]: Publication.from_json(
@@ -116,7 +121,7 @@ def publish_group(matrix: Matrix, group: list[PlannedVariant], *, allow_cpu_smok
     top = push_index(matrix, promoted) if multi else promoted[0].vetted
     first = cands[0].planned
     tags = [*([] if multi else [first.hash_tag]), *first.tags]
-    dated = publish.next_dated(top, first.floating_tag)
+    dated = publish.next_dated(top, first.floating_tag, cands[0].trust.keys)
     twins = promote_twins(matrix, top, [(p.vetted, p.cand) for p in promoted], first.floating_tag)
     signed = publish.sign_digest(top, cands[0].trust,
                                  sign.tag_annotations(first.variant.id, [dated[0], *tags]))

@@ -99,7 +99,7 @@ def verify(reference: Reference, policy: Policy = Policy()) -> tuple[str, list[R
     if not reference.ref.startswith("sha256:"):  # right after the signature: what TAG is
         rows[1:1] = [Row(what, OK if ok else BAD, detail) for what, ok, detail in
                      verify_tags.findings(reg, reference.repository, reference.ref, desc.digest,
-                                          found_labels, payloads)]
+                                          found_labels, payloads, policy.keys)]
     return desc.digest, rows
 
 

@@ -116,20 +116,21 @@ def sbom_gate(cand: Candidate) -> str:
 
 
 def dated_tag(reg: oci.Registry, repository: str, floating: str, date: str,
-              digest: str) -> tuple[str, bool]:
+              digest: str, keys: tuple[Any, ...] = ()) -> tuple[str, bool]:
     """The first free `<floating>-<date>[.n]`, or the one already holding `digest`.
 
     Returns (tag, whether it already holds the digest). A tag holding another digest is never
-    overwritten.
+    overwritten, unless `keys` are given and none of them signed that tag for its digest: an
+    unsigned tag is no publication (anyone with push rights may write one) and takes no suffix.
     """
     for n in range(MAX_SUFFIX + 1):
         tag = f"{floating}-{date}" + (f".{n}" if n else "")
         desc = reg.head(repository, tag)
-        if desc is None:
+        if desc is None or (keys and not sign.names_tag(reg, repository, desc.digest, tag, keys)):
             return tag, False
         if desc.digest == digest:
             return tag, True
-    raise RegistryError(f"`{floating}-{date}` has {MAX_SUFFIX} suffixes taken today")
+    raise RegistryError(f"`{floating}-{date}` has {MAX_SUFFIX} signed suffixes taken today")
 
 
 def promote(matrix: Matrix, staged: Staged) -> Staged:
@@ -173,11 +174,11 @@ def dry_run_entry(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
             "registry": matrix.registry, "repository": matrix.repository}
 
 
-def next_dated(vetted: Staged, floating: str) -> tuple[str, bool]:
+def next_dated(vetted: Staged, floating: str, keys: tuple[Any, ...] = ()) -> tuple[str, bool]:
     """The dated tag this publication takes (signed before it is written), and whether it
-    already holds the digest."""
+    already holds the digest; with `keys`, unsigned dated tags are free (dated_tag)."""
     reg = oci.Registry(vetted.registry)
-    return dated_tag(reg, vetted.repository, floating, today(), vetted.digest)
+    return dated_tag(reg, vetted.repository, floating, today(), vetted.digest, keys)
 
 
 def write_tags(vetted: Staged, floating: str, tags: list[str],
