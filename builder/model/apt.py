@@ -4,9 +4,10 @@ builder.flows.rebuild_check's."""
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import re
+
+from builder.core import clock
 
 # `libssl3/stable-security 3.0.15-1~deb12u1 amd64 [upgradable from: 3.0.14-1~deb12u2]`
 _APT_LINE = re.compile(r"^(\S+?)/\S*\s+(\S+)\s+\S+\s+\[upgradable from:\s*([^\]\s]+)\]")
@@ -32,5 +33,5 @@ def parse_upgradable(text: str) -> dict[str, tuple[str, str]]:
 def apt_token(upgradable: dict[str, tuple[str, str]]) -> str:
     """`YYYYMMDD-<hash of the upgradable list>`: a new token re-runs the apt upgrade step."""
     listing = "\n".join(f"{n} {o} {nw}" for n, (o, nw) in sorted(upgradable.items()))
-    day = dt.datetime.now(dt.UTC).strftime("%Y%m%d")
+    day = clock.stamp()
     return f"{day}-{hashlib.sha256(listing.encode()).hexdigest()[:12]}"
