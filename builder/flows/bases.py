@@ -20,6 +20,7 @@ the base digest returned here (builder.stages.build). Pulled refs are builder.st
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from builder.core import engine, oci, reproducible, rootfs_image
+from builder.core import clock, engine, oci, reproducible, rootfs_image
 from builder.core.errors import BuilderError
 from builder.core.keypair import SigningKey, key_id
 from builder.core.output import step
@@ -37,6 +38,7 @@ from builder.model.matrix import Matrix, Variant
 from builder.stages import base, signed_base
 
 Progress = Callable[[str], None]
+STAGED_DAYS = 7  # how many days back plan/publish look for the signed base a staged image names
 NO_KEY = ("no trusted key (give --key, --trust-key or the matrix's `trust_keys` to take it "
           "from the registry)")
 
@@ -233,9 +235,9 @@ def known_digests(matrix: Matrix, variants: list[Variant],
                   trusted: tuple[ec.EllipticCurvePublicKey, ...]) -> dict[str, str | None]:
     """base.known_digests; with `trusted` keys, a bootstrapped base that is not this engine's
     own (a native one it lacks: a fresh runner that plans or publishes; a foreign one, which
-    base.known_digests reads by its floating tag, unverified) is the digest `signed_digest`
-    finds: the staged images' content hashes are then found without bootstrapping. Unknown
-    otherwise (→ build)."""
+    base.known_digests reads by its floating tag, unverified) is the digest `staged_digest`
+    finds: the staged images' content hashes are then found without bootstrapping, on a later
+    day too. Unknown otherwise (→ build)."""
     digests = base.known_digests(variants, matrix)
     checked: set[str] = set()
     for v in variants if trusted else ():
@@ -244,10 +246,28 @@ def known_digests(matrix: Matrix, variants: list[Variant],
         if suite is None or key in checked or (digests.get(key) and not platform.suffix):
             continue
         checked.add(key)
-        found = signed_digest(matrix, suite, platform, trusted)
+        found = staged_digest(matrix, suite, platform, trusted)
         if found or platform.suffix:  # a foreign base's unverified reading goes
             digests[key] = found
     return digests
+
+
+def staged_digest(matrix: Matrix, suite: str, platform: platforms.Platform,
+                  trusted: tuple[ec.EllipticCurvePublicKey, ...]) -> str | None:
+    """The base digest of the newest signed bootstrap of `suite` (for `platform`) of the
+    command's day or of the STAGED_DAYS before it: what an image staged then was built on (a
+    build stages on the base it signs), so `plan`/`publish` on a later day, on a fresh runner,
+    find its content hash. Only days with no base at all are passed over: a newer base that
+    does not verify is None (→ unknown), never an older one in its place."""
+    for back in range(STAGED_DAYS + 1):
+        try:
+            return verified_digest(matrix, suite, platform, trusted,
+                                   clock.day() - dt.timedelta(days=back))
+        except signed_base.Absent:
+            continue
+        except signed_base.Unverified:
+            return None
+    return None
 
 
 def signed_digest(matrix: Matrix, suite: str, platform: platforms.Platform,
@@ -256,9 +276,16 @@ def signed_digest(matrix: Matrix, suite: str, platform: platforms.Platform,
     None when it does not verify against `trusted`. Never an older signed base that a floating
     tag points at: that would let anyone with push rights roll the base back (→ build)."""
     with contextlib.suppress(signed_base.Unverified):
-        return signed_base.verify(oci.Registry(matrix.registry), where(matrix, suite, platform),
-                                  list(trusted), suite).base_digest
+        return verified_digest(matrix, suite, platform, trusted, clock.day())
     return None
+
+
+def verified_digest(matrix: Matrix, suite: str, platform: platforms.Platform,
+                    trusted: tuple[ec.EllipticCurvePublicKey, ...], day: dt.date) -> str:
+    """The base digest of `day`'s signed bootstrap, verified against `trusted` (Unverified,
+    or Absent, saying why not)."""
+    return signed_base.verify(oci.Registry(matrix.registry), where(matrix, suite, platform, day),
+                              list(trusted), suite).base_digest
 
 
 def foreign_digest_now(matrix: Matrix, suite: str, platform: platforms.Platform,
@@ -275,8 +302,9 @@ def foreign_digest_now(matrix: Matrix, suite: str, platform: platforms.Platform,
         return platforms.layers_digest([reproducible.file_digest(tar)])
 
 
-def where(matrix: Matrix, suite: str, platform: platforms.Platform | None = None
-          ) -> signed_base.Where:
-    """Where today's slim bootstrap of `suite` (for the foreign `platform`) is kept."""
-    return signed_base.where(matrix, suite, base.bootstrap_key(suite, options=base.SLIM_OPTIONS),
-                             platform if platform and platform.suffix else None)
+def where(matrix: Matrix, suite: str, platform: platforms.Platform | None = None,
+          day: dt.date | None = None) -> signed_base.Where:
+    """Where today's (or `day`'s) slim bootstrap of `suite` (for the foreign `platform`) is
+    kept."""
+    key = base.bootstrap_key(suite, day, options=base.SLIM_OPTIONS)
+    return signed_base.where(matrix, suite, key, platform if platform and platform.suffix else None)

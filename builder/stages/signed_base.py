@@ -32,6 +32,10 @@ class Unverified(BuilderError):
     """The registry's base cannot be used: absent, or not verified (the message says which)."""
 
 
+class Absent(Unverified):
+    """No base under that tag at all (not one that failed to verify)."""
+
+
 @dataclass(frozen=True)
 class Where:
     """Where a bootstrap of one suite and key is kept."""
@@ -123,7 +127,7 @@ def _verified(reg: oci.Registry, at: Where, keys: list[ec.EllipticCurvePublicKey
     try:
         found = reg.head(at.repository, at.tag)
         if found is None:
-            raise Unverified(f"`{at.reference}` is absent")
+            raise Absent(f"`{at.reference}` is absent")
         tags = keyed(signed_tags(reg, at, found.digest, keys))
         if not tags:
             raise Unverified(f"the signature of `{at.reference}` {unnamed}")

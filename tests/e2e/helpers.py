@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,28 @@ def smoke_with_fake_docker(tmp_path: Path, script: str, log: Path) -> subprocess
         assert time.monotonic() < deadline and tool.poll() is None, tool.communicate()
         time.sleep(0.05)
     return tool
+
+
+@contextlib.contextmanager
+def base_removed(suite: str = "bookworm") -> Iterator[None]:
+    """The slim base's names removed (a fresh runner's engine), the image held under another tag
+    (other tests on this engine may be building FROM it); its names put back afterwards
+    whatever the code inside did."""
+    import uuid
+
+    from builder.core import engine
+    from builder.model.bases import bootstrap_ref
+    from builder.stages import base
+
+    ref, keyed = bootstrap_ref(suite), base.keyed_ref(suite)
+    hold = f"e2e-hold-{uuid.uuid4().hex[:8]}:base"
+    engine.docker("tag", ref, hold)
+    for name in (keyed, ref):
+        engine.docker("image", "rm", name, check=False)
+    try:
+        yield
+    finally:
+        if not base.have_bootstrapped(suite):
+            engine.docker("tag", hold, ref)
+            engine.docker("tag", hold, keyed)
+        engine.docker("image", "rm", hold, check=False)

@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import free_port, private_matrix, remove_images_of, run_builder
+from helpers import base_removed, free_port, private_matrix, remove_images_of, run_builder
 
 from builder.core import engine, keypair, oci, registry, sign
 from builder.model.bases import bootstrap_ref
@@ -73,20 +72,9 @@ def base_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
 
 @pytest.fixture
 def without_base() -> Iterator[None]:
-    """The base's names removed (a fresh runner's engine), the image held under another tag;
-    its names put back afterwards whatever the test did."""
-    hold = f"e2e-hold-{uuid.uuid4().hex[:8]}:base"
-    engine.docker("tag", REF, hold)
-    keyed = base.keyed_ref("bookworm")
-    for ref in (keyed, REF):
-        engine.docker("image", "rm", ref, check=False)
-    try:
+    """The base's names removed (a fresh runner's engine) for the test (helpers.base_removed)."""
+    with base_removed():
         yield
-    finally:
-        if not base.have_bootstrapped("bookworm"):
-            engine.docker("tag", hold, REF)
-            engine.docker("tag", hold, keyed)
-        engine.docker("image", "rm", hold, check=False)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ when it verifies and its floating tag pointed back at it. No engine, no mmdebstr
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
@@ -362,3 +363,47 @@ def test_rebuild_check_reads_todays_signed_base_or_bootstraps_without_pushing(wo
     moved = bases.foreign_digest_now(m, "bookworm", ARM, ())
     assert moved != digest and ran == ["mmdebstrap --arch=arm64 bookworm"] * 2
     assert reg.manifests == before  # nothing written
+
+
+# ---- a later day: plan/publish find the signed base an image was staged on -------------------
+
+STAGED_ON = dt.date(2026, 12, 5)
+
+
+def keyed_by_day(suite: str, day: dt.date | None = None, options: tuple[str, ...] = ()) -> str:
+    """The staging build's key is KEY (its day, STAGED_ON); any other day's is its own."""
+    return KEY if day in (None, STAGED_ON) else f"{day:%Y%m%d}".ljust(16, "0")
+
+
+@pytest.mark.parametrize(("days_later", "found"), [(1, True), (bases.STAGED_DAYS, True),
+                                                   (bases.STAGED_DAYS + 1, False)])
+def test_a_fresh_runner_on_a_later_day_finds_the_base_the_image_was_staged_on(
+        world, cpu, capsys, monkeypatch, days_later, found):
+    """Staged at 23:59:59, published after midnight by a runner without the base: no base of
+    the publish day is signed yet, so the newest signed one (the build day's) gives the digest,
+    for STAGED_DAYS days."""
+    key = new_key()
+    digest = stage_with(world, cpu, key, capsys)
+    world[1]("fresh")
+    monkeypatch.setattr(base, "known_digests", lambda _v, _m=None: {})
+    monkeypatch.setattr(base, "bootstrap_key", keyed_by_day)
+    monkeypatch.setattr(bases.clock, "day", lambda: STAGED_ON + dt.timedelta(days=days_later))
+    m, v = cpu
+    key_of = platforms.base_key(v.base.image, v.platform)
+    assert bases.known_digests(m, [v], (key.public,)) == ({key_of: digest} if found else {})
+
+
+def test_a_newer_base_that_does_not_verify_never_gives_way_to_an_older_one(
+        world, arm, monkeypatch, tmp_path):
+    """Someone with push rights plants a base under the next day's keyed tag: the plan's base
+    is unknown (→ build or refuse), not the older signed one."""
+    reg, _ = world
+    m, v, _ran, _ = arm
+    key = new_key()
+    signed = bases.ensure(m, v, bases.BaseOptions((key.public,), key))
+    monkeypatch.setattr(base, "bootstrap_key", keyed_by_day)
+    monkeypatch.setattr(bases.clock, "day", lambda: STAGED_ON + dt.timedelta(days=1))
+    key_of = platforms.base_key(v.base.image, v.platform)
+    assert bases.known_digests(m, [v], (key.public,)) == {key_of: signed}
+    plant(reg, tmp_path, f"bookworm-slim-arm64-{keyed_by_day('bookworm', STAGED_ON.replace(day=6))}")
+    assert bases.known_digests(m, [v], (key.public,)) == {key_of: None}
