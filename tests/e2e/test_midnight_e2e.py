@@ -1,0 +1,111 @@
+"""A run that crosses midnight UTC, for real (issue 44): the CPU runtime built and staged with
+signed evidence at 23:59:59 (`TORCH_IMAGES_NOW`), then on the next day, with the same state
+folder, `plan` finds the same content hash, `build` says up to date and a dry-run `publish`
+would publish it; and a fresh runner (another state folder, no base in the engine) publishes
+the staged image on that next day without building, under the publish day's dated tag, and
+`verify --key` is ok. One build: nothing is built after 23:59:59.
+
+The base's names are held aside for the fresh runner and put back (helpers.base_removed).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from helpers import amd64_matrix, base_removed, free_port, run_builder
+
+from builder.core import clock, engine, registry
+from builder.model.bases import bootstrap_ref
+
+pytestmark = pytest.mark.docker
+
+CPU = "2.13.0-py3.11-cpu-runtime"
+PASSWORD = "midnight-e2e"
+# The build day ends at 23:59:59; the next day is today's real date (dates after today are not
+# publications), so the build day is yesterday.
+NEXT_DAY = dt.datetime.now(dt.UTC).date()
+BUILD_DAY = NEXT_DAY - dt.timedelta(days=1)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A linux/amd64 matrix on a fresh registry and a key pair; its images removed afterwards."""
+    tmp = tmp_path_factory.mktemp("midnight")
+    addr = f"127.0.0.1:{free_port()}"
+    matrix_path = amd64_matrix(tmp, addr)
+    registry.start(addr, tmp / "registry")
+    environ = {**os.environ, "COSIGN_PASSWORD": PASSWORD}
+    for name in ("COSIGN_PRIVATE_KEY", clock.ENV):
+        environ.pop(name, None)
+    run_builder("keygen", "--out", str(tmp), env=environ)
+    yield {"matrix": matrix_path, "addr": addr, "tmp": tmp, "env": environ}
+    registry.stop(tmp / "registry")
+    refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
+                         "--filter", f"reference={addr}/*").stdout.split()
+    for ref in refs:
+        engine.remove_image(ref)
+
+
+def at(env: dict[str, Any], when: str, state: str, *args: str, check: bool = True
+       ) -> subprocess.CompletedProcess[str]:
+    """`builder ARGS` with the clock at `when` and BUILDER_STATE `state` (under the module's
+    temporary folder)."""
+    environ = {**env["env"], clock.ENV: when, "BUILDER_STATE": str(env["tmp"] / state)}
+    return run_builder(*args, matrix=env["matrix"], env=environ, check=check)
+
+
+def before_midnight(env: dict[str, Any], state: str, *args: str) -> Any:
+    return json.loads(at(env, f"{BUILD_DAY.isoformat()}T23:59:59Z", state, *args).stdout)
+
+
+def next_day(env: dict[str, Any], state: str, *args: str) -> Any:
+    return json.loads(at(env, f"{NEXT_DAY.isoformat()}T00:00:30Z", state, *args).stdout)
+
+
+@pytest.fixture(scope="module")
+def staged(env: dict[str, Any]) -> dict[str, Any]:
+    """Built, smoked, described and staged with signed evidence at 23:59:59 (state `ci`)."""
+    [outcome] = before_midnight(env, "ci", "build", "--select", f"id={CPU}", "--stage",
+                                "--key", str(env["tmp"] / "cosign.key"), "--json")
+    assert outcome["state"] == "built", outcome
+    [planned] = before_midnight(env, "ci", "plan", "--select", f"id={CPU}", "--json")["include"]
+    return {"ref": outcome["message"], "digest": outcome["message"].rsplit("@", 1)[1],
+            "plan": planned}
+
+
+def test_the_next_day_the_same_runner_finds_it_up_to_date_and_publishable(env, staged) -> None:
+    [planned] = next_day(env, "ci", "plan", "--select", f"id={CPU}", "--json")["include"]
+    assert (planned["base_digest"], planned["content_hash"]) == (
+        staged["plan"]["base_digest"], staged["plan"]["content_hash"])
+    [outcome] = next_day(env, "ci", "build", "--select", f"id={CPU}", "--json")
+    assert outcome["state"] == "up-to-date", outcome
+    [would] = next_day(env, "ci", "publish", "--select", f"id={CPU}", "--dry-run", "--json",
+                       "--key", str(env["tmp"] / "cosign.key"))
+    assert would["status"] == "would-publish", would
+    assert would["staged"] == staged["ref"]
+    assert would["tags"][0].endswith(f"-{NEXT_DAY:%Y%m%d}[.n]")  # the publish day's
+
+
+def test_a_fresh_runner_publishes_it_the_next_day_without_building(env, staged) -> None:
+    """build.yml's publish job on another runner after midnight: no base in its engine, an
+    empty state folder; the staged image's base is the signed base of the build day."""
+    with base_removed():
+        assert engine.inspect_image(bootstrap_ref("bookworm")) is None
+        result = at(env, f"{NEXT_DAY.isoformat()}T00:00:30Z", "fresh", "publish", "--select",
+                    f"id={CPU}", "--json", "--key", str(env["tmp"] / "cosign.key"),
+                    "--manifest", str(env["tmp"] / "published.json"))
+        assert engine.inspect_image(bootstrap_ref("bookworm")) is None  # nothing bootstrapped
+    [published] = json.loads(result.stdout)
+    assert published["status"] == "published", published
+    assert published["digest"] == staged["digest"]  # the staged image itself: not rebuilt
+    dated = f"{CPU}-{NEXT_DAY:%Y%m%d}"
+    assert dated in published["tags"], published
+    verified = run_builder("verify", f"{env['addr']}/torch:{dated}", "--key",
+                           str(env["tmp"] / "cosign.pub"), env=env["env"], check=False)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
