@@ -218,3 +218,31 @@ def mounts_under(folder: Path) -> list[str]:
     points = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
     return sorted((p for p in points if p == prefix or p.startswith(prefix + "/")),
                   key=len, reverse=True)
+
+
+# ---- one measured run: an empty node, a pull, then the first matmul ----------------------------
+
+FIRST_STEP = ("import time; t = time.monotonic(); import torch; "
+              "a = torch.randn(2048, 2048); (a @ a).sum().item(); "
+              "print(round(time.monotonic() - t, 2))")
+
+
+def cold_start(registry: str, ref: str) -> dict[str, Any]:
+    """On a fresh private containerd (an empty content store and snapshotter): the CRI pull,
+    then `ctr run` of a container that imports torch and runs a 2048² matmul. Seconds of each,
+    containerd's CPU-seconds over the pull, the bytes it fetched, the load before."""
+    load = round(os.getloadavg()[0], 2)
+    with PrivateContainerd([registry]) as node:
+        proc.run(["sync"])
+        pulled = node.pull(ref)
+        fetched = folder_bytes(node.home / "root" / "io.containerd.content.v1.content")
+        start = time.monotonic()
+        out = node.ctr("run", "--rm", ref, f"bench-{os.getpid()}-{time.monotonic_ns()}",
+                       "python", "-c", FIRST_STEP, timeout=1800)
+        started = round(time.monotonic() - start, 2)
+    return {**pulled, "start_s": started, "in_container_s": float(out.split()[-1]),
+            "to_matmul_s": round(pulled["s"] + started, 2), "bytes": fetched, "load": load}
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
