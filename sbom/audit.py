@@ -2,7 +2,8 @@
 
 - Python: pip-audit (PyPI's vulnerability data) on `name==version` of every pypi component.
 - Debian: the security suite's Packages index; an installed version older than the suite's is
-  reported with the fixed version (dpkg version order).
+  reported with the fixed version (dpkg version order) and, as `aliases`, the CVE ids the fixed
+  package's Debian changelog names since the installed version (sbom/debian_changelog.py).
 
 Each source gets a status: ok, unreachable or error. Components a source could not judge are
 listed as unknown, so "no findings" only ever means "checked and clean".
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import tarfile
 import tempfile
 import urllib.error
 import urllib.request
@@ -23,7 +25,7 @@ from packaging.version import InvalidVersion, Version
 
 from builder.core import proc
 from builder.core.errors import CommandFailed
-from sbom import dpkg
+from sbom import debian_changelog, dpkg
 from sbom.diff import iter_components
 from sbom.pydist import normalize
 
@@ -177,7 +179,8 @@ def audit_debian(
         return name, out
     arches = sorted({p.qualifiers.get("arch", "amd64") for p, _ in packages} - {"all"} | {"all"})
     try:
-        fixed = security_versions(mirror, suite, arches, timeout=timeout)
+        filenames: dict[str, str] = {}
+        fixed = security_versions(mirror, suite, arches, timeout=timeout, filenames=filenames)
     except (urllib.error.URLError, OSError, TimeoutError) as exc:
         out["status"] = _source("unreachable", f"{mirror}: {exc}", 0, suite=suite)
         out["unknown"] = [_unknown(ref, p, f"{suite} unreachable") for p, ref in packages]
@@ -189,17 +192,35 @@ def audit_debian(
     for purl, ref in packages:
         newer = fixed.get(purl.name)
         if newer and dpkg.compare_versions(purl.version or "", newer) < 0:
+            cves, why = changelog_cves(mirror, filenames.get(purl.name), purl, timeout)
             out["vulnerabilities"].append(_vuln(
-                name, ref, purl, f"{suite}:{purl.name}@{newer}", fix_versions=[newer], aliases=[],
+                name, ref, purl, f"{suite}:{purl.name}@{newer}", fix_versions=[newer],
+                aliases=cves, cve_source=why,
                 description=f"{suite} has a security update for {purl.name}: {newer}"))
     out["status"] = _source("ok", "", len(packages), suite=suite, url=mirror)
     return name, out
 
 
+def changelog_cves(mirror: str, filename: str | None, purl: PackageURL,
+                   timeout: float) -> tuple[list[str], str]:
+    """(the CVE ids the fixed package's Debian changelog names since the installed version,
+    where they came from or why there are none)."""
+    if not filename:
+        return [], "unknown: the security suite names no .deb for it"
+    try:
+        cves = debian_changelog.fixed_cves(mirror, filename, purl.name, purl.version or "",
+                                           timeout=timeout)
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError, tarfile.TarError) as exc:
+        return [], f"unknown: {filename}: {exc}"[:300]
+    return cves, f"changelog of {filename}"
+
+
 def security_versions(
-    mirror: str, suite: str, arches: list[str], *, timeout: float = 120
+    mirror: str, suite: str, arches: list[str], *, timeout: float = 120,
+    filenames: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """Binary package → highest version in the suite's main Packages indexes for `arches`."""
+    """Binary package → highest version in the suite's main Packages indexes for `arches`
+    (`filenames`, when given, gets that version's .deb path under the mirror)."""
     versions: dict[str, str] = {}
     for arch in arches:
         url = f"{mirror.rstrip('/')}/dists/{suite}/main/binary-{arch}/Packages.xz"
@@ -215,6 +236,8 @@ def security_versions(
             if pkg and ver and (pkg not in versions or
                                 dpkg.compare_versions(ver, versions[pkg]) > 0):
                 versions[pkg] = ver
+                if filenames is not None and st.get("Filename"):
+                    filenames[pkg] = st["Filename"]
     return versions
 
 

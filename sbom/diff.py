@@ -6,6 +6,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from packageurl import PackageURL
+from packaging.version import InvalidVersion, Version
+
+from sbom.dpkg import compare_versions
 
 
 def iter_components(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -19,6 +22,12 @@ def iter_components(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 # What every count of an SBOM's components means (build table, verify, catalog): the one rule.
 COUNTED = "components, nested ones (libraries bundled in a wheel) included"
+
+
+def component_total(doc: dict[str, Any]) -> int:
+    """The number of components every report prints (`COUNTED`): build's table, `builder
+    sbom`, verify and the catalog all print this one."""
+    return sum(1 for _ in iter_components(doc))
 
 
 def component_counts(doc: dict[str, Any]) -> tuple[dict[str, int], list[dict[str, Any]]]:
@@ -78,7 +87,8 @@ def diff_sboms(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     added = [entry(b[k], version=_label(b[k]["versions"])) for k in sorted(b.keys() - a.keys())]
     removed = [entry(a[k], version=_label(a[k]["versions"])) for k in sorted(a.keys() - b.keys())]
     changed = [
-        entry(b[k], old=_label(a[k]["versions"]), new=_label(b[k]["versions"]))
+        entry(b[k], old=_label(a[k]["versions"]), new=_label(b[k]["versions"]),
+              direction=direction(k[0], a[k]["versions"], b[k]["versions"]))
         for k in sorted(a.keys() & b.keys())
         if a[k]["versions"] != b[k]["versions"]
     ]
@@ -90,6 +100,36 @@ def diff_sboms(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         "changed": changed,
         "unchanged": len(a.keys() & b.keys()) - len(changed),
     }
+
+
+def direction(kind: str, old: set[str], new: set[str]) -> str:
+    """`upgrade` or `downgrade` by the ordering of the package's own type (dpkg's for deb,
+    PEP 440 for pypi), else `change` (several versions, another type, an unparsable version):
+    a rollback must never read as an upgrade."""
+    if len(old) != 1 or len(new) != 1:
+        return "change"
+    (before,), (after,) = old, new
+    if kind == "deb":
+        order = compare_versions(after, before)
+    elif kind == "pypi":
+        try:
+            order = (Version(after) > Version(before)) - (Version(after) < Version(before))
+        except InvalidVersion:
+            return "change"
+    else:
+        return "change"
+    return "upgrade" if order > 0 else "downgrade" if order < 0 else "change"
+
+
+def change_line(result: dict[str, Any]) -> str:
+    """`0 added, 0 removed, 1 upgraded, 1 downgraded`: what every changelog prints of a
+    `diff_sboms` result (changes of unknown order as `n changed`)."""
+    moves = [c.get("direction", "change") for c in result["changed"]]
+    parts = [f"{len(result['added'])} added", f"{len(result['removed'])} removed",
+             f"{moves.count('upgrade')} upgraded"]
+    parts += [f"{n} {word}" for n, word in ((moves.count("downgrade"), "downgraded"),
+                                            (moves.count("change"), "changed")) if n]
+    return ", ".join(parts)
 
 
 def _subject(doc: dict[str, Any]) -> str:
@@ -105,9 +145,7 @@ def format_diff(result: dict[str, Any]) -> str:
     for item in result["removed"]:
         lines.append(f"  - {item['type']}/{item['name']} {item['version']}")
     for item in result["changed"]:
-        lines.append(f"  ~ {item['type']}/{item['name']} {item['old']} → {item['new']}")
-    lines.append(
-        f"{len(result['added'])} added, {len(result['removed'])} removed, "
-        f"{len(result['changed'])} changed, {result['unchanged']} unchanged"
-    )
+        lines.append(f"  ~ {item['type']}/{item['name']} {item['old']} → {item['new']}"
+                     + (" (downgrade)" if item.get("direction") == "downgrade" else ""))
+    lines.append(f"{change_line(result)}, {result['unchanged']} unchanged")
     return "\n".join(lines)

@@ -34,6 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed variant")
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke suite")
     p.add_argument("--no-sbom", action="store_true", help="skip the SBOM")
+    p.add_argument("--resmoke", action="store_true",
+                   help="run the smoke suite and the SBOM again even for an image whose id "
+                   "already has them in the state folder (a rebuild that gave the same id "
+                   "reuses them; --force also runs them again)")
     p.add_argument("--stage", action="store_true",
                    help="push each new image by digest to `<repository>-staging` with its smoke "
                    "report and SBOM attached, for other machines (GPU smoke, publish)")
@@ -139,6 +143,6 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
     """What `builder build` was asked for, as the build stage takes it."""
     return BuildOptions(locks=args.locks, force=args.force, relock=args.relock,
                         fail_fast=args.fail_fast, smoke=not args.no_smoke, sbom=not args.no_sbom,
-                        stage=args.stage, require_gpu=args.require_gpu,
+                        resmoke=args.resmoke, stage=args.stage, require_gpu=args.require_gpu,
                         apt_refresh=args.apt_refresh, registry_cache=not args.no_registry_cache,
                         key=keypair.signing_key(args.key) if args.stage or args.key else None)

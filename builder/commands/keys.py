@@ -11,7 +11,7 @@ from builder.core.output import emit_json, step
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "keygen", cmd_keygen, ("json",),
+    p = add_command(sub, "keygen", cmd_keygen, ("matrix", "json"),
                     "write a cosign key pair (cosign.key, cosign.pub)")
     p.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
                    help="folder to write the pair into (default: the current folder)")

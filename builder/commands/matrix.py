@@ -143,7 +143,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     rendered = [render.render_locked(m, v, args.locks) for v in variants]
     trusted = () if args.offline else keypair.trusted_keys(m.trust_keys, None)
     planned = plan.make_plan(m, rendered, bases.known_digests(m, variants, trusted),
-                             check_registry=not args.offline, unasked="unknown")
+                             check_registry=not args.offline, unasked="unknown",
+                             keys=tuple(trusted))
     if args.json:
         emit_json({"include": [p.as_json(m) for p in planned]})
         return 0

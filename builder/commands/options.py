@@ -24,7 +24,8 @@ def add_command(sub: argparse._SubParsersAction, name: str, func: Callable[..., 
                 shared: Iterable[str], summary: str, **parser: Any) -> argparse.ArgumentParser:
     """A command's parser: `func` handles it and its docstring is the --help description;
     it takes those of the shared option groups it uses (`SHARED`), so its --help lists nothing
-    it ignores."""
+    it ignores, but for `matrix` and `json`, which every command takes (the README says so: a
+    script may pass them to any command)."""
     parser.setdefault("description", inspect.getdoc(func))
     p = sub.add_parser(name, help=summary, **parser)
     for group in shared:

@@ -18,6 +18,7 @@ from builder.commands.options import (
 )
 from builder.core import keypair
 from builder.core.output import emit_json, human_bytes, table
+from builder.flows import relock_report
 from builder.flows.rebuild import Action, plan_actions, rebuild
 from builder.flows.rebuild_check import (
     REASONS,
@@ -42,6 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    metavar="NAME", dest="skip_source",
                    help="do not ask this source (repeatable; one of: %(choices)s); it is "
                    "reported as skipped, never as clean")
+    p.add_argument("--relock-report", type=Path, default=None, metavar="FILE",
+                   dest="relock_report",
+                   help="write what the relock pull-request job needs: the re-locked lock "
+                   "files and the SBOM diff (written even when nothing was re-locked)")
 
 
 def _selected(args: argparse.Namespace) -> tuple[Matrix, list[Variant]]:
@@ -105,6 +110,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     actions = rebuild(matrix, variants, args.manifest, locks_dir=args.locks,
                       allow_cpu_smoke=args.allow_cpu_smoke, dry_run=args.dry_run,
                       findings=findings, trust=trust)
+    if args.relock_report is not None:
+        relock_report.write(args.relock_report, actions, variants, args.locks)
     if args.json:
         emit_json({"findings": [f.as_json() for f in findings], **summary,
                    "actions": [asdict(a) for a in actions]})

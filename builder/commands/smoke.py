@@ -34,7 +34,7 @@ does not, 2 when it could not run.
 
 
 def register(subparsers: Any) -> None:
-    p = add_command(subparsers, "smoke", _cmd, ("json", "registries"),
+    p = add_command(subparsers, "smoke", _cmd, ("matrix", "json", "registries"),
                     "run the smoke suite inside an image",
                     description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("image", metavar="IMAGE", help="image reference or id")

@@ -7,15 +7,18 @@ from pathlib import Path
 
 from builder.commands.options import REGISTRY_CA_HELP, add_ca_bundle_option, add_command
 from builder.core import keypair
-from builder.core.errors import CheckFailed
+from builder.core.errors import BuilderError, CheckFailed
 from builder.core.output import emit_json, table
 from builder.flows.verify import PASSING, Policy, Reference, verify
+from builder.model import matrix
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "verify", cmd_verify, ("json", "registries"),
+    p = add_command(sub, "verify", cmd_verify, ("matrix", "json", "registries"),
                     "check a published image: signature, attestations, evidence")
-    p.add_argument("reference", metavar="REGISTRY/REPOSITORY[@sha256:DIGEST|:TAG]")
+    p.add_argument("reference", metavar="REF",
+                   help="REGISTRY/REPOSITORY:TAG or REGISTRY/REPOSITORY@sha256:DIGEST; a bare "
+                   "TAG or sha256:DIGEST is one of --matrix's `registry`/`repository`")
     p.add_argument("--key", action="append", type=Path, default=[], metavar="FILE",
                    help="trusted public key (cosign.pub; repeatable): the signature and every "
                    "attestation must verify against one of them")
@@ -36,9 +39,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     CUDA, cuDNN, flavor; `build-<hash>`: the content hash), and a floating tag or alias must not
     point at an older publication than its latest dated tag. Without --key it exits 1
     (`signature not checked`) unless --contents-only asks for the contents alone. Needs no
-    checkout. Exit 0 when all passes, 1 naming what failed, 2 when the registry cannot be
-    asked."""
-    reference = Reference.parse(args.reference)
+    checkout (a bare TAG takes registry and repository from --matrix). Exit 0 when all passes,
+    1 naming what failed, 2 when the registry cannot be asked."""
+    reference = reference_of(args.reference, args.matrix)
     policy = Policy(tuple(keypair.load_public(path) for path in args.key), args.require_gpu,
                     contents_only=args.contents_only and not args.key)
     digest, rows = verify(reference, policy)
@@ -53,3 +56,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
         more = f" (and {len(failed) - 1} more failed checks)" if len(failed) > 1 else ""
         raise CheckFailed(f"{failed[0].what}: {failed[0].detail}{more}", printed=args.json)
     return 0
+
+
+def reference_of(text: str, matrix_path: str) -> Reference:
+    """REF as given, or a bare TAG (or `sha256:…` digest) in the matrix's registry and
+    repository, so that the README's commands hold for any `repository:`."""
+    if "/" in text or (":" in text and not text.startswith("sha256:")):
+        return Reference.parse(text)
+    if not Path(matrix_path).is_file():
+        raise BuilderError(f"`{text}` names no registry and repository, and there is no "
+                           f"{matrix_path} to take them from",
+                           hint="give REGISTRY/REPOSITORY:TAG, or --matrix FILE")
+    m = matrix.load(matrix_path)
+    return Reference.parse(f"{m.registry}/{m.repository}{'@' if ':' in text else ':'}{text}")

@@ -20,6 +20,10 @@ VARIANT = PREFIX + "variant"
 CONTENT_HASH = PREFIX + "content-hash"
 LOCK_HASH = PREFIX + "lock-hash"
 DROPPED = PREFIX + "dropped"
+# "true" when the build's checkout differed from the revision it names; SOURCE_DIFF then holds
+# `sha256:<hex>` of that difference (builder.stages.build.tree_labels).
+SOURCE_DIRTY = PREFIX + "source.dirty"
+SOURCE_DIFF = PREFIX + "source.diff"
 
 OCI = "org.opencontainers.image."
 

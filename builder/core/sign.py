@@ -283,6 +283,17 @@ def verified_payloads(reg: oci.Registry, repository: str, digest: str,
     return found
 
 
+def names_tag(reg: oci.Registry, repository: str, digest: str, tag: str,
+              keys: Iterable[ec.EllipticCurvePublicKey]) -> bool:
+    """Whether a signature of `digest` by one of `keys` names `tag` (a tag anyone with push
+    rights could have written counts only then)."""
+    try:
+        payloads = verified_payloads(reg, repository, digest, list(keys))
+    except SignatureError:
+        return False
+    return any(tag in signed_tags(p.get("optional")) for p in payloads)
+
+
 def attest(reg: oci.Registry, repository: str, digest: str, key: SigningKey,
            kind: str, predicate: Any) -> None:
     """Add the signed attestation of `predicate` (evidence `kind`) to `digest`'s `.att`,

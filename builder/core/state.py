@@ -5,6 +5,7 @@
   rendered/     Dockerfiles of the last build
   reports/      smoke reports by image id       sbom/  SBOMs by image id
   logs/         one build log per variant       registry/  the embedded registry's storage
+  builds/       when each build really ran (startedOn/finishedOn of its provenance), by image id
 """
 
 from __future__ import annotations
@@ -65,3 +66,9 @@ def evidence_path(kind: str, image_id: str) -> Path:
     if kind == "smoke":
         return root() / "reports" / f"{_hex(image_id)}.json"
     return path("sbom") / f"{_hex(image_id)}.cdx.json"
+
+
+def build_times_path(image_id: str) -> Path:
+    """When this machine's build of `image_id` really ran (`startedOn`/`finishedOn` of its
+    provenance; the image config keeps its reproducible time)."""
+    return root() / "builds" / f"{_hex(image_id)}.json"

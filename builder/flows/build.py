@@ -3,10 +3,13 @@
   prepare   runnable here, locks current (--relock), BuildKit, bases (builder.flows.bases:
             a bootstrapped one from the registry, signed, when absent here), the plan
   per variant, one record (`Outcome`: planned → built → staged) through STEPS in order:
-    local      up to date here: the local image's id (its missing evidence is made below)
+    local      up to date here: the local image's id
     context    to build: the build context (sets, uv, facts, smoke suite, Dockerfile)
     build      to build: BuildKit, from the registry's cache → image id, size
-    smoke      the smoke suite (a new image, or an up-to-date one without its report)
+    evidence   which of smoke report and SBOM this image id still lacks in the state folder (a
+               reproducible rebuild gives the same id: its evidence is reused); --force and
+               --resmoke make them again
+    smoke      the smoke suite (an image whose id has no passing report)
     sbom       the SBOM (likewise)
     stage      --stage: image, build cache, base and evidence in the staging registry
     summarize  the smoke summary and SBOM size for the table and --json
@@ -53,6 +56,7 @@ class BuildOptions:
     fail_fast: bool = False
     smoke: bool = True
     sbom: bool = True
+    resmoke: bool = False  # smoke and SBOM again even where this image id has them
     stage: bool = False
     require_gpu: bool = False
     apt_refresh: str = ""
@@ -85,10 +89,12 @@ class Outcome:
     smoke: str = "-"  # smokereport.summary of its report: `pass (3 CPU stand-ins, …)`, `FAIL: x`
     sbom_components: int | None = None
     missing: tuple[str, ...] = field(default=(), repr=False, compare=False)  # evidence to make
+    reused: tuple[str, ...] = ()  # evidence this state folder held for the new image's id
     started: float = field(default=0.0, repr=False, compare=False)
+    started_on: str = field(default="", repr=False, compare=False)  # UTC, for the provenance
 
     def as_json(self) -> dict[str, Any]:
-        internal = ("report", "planned", "missing", "started")
+        internal = ("report", "planned", "missing", "started", "started_on")
         return {k: v for k, v in self.__dict__.items() if k not in internal}
 
 
@@ -154,23 +160,13 @@ def prepare(matrix: Matrix, variants: list[Variant],
 
 
 def local_image(run: Run, o: Outcome) -> Outcome:
-    """An image up to date here: its id, and which of its evidence this state folder lacks
-    (built by another checkout, by a test, or with --no-smoke), so that up to date always
-    means ready to stage and publish."""
+    """An image up to date here: its id, so that the evidence step makes what this state
+    folder lacks for it (built by another checkout, by a test, or with --no-smoke) and up to
+    date always means ready to stage and publish."""
     if o.state != "up-to-date" or o.message != "local":
         return o
     info = engine.inspect_image(o.image)
-    if info is None:
-        return o
-    o = replace(o, image_id=info["Id"])
-    names = {"smoke": "smoke report", "sbom": "SBOM"}
-    wanted = {"smoke": run.options.smoke, "sbom": run.options.sbom}
-    missing = tuple(k for k in names
-                    if wanted[k] and not state.evidence_path(k, o.image_id).is_file())
-    if missing:
-        step(f"  [{o.variant_id}] up to date, but no "
-             f"{' and '.join(names[k] for k in missing)} in {state.root()}: making it")
-    return replace(o, missing=missing)
+    return o if info is None else replace(o, image_id=info["Id"])
 
 
 def context(run: Run, o: Outcome) -> Outcome:
@@ -178,7 +174,7 @@ def context(run: Run, o: Outcome) -> Outcome:
     if o.state != "build":
         return o
     p = planned_of(o)
-    o = replace(o, started=time.monotonic())
+    o = replace(o, started=time.monotonic(), started_on=build.utc_now())
     try:
         engine.ensure_disk(state.root(), build.NEED_GB[p.variant.accelerator])
         step(f"  [{o.variant_id}] wheels")
@@ -203,11 +199,15 @@ def buildkit(run: Run, o: Outcome) -> Outcome:
     if o.state != "build":
         return o
     p, log = planned_of(o), state.path("logs") / f"{o.variant_id}.log"
-    spec = build.Spec(o.variant_id, p.local_image, p.variant.platform, build.build_labels(
-        lockfile.lock_paths(run.options.locks, p.variant), p.base_digest, p.content_hash,
-        p.lock_hash), state.root() / "context", state.root() / "rendered" / p.variant.key /
-        "Dockerfile", log, run.options.apt_refresh,
-        run.base_pins.get(platforms.base_key(p.variant.base.image, p.variant.platform), ""))
+    spec = build.Spec(
+        key=o.variant_id, image=p.local_image, platform=p.variant.platform,
+        labels=build.build_labels(lockfile.lock_paths(run.options.locks, p.variant),
+                                  p.base_digest, p.content_hash, p.lock_hash),
+        context=state.root() / "context",
+        dockerfile=state.root() / "rendered" / p.variant.key / "Dockerfile", log=log,
+        apt_refresh=run.options.apt_refresh,
+        base_image=run.base_pins.get(platforms.base_key(p.variant.base.image,
+                                                        p.variant.platform), ""))
     if registry_served(p.variant) and not spec.base_image:  # never FROM the movable tag
         return failed(o, BuilderError(f"no verified base reference for {o.variant_id}"))
     step(f"  [{o.variant_id}] building (log: {log})")
@@ -225,11 +225,44 @@ def buildkit(run: Run, o: Outcome) -> Outcome:
         for ref in (p.local_image, build.cache_ref(run.matrix, p.local_image)):
             engine.remove_image(ref)  # its content hash must not find it up to date
         return failed(o, BuilderError(problem))
+    build.record_times(image_id, o.started_on)
     o = replace(o, state="built", image_id=image_id, size=int(info.get("Size", 0)),
                 seconds=time.monotonic() - o.started)
     step(f"  [{o.variant_id}] built {o.image} ({human_bytes(o.size)}, {o.seconds:.0f} s)")
-    return replace(o, missing=tuple(k for k in ("smoke", "sbom")
-                                    if getattr(run.options, k)))
+    return o
+
+
+EVIDENCE = {"smoke": "smoke report", "sbom": "SBOM"}
+
+
+def evidence(run: Run, o: Outcome) -> Outcome:
+    """Which evidence to make for the image id: what this state folder holds for it (a smoke
+    report that passes under this run's --require-gpu, a readable SBOM) describes these very
+    bytes, so a rebuild that gave the same id (builds are reproducible) reuses it instead of
+    smoking the image twice; --force and --resmoke make it all again."""
+    if o.state not in OK or not o.image_id:
+        return o
+    wanted = tuple(k for k in EVIDENCE if getattr(run.options, k))
+    again = run.options.resmoke or run.options.force
+    missing = wanted if again else tuple(k for k in wanted if not held(run, k, o.image_id))
+    reused = tuple(k for k in wanted if k not in missing) if o.state == "built" else ()
+    named = " and ".join(EVIDENCE[k] for k in (reused or missing))
+    if reused:
+        step(f"  [{o.variant_id}] reused the {named} this state folder holds for image id "
+             f"{o.image_id[:19]} (again with --resmoke)")
+    elif missing and o.state == "up-to-date":
+        step(f"  [{o.variant_id}] up to date, but "
+             + (f"--resmoke: making its {named} again" if again
+                else f"no usable {named} in {state.root()}: making it"))
+    return replace(o, missing=missing, reused=reused)
+
+
+def held(run: Run, kind: str, image_id: str) -> bool:
+    """Whether this state folder holds usable `kind` evidence for the image id."""
+    doc = _read_json(state.evidence_path(kind, image_id))
+    if kind == "sbom" or doc is None:
+        return doc is not None
+    return smokereport.report_passed(doc, require_gpu=run.options.require_gpu)[0]
 
 
 def smoke(run: Run, o: Outcome) -> Outcome:
@@ -273,7 +306,8 @@ def summarize(run: Run, o: Outcome) -> Outcome:
     return summarized(o)
 
 
-STEPS: tuple[Step, ...] = (local_image, context, buildkit, smoke, sbom, stage, summarize)
+STEPS: tuple[Step, ...] = (local_image, context, buildkit, evidence, smoke, sbom, stage,
+                          summarize)
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -292,6 +326,8 @@ def failed(o: Outcome, exc: BuilderError) -> Outcome:
 def summarized(outcome: Outcome) -> Outcome:
     """The outcome with its smoke summary and SBOM component count for the table and --json,
     from this run's evidence or the stored one."""
+    from sbom.diff import component_total
+
     report, sbom_path = outcome.report, outcome.sbom_path
     if outcome.image_id:
         report = report or _read_json(state.evidence_path("smoke", outcome.image_id))
@@ -299,7 +335,7 @@ def summarized(outcome: Outcome) -> Outcome:
     sbom_doc = _read_json(Path(sbom_path)) if sbom_path else None
     return replace(outcome, report=report, smoke=smokereport.summary(report),
                    sbom_path=sbom_path if sbom_doc else "",
-                   sbom_components=len(sbom_doc.get("components") or []) if sbom_doc else None)
+                   sbom_components=component_total(sbom_doc) if sbom_doc else None)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

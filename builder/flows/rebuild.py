@@ -22,8 +22,8 @@ from builder.flows import publish as publish_flow
 from builder.flows.rebuild_check import (
     REBUILD,
     Finding,
+    artifact_json_by_digest,
     check,
-    fetch_artifact,
     latest_publications,
 )
 from builder.model import lockfile
@@ -86,7 +86,7 @@ def old_sbom(pub: Publication) -> dict[str, Any] | None:
         if path.is_file():
             return json.loads(path.read_text())
     try:
-        return fetch_artifact(pub.registry, pub.repository, pub.sbom.digest)
+        return artifact_json_by_digest(pub.registry, pub.repository, pub.sbom.digest)
     except (BuilderError, OSError, ValueError, KeyError, IndexError) as exc:
         step(f"  old SBOM not available from {pub.registry}: {exc}")
         return None

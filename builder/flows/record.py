@@ -5,12 +5,15 @@ a report, never read): two runners, or a runner and a laptop, see the same histo
 The vetted repository's tags say it: each dated tag `<floating>-YYYYMMDD[.n]` (the catalog's
 grammar, `model.catalog_doc.dated_key`) is one publication of the digest it names; that digest's
 config labels name the variant and its content hash, and its evidence hangs off
-`sha256-<hex>.sbom|smoke|provenance` and cosign's `.sig`. With trusted keys, a publication whose
-signature does not verify against them is not part of the record (the next older one counts).
+`sha256-<hex>.sbom|smoke|provenance` and cosign's `.sig`. With trusted keys, a dated tag is a
+publication only when a signature of its digest by one of them names that very tag and the
+variant the digest's labels name (push rights are not trust: anyone may write a tag); else the
+next older one counts. A date after today (UTC) is never a publication.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -47,32 +50,65 @@ def dated_tags(all_tags: Iterable[str]) -> list[Dated]:
 
 def latest(matrix: Matrix, keys: tuple[Any, ...] = ()) -> dict[str, Publication]:
     """variant id → its newest publication in the matrix's vetted repository (with `keys`: the
-    newest whose signature verifies against one of them)."""
+    newest whose signature by one of them names its dated tag and its variant)."""
+    return {vid: pubs[0] for vid, pubs in history(matrix, keys).items()}
+
+
+def history(matrix: Matrix, keys: tuple[Any, ...] = ()) -> dict[str, list[Publication]]:
+    """variant id → its publications, newest first (publication order: date, then suffix),
+    each counted as `latest` counts it; keyed on the verified variant, never the tag's text."""
     reg = oci.Registry(matrix.registry)
     all_tags = reg.tags(matrix.repository)
-    out: dict[str, tuple[tuple[str, int], Publication]] = {}
-    done: set[str] = set()  # floating tags whose newest counted publication was found
-    for dated in dated_tags(all_tags):
-        if dated.floating in done:
-            continue
+    out: dict[str, list[Publication]] = {}
+    for dated in current(dated_tags(all_tags)):
         vid, pub = read_publication(reg, matrix, dated, all_tags)
-        if pub is None:
+        if pub is None or not vid:
             continue
-        if keys and (why := signature_problem(reg, matrix.repository, pub.digest, keys)):
+        if keys and (why := record_problem(reg, matrix.repository, pub.digest, dated.tag,
+                                           vid, keys)):
             step(f"  {dated.tag}: not part of the record: {why}")
             continue
-        done.add(dated.floating)
-        if vid and (vid not in out or out[vid][0] < dated.order):
-            out[vid] = (dated.order, pub)
-    return {vid: pub for vid, (_, pub) in sorted(out.items())}
+        out.setdefault(vid, []).append(pub)
+    return dict(sorted(out.items()))
 
 
-def signature_problem(reg: oci.Registry, repository: str, digest: str,
-                      keys: tuple[Any, ...]) -> str:
+def today() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%d")
+
+
+def current(found: list[Dated]) -> list[Dated]:
+    """The dated tags not after today (UTC), with a warning for each later one: a tag dated
+    in the future would otherwise stay "newest" for years."""
+    now = today()
+    for dated in found:
+        if dated.date > now:
+            step(f"warning: `{dated.tag}` is dated after today ({now}, UTC): ignored")
+    return [d for d in found if d.date <= now]
+
+
+def signed_for(reg: oci.Registry, repository: str, digest: str, keys: tuple[Any, ...]
+               ) -> tuple[set[str], set[str], str]:
+    """The tags and variants the trusted keys signed for a digest, or why there are none."""
     try:
-        sign.verify_image(reg, repository, digest, list(keys))
+        payloads = sign.verified_payloads(reg, repository, digest, list(keys))
     except sign.SignatureError as exc:
-        return f"its signature does not verify against the trusted keys ({exc})"
+        return set(), set(), f"its signature does not verify against the trusted keys ({exc})"
+    optional = [p.get("optional") or {} for p in payloads]
+    return (set().union(*(sign.signed_tags(o) for o in optional)),
+            {str(o.get(sign.VARIANT_ANNOTATION)) for o in optional}, "")
+
+
+def record_problem(reg: oci.Registry, repository: str, digest: str, tag: str, vid: str,
+                   keys: tuple[Any, ...]) -> str:
+    """Why `tag` on `digest` is not a publication of variant `vid` ('' when a trusted key
+    signed that very tag, for that variant)."""
+    tags_signed, variants, why = signed_for(reg, repository, digest, keys)
+    if why:
+        return why
+    if tag not in tags_signed:
+        return f"no trusted signature of {digest[:19]} names `{tag}`"
+    if vid not in variants:
+        return f"no trusted signature of {digest[:19]} names its variant `{vid}`"
     return ""
 
 

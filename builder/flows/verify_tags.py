@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from builder.core import labels, oci, sign
+from builder.flows import record
 from builder.model import tags as tag_rules
 
 # A floating tag, maybe dated, maybe a zstd twin (builder.stages.twin: `<tag>-zstd`):
@@ -25,9 +26,11 @@ Finding = tuple[str, bool, str]  # (what, passed, detail)
 
 def findings(reg: oci.Registry, repository: str, tag: str, digest: str,
              platform_labels: list[dict[str, str]],
-             payloads: list[dict[str, Any]] | None) -> list[Finding]:
+             payloads: list[dict[str, Any]] | None,
+             keys: tuple[Any, ...] = ()) -> list[Finding]:
     """The checks of TAG; `payloads`: the verified signature payloads of the digest (None when
-    no key was given: the signed-tag and rollback checks need them)."""
+    no key was given: the signed-tag and rollback checks need them); `keys`: the trusted keys,
+    with which only dated tags signed for their digest count as publications."""
     out: list[Finding] = []
     signed: set[str] = set()
     if payloads is not None:
@@ -41,7 +44,8 @@ def findings(reg: oci.Registry, repository: str, tag: str, digest: str,
         out.append(("tag", False, f"`{tag}` names another image: {wrong}"))
     elif FLOATING.fullmatch(tag) or tag.startswith(tag_rules.HASH_TAG_PREFIX):
         out.append(("tag", True, f"`{tag}` agrees with the labels of every platform"))
-    if payloads is not None and (problem := rollback(reg, repository, tag, digest, signed)):
+    if payloads is not None and (problem := rollback(reg, repository, tag, digest, signed,
+                                                     keys)):
         out.append(("tag rollback", False, problem))
     return out
 
@@ -51,7 +55,8 @@ def label_problems(tag: str, platform_labels: list[dict[str, str]]) -> str:
     when TAG is an alias, which has no grammar)."""
     problems: list[str] = []
     if tag.startswith(tag_rules.HASH_TAG_PREFIX):
-        want = tag.removeprefix(tag_rules.HASH_TAG_PREFIX)
+        # a zstd twin's `build-<hash>-zstd` names the same content hash (builder.stages.twin)
+        want = tag.removeprefix(tag_rules.HASH_TAG_PREFIX).removesuffix("-zstd")
         for found in platform_labels:
             have = found.get(labels.CONTENT_HASH) or ""
             if not have.startswith(want) or not want:
@@ -81,9 +86,10 @@ def _grammar_problems(match: re.Match[str], found: dict[str, str]) -> list[str]:
 
 
 def rollback(reg: oci.Registry, repository: str, tag: str, digest: str,
-             signed: set[str]) -> str:
+             signed: set[str], keys: tuple[Any, ...] = ()) -> str:
     """A floating tag (or an alias: its floating tag is among the signed ones) that points at
-    an older publication than the latest dated tag of that floating tag ('' otherwise)."""
+    an older publication than the latest dated tag of that floating tag signed for its digest
+    by one of `keys` (every dated tag without keys; '' otherwise)."""
     match = FLOATING.fullmatch(tag)
     if match and match["date"]:
         return ""  # a dated tag never moves: it is what it was
@@ -94,15 +100,25 @@ def rollback(reg: oci.Registry, repository: str, tag: str, digest: str,
     twin = "-zstd" if floating.endswith("-zstd") else ""  # a twin's dated tags are twins too
     dated = re.compile(re.escape(floating.removesuffix(twin))
                        + r"-(?P<date>[0-9]{8})(?:\.(?P<n>[0-9]+))?" + re.escape(twin))
-    found = [(m["date"], int(m["n"] or 0), t) for t in reg.tags(repository)
-             if (m := dated.fullmatch(t))]
-    if not found:
-        return ""
-    latest = max(found)[2]
-    head = reg.head(repository, latest)
+    now = record.today()  # a tag dated later is no publication (builder.flows.record)
+    found = sorted(((m["date"], int(m["n"] or 0), t) for t in reg.tags(repository)
+                    if (m := dated.fullmatch(t)) and m["date"] <= now), reverse=True)
+    latest, head = newest_signed(reg, repository, [t for *_, t in found], keys)
     if head is None or head.digest == digest:
         return ""
     own = sorted((d, n, t) for d, n, t in found if t in signed)
     what = f"the publication of `{own[-1][2]}`" if own else f"{digest[:19]}"
     return (f"`{tag}` is rolled back: it points at {what}, older than the latest dated "
             f"publication `{latest}` ({head.digest[:19]})")
+
+
+def newest_signed(reg: oci.Registry, repository: str, dated: list[str], keys: tuple[Any, ...]
+                  ) -> tuple[str, oci.Descriptor | None]:
+    """The first of `dated` (newest first) that is a publication: with `keys`, one whose
+    digest a trusted key signed naming that tag (a forged dated tag is anyone's)."""
+    for tag in dated:
+        head = reg.head(repository, tag)
+        if head is not None and (not keys or sign.names_tag(reg, repository, head.digest, tag,
+                                                            keys)):
+            return tag, head
+    return "", None

@@ -209,17 +209,35 @@ def facts_from_labels(found: dict[str, str], first: dict[str, Any]) -> dict[str,
             "created": get(labels.OCI + "created") or first.get("created")}
 
 
-def variants(by_tag: dict[str, str], images: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per floating tag: its image, aliases, and dated history (oldest first), each
-    dated build with the changes from the one before (SBOM diff) and its rebuild reason."""
+def dated_by_floating(by_tag: dict[str, str]) -> dict[str, list[tuple[str, int, str]]]:
+    """floating name → its dated tags as (date, n, tag)."""
     dated: dict[str, list[tuple[str, int, str]]] = {}
     for tag in by_tag:
         if key := dated_key(tag):
             dated.setdefault(key[0], []).append((key[1], key[2], tag))
-    floating = sorted(set(dated) | {t for t in by_tag if not dated_key(t)})
+    return dated
+
+
+def is_floating(tag: str, by_tag: dict[str, str], images: dict[str, dict[str, Any]],
+                dated: dict[str, Any]) -> bool:
+    """A variant's floating tag: it has dated tags, or its image's variant label names it (a
+    first publication whose dated tag is gone). Any other undated tag is an alias or was pushed
+    by hand."""
+    return tag in dated or images[by_tag[tag]].get("variant") == tag
+
+
+def variants(by_tag: dict[str, str], images: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per floating tag: its image, aliases, and dated history (oldest first), each
+    dated build with the changes from the one before (SBOM diff) and its rebuild reason."""
+    dated = dated_by_floating(by_tag)
+    floating = sorted(set(dated) | {t for t in by_tag if not dated_key(t)
+                                    and is_floating(t, by_tag, images, dated)})
     out = []
+    for image in images.values():
+        image.setdefault("published", None)
     for date, _, tag in sorted(d for entries in dated.values() for d in entries):
-        images[by_tag[tag]].setdefault("published", f"{date[:4]}-{date[4:6]}-{date[6:]}")
+        images[by_tag[tag]]["published"] = images[by_tag[tag]]["published"] \
+            or f"{date[:4]}-{date[4:6]}-{date[6:]}"
     for name in floating:
         if name not in by_tag and name not in dated:
             continue
@@ -233,6 +251,15 @@ def variants(by_tag: dict[str, str], images: dict[str, dict[str, Any]]) -> list[
         out.append({"tag": name, "digest": digest, "floating": name in by_tag,
                     "aliases": aliases, "history": history})
     return out
+
+
+def other_tags(by_tag: dict[str, str], listed: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Tags that are no variant's floating, dated or alias tag (a hand-pushed `:scratch-test`):
+    listed as they are, so one such tag never stops the site."""
+    known = {v["tag"] for v in listed} | {a for v in listed for a in v["aliases"]} \
+        | {h["tag"] for v in listed for h in v["history"]}
+    return [{"tag": tag, "digest": digest} for tag, digest in sorted(by_tag.items())
+            if tag not in known]
 
 
 def history_entry(tag: str, date: str, digest: str,

@@ -13,7 +13,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from builder.core.output import human_bytes
-from builder.model import layer_reuse
+from builder.model import accelerators, layer_reuse
 from smoke.checks import GPU_CHECKS
 from smoke.versions import numeric
 
@@ -37,7 +37,7 @@ def smoke_verdict(smoke: dict[str, Any], accelerator: str) -> dict[str, str]:
     if smoke.get("status") != "pass":
         return {"state": "fail", "css": "fail", "line": f"{smoke.get('status')}{emulated}",
                 "short": f"{smoke.get('status')}{emulated}"}
-    if accelerator != "cuda":
+    if not accelerators.needs_gpu_evidence(accelerator):
         return {"state": "not-applicable", "css": "pass",
                 "line": f"pass on CPU{emulated}; GPU checks not applicable (CPU image)",
                 "short": f"pass (CPU image){emulated}"}
@@ -61,7 +61,7 @@ def check_status(check: dict[str, Any], accelerator: str) -> tuple[str, str]:
     status = str(check.get("status", "?"))
     if check.get("name") not in GPU_CHECKS or status not in STAND_IN:
         return status, status
-    if accelerator != "cuda":
+    if not accelerators.needs_gpu_evidence(accelerator):
         return "not applicable", "na"
     return {"skip": "not run: no GPU", "substituted": "CPU stand-in"}.get(
         status, f"{status} (not fully on a GPU)"), "standin"

@@ -8,8 +8,11 @@ smoke, SBOM, staging) is builder.flows.build.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import hashlib
 import itertools
+import json
 import os
 import re
 import shutil
@@ -80,7 +83,7 @@ class Context:
     dockerignore: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Spec:
     """One BuildKit build: the image to tag, for which platform, with which labels, from
     which context and Dockerfile, logged where."""
@@ -107,12 +110,50 @@ def created_time(lock_files: tuple[Path, Path]) -> str:
     return dt.datetime.fromtimestamp(mtime, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def record_times(image_id: str, started_on: str) -> None:
+    """Keep when this build really ran, for its provenance (never in the image: its config
+    keeps the reproducible time)."""
+    state.atomic_write(state.build_times_path(image_id), json.dumps(
+        {"startedOn": started_on, "finishedOn": utc_now()}) + "\n")
+
+
+def build_times(image_id: str) -> dict[str, str]:
+    """`startedOn`/`finishedOn` of this machine's build of `image_id`; {} when another machine
+    (or an older builder) built it."""
+    try:
+        found = json.loads(state.build_times_path(image_id).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: str(found[k]) for k in ("startedOn", "finishedOn")
+            if isinstance(found, dict) and k in found}
+
+
+def tree_labels() -> dict[str, str]:
+    """Whether the checkout differs from its commit (tracked changes or untracked files that
+    are not ignored), and a hash of that difference: a build from a dirty tree says so instead
+    of naming a commit that did not hold its inputs."""
+    if not git("status", "--porcelain"):
+        return {labels.SOURCE_DIRTY: "false"}
+    digest = hashlib.sha256(git("diff", "HEAD", "--binary").encode())
+    for name in sorted(git("ls-files", "--others", "--exclude-standard").splitlines()):
+        digest.update(b"\0" + name.encode() + b"\0")
+        with contextlib.suppress(OSError):
+            digest.update(hashlib.sha256(Path(name).read_bytes()).digest())
+    return {labels.SOURCE_DIRTY: "true", labels.SOURCE_DIFF: f"sha256:{digest.hexdigest()}"}
+
+
 def build_labels(lock_files: tuple[Path, Path], base_digest: str | None, content_hash: str,
                  lock_hash: str) -> dict[str, str]:
-    """The image's labels: when and from which commit, source, base, content and lock hash."""
+    """The image's labels: when and from which commit (and whether the tree was dirty), source,
+    base, content and lock hash."""
     return {
         labels.OCI + "created": created_time(lock_files),
         labels.OCI + "revision": git("rev-parse", "HEAD") or "unknown",
+        **tree_labels(),
         **({labels.OCI + "source": url} if (url := source_url()) else {}),
         labels.OCI + "base.digest": base_digest or "",
         labels.CONTENT_HASH: content_hash,

@@ -32,6 +32,7 @@ from builder.model.catalog_doc import (
     download_href,
     facts_from_labels,
     layer_groups,
+    other_tags,
     platform_name,
     public_keys,
     rebuild_summary,
@@ -338,6 +339,7 @@ def collect(source: Source, site: Path, cache_path: Path | None, *, keys: list[A
         "tags": dict(sorted(by_tag.items())),
         "images": dict(sorted(images.items())),
         "variants": listed,
+        **({"other_tags": others} if (others := other_tags(by_tag, listed)) else {}),
         "public_keys": public_keys(keys or []),
         **({"unreadable": unreadable} if unreadable else {}),
     }

@@ -24,7 +24,7 @@ from builder.core.output import human_bytes
 from builder.model import catalog_page as howto
 from builder.model import layer_reuse
 from builder.model.catalog_doc import GROUPS
-from sbom.diff import COUNTED
+from sbom.diff import COUNTED, change_line
 
 ASSETS = Path(__file__).resolve().parents[1] / "site"
 COPIED = ("style.css", "chooser.js")
@@ -221,7 +221,7 @@ def environment() -> jinja2.Environment:
     env.filters["bytes"] = lambda n: "unknown" if n is None else human_bytes(n)
     env.filters["short"] = lambda d: (d or "")[:19]
     env.globals.update(page_name=page_name, howto=howto, audit_line=audit_line,
-                       counted=COUNTED,
+                       counted=COUNTED, change_line=change_line,
                        unreadable=lambda ev: f" (unreadable: {ev['error']})" if "error" in ev
                        else "")
     return env

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from builder.core import labels, oci
+from builder.core import labels, oci, sign
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.output import step
 from builder.model import lockfile, platforms, tags
@@ -99,12 +99,13 @@ def plan_variant(matrix: Matrix, rendered: Rendered, base_digest: str | None,
 
 def make_plan(matrix: Matrix, rendered: Iterable[Rendered],
               base_digests: Mapping[str, str | None], *, check_registry: bool = True,
-              unasked: str = "build") -> list[PlannedVariant]:
+              unasked: str = "build", keys: tuple[Any, ...] = ()) -> list[PlannedVariant]:
     """Plan the rendered variants; `base_digests` maps base image refs to digests (None:
     unknown). With `check_registry` a registry that cannot be asked stops the plan
     (BuilderError): a plan that silently said `build` for everything would rebuild what is
     published. Without it, a variant not up to date locally gets the state `unasked` (`plan
-    --offline`: `unknown`)."""
+    --offline`: `unknown`). With `keys`, a `build-<hash>` tag counts only when one of them
+    signed that tag for its digest (an unsigned one is anyone's)."""
     from builder.core import engine
 
     smoke_hash = smoke_files_hash()
@@ -122,7 +123,7 @@ def make_plan(matrix: Matrix, rendered: Iterable[Rendered],
             p = _with_state(p, "up-to-date", "local")
         elif not check_registry:
             p = replace(p, state=unasked)
-        elif ask_registry(matrix.registry, matrix.repository, p.hash_tag):
+        elif registry_holds(matrix, p.hash_tag, keys):
             p = _with_state(p, "up-to-date", "registry")
         planned.append(p)
     return planned
@@ -154,6 +155,19 @@ def local_content_hashes(engine) -> dict[str, set[str]]:
         if fields := line.split():
             names.setdefault(fields[0], set()).update(fields[1:])
     return names
+
+
+def registry_holds(matrix: Matrix, tag: str, keys: tuple[Any, ...]) -> bool:
+    """Whether the vetted repository has `tag` (with `keys`: signed for its digest by one)."""
+    held = ask_registry(matrix.registry, matrix.repository, tag)
+    if not held or not keys:
+        return held
+    reg = oci.Registry(matrix.registry)
+    desc = reg.head(matrix.repository, tag)
+    if desc is not None and sign.names_tag(reg, matrix.repository, desc.digest, tag, keys):
+        return True
+    step(f"  `{tag}` is not signed by a trusted key: not counted as built")
+    return False
 
 
 def ask_registry(registry: str, repository: str, tag: str, timeout: float = 3.0) -> bool:

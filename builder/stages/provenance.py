@@ -7,7 +7,6 @@ lock, which base digest, which builder.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -19,18 +18,24 @@ from builder.core import labels
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://github.com/torch-images/torch-images/buildtypes/buildkit-matrix@v1"
+# The source of a checkout without a public remote URL (`oci.image.source` unset): said so,
+# never "".
+NO_SOURCE = "urn:torch-images:source:no-public-remote"
 
 
 def statement(image_name: str, digest: str, image_labels: Mapping[str, str],
               normalisation: Mapping[str, Any] | None = None,
-              environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+              environ: Mapping[str, str] | None = None,
+              times: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The statement for the image `image_name@digest` with these labels; `normalisation` says
     how its config was made reproducible (builder.core.reproducible.record), when it was. Every
     dependency and the builder are named by URI: the source as `git+<repository URL>@<commit>`,
     the lock inside it by sha256, the base by package URL and digest, the builder as the CI
-    workflow (`environ`: GitHub Actions' variables) or the tool's package URL."""
+    workflow (`environ`: GitHub Actions' variables) or the tool's package URL. `times`: the
+    build's real `startedOn`/`finishedOn` where this machine ran it; without them the statement
+    names no time (the image's `created` is the lock's commit time, not when it was built)."""
     get = image_labels.get
-    source = get(labels.OCI + "source") or ""
+    source = get(labels.OCI + "source") or NO_SOURCE
     revision = get(labels.OCI + "revision") or ""
     variant = get(labels.VARIANT, "")
     repo = f"git+{source}@{revision}" if source.startswith(("https://", "http://")) else ""
@@ -54,7 +59,7 @@ def statement(image_name: str, digest: str, image_labels: Mapping[str, str],
             "buildDefinition": {
                 "buildType": BUILD_TYPE,
                 "externalParameters": {"variant": variant, "source": source,
-                                       "revision": revision},
+                                       "revision": revision, **tree_state(image_labels)},
                 "internalParameters": {"content_hash": get(labels.CONTENT_HASH, ""),
                                        **({"reproducible": dict(normalisation)}
                                           if normalisation else {})},
@@ -62,12 +67,23 @@ def statement(image_name: str, digest: str, image_labels: Mapping[str, str],
             },
             "runDetails": {
                 "builder": {"id": builder_id(os.environ if environ is None else environ)},
-                "metadata": {"finishedOn": get(labels.OCI + "created")
-                             or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "metadata": {**{k: v for k, v in (times or {}).items()
+                                if k in ("startedOn", "finishedOn")},
                              **invocation(os.environ if environ is None else environ)},
             },
         },
     }
+
+
+def tree_state(image_labels: Mapping[str, str]) -> dict[str, Any]:
+    """`dirty` (and the difference's `diff` hash) as the build recorded them; an image built
+    before builds recorded it says `dirty: null` (not known), never a clean tree."""
+    dirty = image_labels.get(labels.SOURCE_DIRTY)
+    if dirty is None:
+        return {"dirty": None}
+    if dirty != "true":
+        return {"dirty": False}
+    return {"dirty": True, "diff": image_labels.get(labels.SOURCE_DIFF) or ""}
 
 
 def base_uri(name: str) -> str:

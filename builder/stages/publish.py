@@ -27,7 +27,7 @@ from typing import Any
 
 from builder.core import keypair, labels, limits, oci, sign
 from builder.core.oci import RegistryError
-from builder.model import smokereport
+from builder.model import accelerators, smokereport
 from builder.model.matrix import Matrix
 from builder.model.planned import PlannedVariant
 from builder.model.publication import Signed
@@ -72,12 +72,12 @@ def config_problem(p: PlannedVariant, config: dict[str, Any]) -> str:
 def smoke_gate(cand: Candidate, allow_cpu_smoke: bool) -> str:
     """Why the smoke report does not let this image through (empty: it does); records whether
     it ran on a GPU and whether the CPU waiver was used."""
-    is_cuda = cand.planned.variant.accelerator == "cuda"
+    needs_gpu = accelerators.needs_gpu_evidence(cand.planned.variant.accelerator)
     try:
         report = limits.parse_json(cand.evidence["smoke"]) if "smoke" in cand.evidence else None
     except ValueError as exc:
         return f"the smoke report is not JSON: {exc}"
-    passed, why = smokereport.report_passed(report, require_gpu=is_cuda and not allow_cpu_smoke)
+    passed, why = smokereport.report_passed(report, require_gpu=needs_gpu and not allow_cpu_smoke)
     if not passed:
         return why
     assert report is not None
@@ -91,8 +91,8 @@ def smoke_gate(cand: Candidate, allow_cpu_smoke: bool) -> str:
     if lacking := smokereport.required_checks_missing(report):
         return f"the smoke report lacks required checks: {', '.join(lacking)}"
     gpu_passed = not gpu_checks_not_run(report["checks"])  # the suite's own rule
-    cand.smoke_gpu = is_cuda and bool(report.get("require_gpu")) and gpu_passed
-    cand.allow_cpu_smoke = is_cuda and not cand.smoke_gpu  # the waiver was needed, and used
+    cand.smoke_gpu = needs_gpu and bool(report.get("require_gpu")) and gpu_passed
+    cand.allow_cpu_smoke = needs_gpu and not cand.smoke_gpu  # the waiver was needed, and used
     return ""
 
 
@@ -117,20 +117,21 @@ def sbom_gate(cand: Candidate) -> str:
 
 
 def dated_tag(reg: oci.Registry, repository: str, floating: str, date: str,
-              digest: str) -> tuple[str, bool]:
+              digest: str, keys: tuple[Any, ...] = ()) -> tuple[str, bool]:
     """The first free `<floating>-<date>[.n]`, or the one already holding `digest`.
 
     Returns (tag, whether it already holds the digest). A tag holding another digest is never
-    overwritten.
+    overwritten, unless `keys` are given and none of them signed that tag for its digest: an
+    unsigned tag is no publication (anyone with push rights may write one) and takes no suffix.
     """
     for n in range(MAX_SUFFIX + 1):
         tag = f"{floating}-{date}" + (f".{n}" if n else "")
         desc = reg.head(repository, tag)
-        if desc is None:
+        if desc is None or (keys and not sign.names_tag(reg, repository, desc.digest, tag, keys)):
             return tag, False
         if desc.digest == digest:
             return tag, True
-    raise RegistryError(f"`{floating}-{date}` has {MAX_SUFFIX} suffixes taken today")
+    raise RegistryError(f"`{floating}-{date}` has {MAX_SUFFIX} signed suffixes taken today")
 
 
 def promote(matrix: Matrix, staged: Staged) -> Staged:
@@ -173,11 +174,11 @@ def dry_run_entry(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
             "registry": matrix.registry, "repository": matrix.repository}
 
 
-def next_dated(vetted: Staged, floating: str) -> tuple[str, bool]:
+def next_dated(vetted: Staged, floating: str, keys: tuple[Any, ...] = ()) -> tuple[str, bool]:
     """The dated tag this publication takes (signed before it is written), and whether it
-    already holds the digest."""
+    already holds the digest; with `keys`, unsigned dated tags are free (dated_tag)."""
     reg = oci.Registry(vetted.registry)
-    return dated_tag(reg, vetted.repository, floating, today(), vetted.digest)
+    return dated_tag(reg, vetted.repository, floating, today(), vetted.digest, keys)
 
 
 def write_tags(vetted: Staged, floating: str, tags: list[str],

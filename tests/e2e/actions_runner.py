@@ -7,6 +7,9 @@ GITHUB_STEP_SUMMARY files, job outputs and matrices passed as GitHub passes them
 `fromJSON`), `if:` with GitHub's implicit `success()`, secrets and inputs from the caller. The
 registry (and artifacts, GitHub's own storage) is the only thing jobs share.
 
+Each job's PATH holds only the tools of GitHub's ubuntu-24.04 image (runner_image.py, from the
+committed runner_tools_ubuntu-24.04.txt) and what its own steps install (`sudo apt-get install`),
+so a step running a tool no earlier step installed fails as it would on GitHub.
 `uses:` steps that only set up tools are stood in for here (STAND_INS names each); any other
 `uses:` fails the job. Keyless signing steps (GitHub's OIDC identity) cannot run here: they are
 skipped and logged as such. A job's `permissions: contents` decides whether a `git push` to the
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import runner_image
 import yaml
 
 STEP_TIMEOUT = 3600
@@ -216,8 +220,11 @@ class Runner:
     def base_env(self, home: Path, work: Path, files: Path, perms: Any) -> dict[str, str]:
         contents = "write" if perms == "write-all" or (
             isinstance(perms, dict) and perms.get("contents") == "write") else "read"
-        shims = self.root / "shims"
-        return {"HOME": str(home), "PATH": f"{shims}:/usr/local/bin:/usr/bin:/bin",
+        shims, tools = self.root / "shims", home / "tools"
+        tools.mkdir(parents=True, exist_ok=True)
+        path = f"{shims}:{tools}:{runner_image.make_runner_bin(self.root)}"
+        self.log.append(f"  PATH={path} (the ubuntu-24.04 image's tools and the job's installs)")
+        return {"HOME": str(home), "PATH": path, "REHEARSAL_TOOLS": str(tools),
                 "CI": "true", "GITHUB_ACTIONS": "true", "GITHUB_WORKSPACE": str(work),
                 "RUNNER_TEMP": str(files), "LANG": "C.UTF-8",
                 "REHEARSAL_CONTENTS": contents, **self.runner_env, **wheel_mirror()}
@@ -352,7 +359,14 @@ def upload_artifact(runner: Runner, with_: dict[str, str], _env: dict[str, str],
 
 def download_artifact(runner: Runner, with_: dict[str, str], _env: dict[str, str],
                       work: Path) -> str:
-    """actions/download-artifact: the named artifact's files into `path`."""
+    """actions/download-artifact: the named artifact's files into `path`; with `pattern`,
+    each matching artifact into `path/<name>/` (none matching is no failure)."""
+    if "pattern" in with_:
+        for store in sorted((runner.root / "artifacts").glob(with_["pattern"])):
+            download_artifact(runner, {"name": store.name,
+                                       "path": f"{with_.get('path', '.')}/{store.name}"},
+                              _env, work)
+        return "success"
     store = runner.root / "artifacts" / with_["name"]
     if not store.is_dir():
         return "failure"
@@ -403,6 +417,8 @@ def make_shims(root: Path) -> None:
     sudo = shims / "sudo"
     sudo.write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\nexec env "$@"\n')
     sudo.chmod(0o755)
+    runner_image.make_apt_get_shim(shims)
+    runner_image.make_gh_shim(shims, root / "pull-requests.log")
 
 
 def make_origin(origin: Path) -> None:

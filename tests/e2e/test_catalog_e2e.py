@@ -368,3 +368,18 @@ def test_an_audit_attached_later_is_the_latest_audit_and_says_when_inconclusive(
     index = (site.out / "index.html").read_text()
     slim_row = re.search(rf'<tr data-tag="{re.escape(CPU_SLIM.floating)}".*?</tr>', index, re.S)[0]
     assert "not conclusive" in slim_row
+
+
+def test_an_undated_hand_pushed_tag_is_listed_under_other_tags(registry_addr: str,
+                                                               tmp_path: Path) -> None:
+    """`skopeo copy … :scratch-test` of an image no dated tag names must not stop the site."""
+    reg, repo = oci.Registry(registry_addr), f"{REPO}-scratch"
+    ci.publish(reg, repo, CPU_SLIM, "20261204")
+    scratch = ci.push_platform(reg, repo, CPU_OLD, "linux/amd64", "1" * 40)
+    reg.tag(repo, scratch.digest, "scratch-test")
+    out = tmp_path / "site"
+    run_builder("catalog", f"{registry_addr}/{repo}", "--out", str(out))  # exit 0
+    doc = json.loads((out / "catalog.json").read_text())
+    assert doc["other_tags"] == [{"tag": "scratch-test", "digest": scratch.digest}]
+    assert [v["tag"] for v in doc["variants"]] == [CPU_SLIM.floating]
+    assert "<code>scratch-test</code>" in (out / "index.html").read_text()

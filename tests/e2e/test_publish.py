@@ -20,12 +20,12 @@ import jsonschema
 import pytest
 from helpers import free_port
 
-from builder.core import engine, labels, media, oci, registry, state
+from builder.core import engine, labels, media, oci, proc, registry, state
 from builder.core.oci import RegistryError
 from builder.flows import publish as publish_flow
 from builder.model import matrix, publication
 from builder.model.planned import PlannedVariant
-from builder.stages import plan, publish, render, smoketest, staging
+from builder.stages import build, plan, provenance, publish, render, smoketest, staging
 from smoke.checks import CHECKS, GPU_CHECKS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,8 +109,8 @@ class Images:
         return dataclasses.replace(p, content_hash=content_hash)
 
     def build(self, vid: str, *, nonce: str = "", smoke_ok: bool = True,
-              smoke_gpu: bool = False, sbom_ok: bool = True
-              ) -> tuple[PlannedVariant, str]:
+              smoke_gpu: bool = False, sbom_ok: bool = True,
+              extra_labels: dict[str, str] | None = None) -> tuple[PlannedVariant, str]:
         """Image for `vid` tagged as build.py tags it; returns (its plan, its id)."""
         content_hash = uuid.uuid4().hex * 2
         p = self.planned(vid, content_hash)
@@ -121,7 +121,8 @@ class Images:
         ref = p.local_image
         engine.docker("build", "-q", "-t", ref, "--label", f"{labels.CONTENT_HASH}={content_hash}",
                       "--label", f"{labels.LOCK_HASH}={p.lock_hash}",
-                      "--label", f"{labels.ACCELERATOR}={p.variant.accelerator}", str(ctx))
+                      "--label", f"{labels.ACCELERATOR}={p.variant.accelerator}",
+                      *[f"--label={k}={v}" for k, v in (extra_labels or {}).items()], str(ctx))
         image_id = engine.inspect_image(ref)["Id"]
         self.ids.append(image_id)
         if smoke_ok is not None:
@@ -442,3 +443,31 @@ def test_staging_on_another_registry_is_promoted_across(
         assert smoke is not None and json.loads(smoke)["image"]["id"] == image_id
     finally:
         registry.stop(folder)
+
+
+@pytest.mark.docker
+def test_a_dirty_tree_build_publishes_provenance_saying_dirty_with_its_real_times(
+        images: Images, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The labels build.py writes in a checkout with an uncommitted lock, then publish: the
+    provenance says `dirty: true` with the diff's hash and when the build really ran."""
+    checkout = tmp_path / "checkout"
+    (checkout / "locks").mkdir(parents=True)
+    (checkout / "locks" / "x.txt").write_text("numpy==2.4.5\n")
+    for argv in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t",
+                                                "commit", "-qm", "lock"]):
+        proc.run(["git", "-C", str(checkout), *argv])
+    (checkout / "locks" / "x.txt").write_text("numpy==2.4.6\n")  # the uncommitted relock
+    monkeypatch.chdir(checkout)
+    tree = build.tree_labels()
+    assert tree[labels.SOURCE_DIRTY] == "true"
+    p, image_id = images.build(CPU_ID, extra_labels=tree)
+    build.record_times(image_id, "2026-12-06T00:00:00Z")
+    [result] = run(images, [p], tmp_path)
+    assert result["status"] == "published", result
+    doc = json.loads(oci.Registry(images.matrix.registry).fetch_artifact(
+        images.matrix.repository, result["digest"], "provenance") or b"{}")
+    params = doc["predicate"]["buildDefinition"]["externalParameters"]
+    assert (params["dirty"], params["diff"]) == (True, tree[labels.SOURCE_DIFF])
+    assert params["source"] == provenance.NO_SOURCE  # no public remote: said so, never ""
+    when = doc["predicate"]["runDetails"]["metadata"]
+    assert when["startedOn"] == "2026-12-06T00:00:00Z" and when["finishedOn"] > when["startedOn"]

@@ -1,8 +1,10 @@
 """The README's quick start (its first section), command by command, as a newcomer runs it: a
 fresh clone of this checkout, a fresh state folder, the CPU image. `tools/setup.sh` is not run
 again (it installs system packages and the venvs this test already runs in: its `.venv/bin` is
-put on PATH instead), and the registry address is moved to a free port, with a registry of this
-test started there as setup.sh starts one on 127.0.0.1:5000."""
+put on PATH instead), the registry address is moved to a free port, with a registry of this
+test started there as setup.sh starts one on 127.0.0.1:5000, and the repository is renamed (no
+README command may assume `torch`). Afterwards the clone has nothing untracked: the key pair
+and the site are ignored."""
 
 from __future__ import annotations
 
@@ -11,10 +13,11 @@ import re
 import shlex
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, free_port, remove_images_of
+from helpers import PRIVATE_REPOSITORIES, ROOT, free_port, remove_images_of
 
 from builder.core import registry
 
@@ -36,8 +39,12 @@ def test_each_quick_start_command_succeeds_in_order(tmp_path: Path) -> None:
     subprocess.run(["git", "clone", "-q", str(ROOT), str(work)], check=True, timeout=120)
     addr = f"127.0.0.1:{free_port()}"
     matrix = work / "matrix.yaml"
-    matrix.write_text(matrix.read_text().replace("registry: 127.0.0.1:5000", f"registry: {addr}",
-                                                 1))
+    repository = f"e2e-{uuid.uuid4().hex[:8]}-torch"
+    PRIVATE_REPOSITORIES.add(repository)  # conftest removes what is left of it
+    matrix.write_text(matrix.read_text()
+                      .replace("registry: 127.0.0.1:5000", f"registry: {addr}", 1)
+                      .replace("\nrepository: torch\n", f"\nrepository: {repository}\n", 1))
+    assert repository in matrix.read_text()
     env = {**os.environ, "BUILDER_STATE": str(tmp_path / "state"),
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     env.update({k: v for k, v in re.findall(r"(\w+)=(\S+)", path) if k != "PATH"})
@@ -52,6 +59,9 @@ def test_each_quick_start_command_succeeds_in_order(tmp_path: Path) -> None:
             assert result.returncode == 0, f"{command}:\n{result.stdout[-2000:]}\n" \
                 f"{result.stderr[-3000:]}"
         assert (work / "site" / "index.html").is_file() and (work / "cosign.pub").is_file()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"],
+                                cwd=work, capture_output=True, text=True, check=True).stdout
+        assert [line for line in status.splitlines() if not line.startswith(" M ")] == []
     finally:
         registry.stop(tmp_path / "state" / "registry")
         remove_images_of(matrix)

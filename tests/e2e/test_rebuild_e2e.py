@@ -2,7 +2,7 @@
 `rebuild` pushes nothing; rebuild its base with one more package → `rebuild --check` names
 `base-moved`, `rebuild` publishes a new dated tag, moves the floating tag and prints the SBOM diff.
 
-Like tests/test_e2e.py: the shipped matrix with the registry moved to a private port, and the
+Like tests/e2e/test_e2e.py: the shipped matrix with the registry moved to a private port, and the
 3.11 base replaced by a local image this test makes (`torch-images-e2e-base:rebuild`, from the
 bootstrapped `torch-images-base:bookworm`), so it never touches the user's registry or base.
 Only the CPU runtime variant is built.

@@ -1,7 +1,9 @@
 """The workflows rehearsed: build.yml and rebuild.yml run as GitHub would run them
 (tests/e2e/actions_runner.py), for the CPU runtime only, against a registry with credentials
-that is the only thing their jobs share.
+that is the only thing their jobs share, each job with a PATH of the ubuntu-24.04 runner image's
+tools plus what its own steps install (tests/e2e/runner_image.py).
 
+  0. A planted build.yml whose build job does not install mmdebstrap fails there.
   1. build.yml (dispatched with `select: id=<CPU runtime>`): plan → build --stage → smoke →
      publish → catalog, with numpy one patch release older in the lock.
   2. A fresh clone with no published.json and an empty state folder: `rebuild --check` names
@@ -10,6 +12,8 @@ that is the only thing their jobs share.
   4. numpy bumped in the lock (the shipped lock): a planted rebuild.yml that logs in after the
      rebuild fails; the shipped one runs check → rebuild (publishes `-YYYYMMDD.1`) → catalog.
   5. `builder verify --key cosign.pub` of the new dated tag, from a fresh clone.
+The relock-pr job runs after the rebuild (no relock here: python-vuln is unreachable); given
+a relock report it is rehearsed alone by test_relock_pr_job.py.
 
 Secrets come from a throw-away `builder keygen`. The vulnerability feed this machine cannot
 reach (python-vuln) is named in the runner's environment (REBUILD_SKIP_SOURCES) and reported as
@@ -183,9 +187,27 @@ def plant_login_after_rebuild(doc: dict[str, Any]) -> None:
     steps.insert(rebuild, steps.pop(login))
 
 
+def plant_no_mmdebstrap(doc: dict[str, Any]) -> None:
+    """The build job without the step that installs mmdebstrap (not on the runner image), and
+    a step that runs it. (Its `builder build` alone would not show it here: the jobs share this
+    machine's engine, which holds today's bootstrapped base, where a fresh runner has none.)"""
+    steps = doc["jobs"]["build"]["steps"]
+    at = next(i for i, s in enumerate(steps) if "mmdebstrap" in s.get("run", ""))
+    steps[at] = {"name": "Bootstrap tool", "run": "mmdebstrap --version"}
+
+
 def test_the_workflows_rehearsed(stage: dict[str, Any]) -> None:
     runner: Runner = stage["runner"]
     today = dt.datetime.now(dt.UTC).strftime("%Y%m%d")
+    # 0. planted: a job that runs a tool no step installed fails on the runner image's PATH
+    runner.log.append("== planted build.yml: the build job does not install mmdebstrap")
+    planted = runner.run(workflow(stage, "build.yml", plant_no_mmdebstrap),
+                         inputs={"select": f"id={CPU}", "arm64_emulated": False},
+                         only={"plan", "build"})
+    assert (planted["plan"].result, planted["build"].result) == ("success", "failure")
+    assert any("mmdebstrap: command not found" in line for line in runner.log), runner.log
+    assert not (runner.root / "runner-bin" / "mmdebstrap").exists()
+    assert tags(stage) == []
     # 1. build.yml
     runner.log.append("== build.yml (workflow_dispatch, select: id=" + CPU + ")")
     built = runner.run(workflow(stage, "build.yml"),
@@ -240,7 +262,8 @@ def test_the_workflows_rehearsed(stage: dict[str, Any]) -> None:
     runner.log.append("== rebuild.yml (schedule)")
     rebuilt = runner.run(workflow(stage, "rebuild.yml"))
     assert results(rebuilt) == {"check": "success", "rebuild": "success",
-                                "catalog": "success", "report-failure": "skipped"}, runner.log
+                                "relock-pr": "success", "catalog": "success",
+                                "report-failure": "skipped"}, runner.log
     dated = f"{CPU}-{today}.1"
     assert dated in tags(stage)
 
@@ -249,3 +272,4 @@ def test_the_workflows_rehearsed(stage: dict[str, Any]) -> None:
                             f"{stage['addr']}/{stage['repository']}:{dated}")
     runner.log.append(f"== builder verify --key cosign.pub {dated}: exit {verify.returncode}")
     assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
+

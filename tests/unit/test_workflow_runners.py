@@ -25,10 +25,26 @@ def test_gpu_smoke_picks_the_runner_by_architecture_and_only_for_cuda() -> None:
     plan_step = next(s for s in build["plan"]["steps"] if s.get("id") == "plan")["run"]
     assert 'select(.accelerator == "cuda")' in plan_step
     assert 'select(.accelerator != "cuda")' in plan_step
-    # Every smoke job gates publishing; one with nothing to do must not skip it.
+    # Publishing waits for every smoke job, but one failed variant does not stop the others':
+    # each publish leg is gated by its own variant's signed evidence, not by the other legs.
     assert set(build["publish"]["needs"]) >= {"build", "smoke-gpu", "smoke-cpu"}
-    assert "skipped" in build["publish"]["if"]
+    assert ".result" not in build["publish"]["if"] and "!cancelled()" in build["publish"]["if"]
+    assert build["publish"]["strategy"]["fail-fast"] is False
 
 
-def test_the_rebuild_runs_on_an_x86_gpu_runner() -> None:
-    assert jobs("rebuild.yml")["rebuild"]["runs-on"] == ["self-hosted", "Linux", "X64", "gpu"]
+def test_only_cuda_rebuilds_wait_for_the_x86_gpu_runner() -> None:
+    rebuild = jobs("rebuild.yml")
+    runs_on = rebuild["rebuild"]["runs-on"]
+    assert "matrix.gpu && fromJSON('[\"self-hosted\", \"Linux\", \"X64\", \"gpu\"]')" \
+        in runs_on and "|| 'ubuntu-24.04'" in runs_on
+    check = next(s for s in rebuild["check"]["steps"] if s.get("id") == "check")["run"]
+    assert 'test("-cuda[0-9]")' in check
+    assert rebuild["rebuild"]["strategy"]["fail-fast"] is False
+
+
+def test_a_quiet_day_with_one_unreachable_source_is_a_warning_not_a_failure() -> None:
+    check = next(s for s in jobs("rebuild.yml")["check"]["steps"] if s.get("id") == "check")
+    script = check["run"]
+    two = script[script.index("  2) "):script.index("  *) ")]
+    assert 'echo "needed=false"' in two and "could check nothing" in two
+    assert "::warning title=rebuild source unknown::" in script

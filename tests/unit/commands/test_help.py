@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from builder import cli
@@ -10,6 +13,7 @@ from builder import cli
 # (core/swap.py's ctypes.util.find_library runs ldconfig), which conftest forbids inside a test.
 cli.build_parser()
 
+README = Path(__file__).resolve().parents[3] / "README.md"
 NO_SELECTION = ("keygen", "registry", "verify", "catalog", "reproduce", "smoke", "sbom", "audit")
 
 
@@ -25,9 +29,19 @@ def test_commands_without_a_selection_offer_no_select(command, capsys):
     assert "--select" not in help_of(command, capsys)
 
 
-@pytest.mark.parametrize("command", ["keygen", "verify", "smoke", "sbom", "audit"])
-def test_commands_that_read_no_matrix_offer_no_matrix(command, capsys):
-    assert "--matrix" not in help_of(command, capsys)
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_every_command_takes_matrix_and_json_as_the_readme_says(command, capsys):
+    """So that `builder keygen --matrix m.yaml` (a script passing one matrix to every command)
+    is not refused; verify, smoke, sbom and audit read its `insecure_registries`, verify its
+    repository for a bare tag."""
+    text = help_of(command, capsys)
+    assert "--matrix FILE" in text and "--json" in text
+
+
+def test_the_readme_names_the_commands_that_take_select() -> None:
+    text = " ".join(README.read_text().split())
+    listed = re.search(r"those over variants \(`([a-z ]+)`\) take `--select", text)[1]
+    assert sorted(listed.split()) == sorted(set(cli.COMMANDS) - set(NO_SELECTION))
 
 
 @pytest.mark.parametrize("command", ["keygen", "registry", "validate", "lock", "render"])

@@ -11,7 +11,7 @@ import pytest
 from matrix_files import CPU, LOCKS, ROOT
 
 from builder.commands import build as build_cmd
-from builder.core import state
+from builder.core import labels, state
 from builder.flows import build as build_flow
 from builder.model import matrix, platforms, smokereport
 from builder.stages import build, smoketest
@@ -147,3 +147,17 @@ def test_an_arm64_build_takes_its_base_by_the_verified_digest_and_is_removed_off
     unpinned = through()  # no verified reference: never built FROM the floating tag
     assert unpinned.state == "failed" and "no verified base reference" in unpinned.message
     assert given == [pin, pin]
+
+
+def test_a_dirty_checkout_is_labelled_dirty_with_a_hash_of_its_difference(monkeypatch):
+    answers = {("status", "--porcelain"): " M locks/x.txt",
+               ("diff", "HEAD", "--binary"): "diff --git a/locks/x.txt b/locks/x.txt",
+               ("ls-files", "--others", "--exclude-standard"): ""}
+    monkeypatch.setattr(build, "git", lambda *args: answers[args])
+    found = build.tree_labels()
+    assert found[labels.SOURCE_DIRTY] == "true"
+    assert found[labels.SOURCE_DIFF].startswith("sha256:")
+    answers[("diff", "HEAD", "--binary")] += "\n+numpy==2.4.6"
+    assert build.tree_labels()[labels.SOURCE_DIFF] != found[labels.SOURCE_DIFF]
+    answers[("status", "--porcelain")] = ""
+    assert build.tree_labels() == {labels.SOURCE_DIRTY: "false"}

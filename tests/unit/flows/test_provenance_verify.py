@@ -145,6 +145,9 @@ def test_a_versioned_tag_must_name_the_image_it_points_at() -> None:
         "2.13.0-py3.11-cpu-runtime", [LABELS, {**LABELS, labels.PYTHON: "3.12"}])
     assert verify_tags.label_problems("build-" + "e" * 20, [LABELS]) == ""
     assert "content hash" in verify_tags.label_problems("build-" + "f" * 20, [LABELS])
+    # a zstd twin's hash tag names the same content hash (it failed verify before)
+    assert verify_tags.label_problems("build-" + "e" * 20 + "-zstd", [LABELS]) == ""
+    assert "content hash" in verify_tags.label_problems("build-" + "f" * 20 + "-zstd", [LABELS])
     assert verify_tags.label_problems("latest-runtime", [LABELS]) == ""  # an alias: no grammar
 
 
@@ -154,3 +157,19 @@ def test_verify_shows_a_publication_made_with_unsigned() -> None:
     doc["predicate"]["buildDefinition"]["internalParameters"]["unsigned_staging"] = True
     row = verify.provenance_row(doc, DIGEST, LABELS)
     assert row.status == verify.OK and "published with --unsigned" in row.detail
+
+
+def test_a_dirty_tree_build_says_so_with_its_diff_and_the_build_times_are_real() -> None:
+    dirty = {**LABELS, labels.SOURCE_DIRTY: "true", labels.SOURCE_DIFF: "sha256:" + "f" * 64,
+             labels.OCI + "created": "2026-01-01T00:00:00Z"}
+    times = {"startedOn": "2026-12-06T01:00:00Z", "finishedOn": "2026-12-06T01:03:00Z"}
+    doc = provenance.statement("r/torch", DIGEST, dirty, environ={}, times=times)
+    params = doc["predicate"]["buildDefinition"]["externalParameters"]
+    assert (params["dirty"], params["diff"]) == (True, "sha256:" + "f" * 64)
+    assert doc["predicate"]["runDetails"]["metadata"] == times  # not the lock's commit time
+    clean = provenance.statement("r/torch", DIGEST, {**LABELS, labels.SOURCE_DIRTY: "false"},
+                                 environ={})
+    assert clean["predicate"]["buildDefinition"]["externalParameters"]["dirty"] is False
+    assert "finishedOn" not in clean["predicate"]["runDetails"]["metadata"]  # built elsewhere
+    older = provenance.statement("r/torch", DIGEST, LABELS, environ={})
+    assert older["predicate"]["buildDefinition"]["externalParameters"]["dirty"] is None

@@ -60,7 +60,7 @@ def pushes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(publish_flow.engine, "ensure_engine", lambda: None)
     monkeypatch.setattr(publish_flow, "publish_group", publish_group)
-    monkeypatch.setattr(publish_flow.record, "latest", lambda *_a: {})  # nothing published yet
+    monkeypatch.setattr(publish_flow.record, "history", lambda *_a: {})  # nothing published yet
     return pushed
 
 
@@ -118,7 +118,8 @@ def test_an_already_published_variant_is_in_the_report_too(tmp_path, shipped_pla
     m, planned = shipped_plan
     [cpu] = [p for p in planned if p.variant.id == CPU]
     held = publication.Publication.from_json({**RECORD, "content_hash": cpu.content_hash})
-    monkeypatch.setattr(publish_flow.record, "latest", lambda *_a: {CPU: held})
+    monkeypatch.setattr(publish_flow.record, "history", lambda *_a: {CPU: [held]})
+    monkeypatch.setattr(publish_flow.tag_repair, "repair", lambda *_a: [])
     manifest = tmp_path / "published.json"
     with pytest.raises(publish.RegistryError, match="went away"):
         publish_flow.publish_variants(m, planned, allow_cpu_smoke=True, manifest=manifest,

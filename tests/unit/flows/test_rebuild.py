@@ -42,7 +42,7 @@ def clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setattr(checking, "base_digest_now", lambda variant: BASE_OLD)
     monkeypatch.setattr(checking, "planned_hash", lambda *a: HASH)
     # the published SBOM: numpy one patch release older than the shipped lock pins
-    monkeypatch.setattr(checking, "fetch_artifact", lambda *a: {"components": [
+    monkeypatch.setattr(checking, "artifact_json_by_digest", lambda *a: {"components": [
         {"name": "numpy", "version": "2.4.5", "purl": "pkg:pypi/numpy@2.4.5"}]})
     monkeypatch.setattr(checking.plan, "smoke_files_hash", lambda: "s")
     return monkeypatch

@@ -91,20 +91,75 @@ def test_the_newest_dated_tag_of_a_variant_is_its_publication(reg: FakeRegistry)
     assert pub.sbom.tag == oci.artifact_tag(new, "sbom") and not pub.signed
 
 
+def signed(monkeypatch: pytest.MonkeyPatch, by_digest: dict[str, tuple[str, list[str]]]
+           ) -> None:
+    """Trusted signatures: digest → (variant, tags) its payload names; other digests carry a
+    signature by another key."""
+    def payloads(_reg: Any, _repo: str, digest: str, _keys: list[Any]) -> list[dict[str, Any]]:
+        if digest not in by_digest:
+            raise sign.SignatureError("a signature by another key")
+        return [{"optional": sign.tag_annotations(*by_digest[digest])}]
+
+    monkeypatch.setattr(record.sign, "verified_payloads", payloads)
+
+
 def test_a_publication_whose_signature_does_not_verify_is_not_part_of_the_record(
         reg: FakeRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
     good, forged = reg.image("a" * 64), reg.image("b" * 64)
     reg.tag(f"{VID}-20261201", good)
     reg.tag(f"{VID}-20261204", forged)
-
-    def verify(_reg: Any, _repo: str, digest: str, _keys: list[Any]) -> str:
-        if digest == forged:
-            raise sign.SignatureError("a signature by another key")
-        return "ok"
-
-    monkeypatch.setattr(record.sign, "verify_image", verify)
+    signed(monkeypatch, {good: (VID, [f"{VID}-20261201", VID])})
     assert record.latest(shipped(), keys=("trusted",))[VID].digest == good
     assert record.latest(shipped())[VID].digest == forged  # no keys: every publication
+
+
+def test_a_dated_tag_its_digest_signature_does_not_name_is_no_publication(
+        reg: FakeRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forged newer dated tag on an older signed digest (the floating tag moved back)."""
+    old, new = reg.image("a" * 64), reg.image("b" * 64)
+    reg.tag(f"{VID}-20261201", old)
+    reg.tag(f"{VID}-20261203", new)
+    reg.tag(f"{VID}-20261204", old)  # forged: the signature of `old` names only -20261201
+    signed(monkeypatch, {old: (VID, [f"{VID}-20261201"]), new: (VID, [f"{VID}-20261203"])})
+    pub = record.latest(shipped(), keys=("trusted",))[VID]
+    assert (pub.dated_tag, pub.digest) == (f"{VID}-20261203", new)
+
+
+def test_a_tag_on_another_variants_signed_digest_counts_for_no_variant(
+        reg: FakeRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    slim = VID.replace("runtime", "slim")
+    mine, theirs = reg.image("a" * 64), reg.image("c" * 64, variant=slim)
+    reg.tag(f"{VID}-20261201", mine)
+    reg.tag(f"{slim}-20261202", theirs)
+    reg.tag(f"{VID}-20261205", theirs)  # forged on the slim's signed digest
+    signed(monkeypatch, {mine: (VID, [f"{VID}-20261201"]),
+                         theirs: (slim, [f"{slim}-20261202"])})
+    found = record.latest(shipped(), keys=("trusted",))
+    assert found[VID].digest == mine and found[slim].dated_tag == f"{slim}-20261202"
+
+
+def test_a_signature_naming_the_tag_for_another_variant_does_not_count(
+        reg: FakeRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    old, other = reg.image("a" * 64), reg.image("b" * 64)
+    reg.tag(f"{VID}-20261201", old)
+    reg.tag(f"{VID}-20261204", other)
+    signed(monkeypatch, {old: (VID, [f"{VID}-20261201"]),
+                         other: ("someone-else", [f"{VID}-20261204"])})
+    assert record.latest(shipped(), keys=("trusted",))[VID].digest == old
+
+
+def test_dates_after_today_are_ignored_with_a_warning(
+        reg: FakeRegistry, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    now, later = reg.image("a" * 64), reg.image("b" * 64)
+    reg.tag(f"{VID}-20261201", now)
+    reg.tag(f"{VID}-99991231", later)
+    signed(monkeypatch, {now: (VID, [f"{VID}-20261201"]), later: (VID, [f"{VID}-99991231"])})
+    monkeypatch.setattr(record, "today", lambda: "20261206")
+    assert record.latest(shipped(), keys=("trusted",))[VID].digest == now
+    assert record.latest(shipped())[VID].digest == now
+    assert f"`{VID}-99991231` is dated after today (20261206, UTC): ignored" in \
+        capsys.readouterr().err
 
 
 def test_publish_calls_a_held_content_hash_already_published(reg: FakeRegistry) -> None:

@@ -61,3 +61,20 @@ def test_a_floating_tag_or_alias_rolled_back_to_an_older_signed_publication_is_r
     # without keys: no signed tags to read, the grammar alone
     assert verify_tags.findings(reg, "torch", FLOATING, OLD, [LABELS], None) == [  # type: ignore[arg-type]
         ("tag", True, f"`{FLOATING}` agrees with the labels of every platform")]
+
+
+def test_a_forged_dated_tag_does_not_hide_a_rollback(monkeypatch) -> None:
+    """The floating tag moved back to OLD and a newer dated tag forged on OLD: with keys, only
+    dated tags signed for their digest count, so the rollback is still reported."""
+    forged, future = f"{FLOATING}-20260103", f"{FLOATING}-99991231"
+    reg = Tags({f"{FLOATING}-20260101": OLD, f"{FLOATING}-20260102": NEW, forged: OLD,
+                future: OLD, FLOATING: OLD})
+    real = {(OLD, f"{FLOATING}-20260101"), (NEW, f"{FLOATING}-20260102"), (OLD, future)}
+    monkeypatch.setattr(verify_tags.sign, "names_tag",
+                        lambda _r, _repo, digest, tag, _k: (digest, tag) in real)
+    old = payload(f"{FLOATING}-20260101", FLOATING)
+    [*_, (what, ok, detail)] = verify_tags.findings(
+        reg, "torch", FLOATING, OLD, [LABELS], [old], ("trusted",))  # type: ignore[arg-type]
+    assert (what, ok) == ("tag rollback", False)
+    assert detail.endswith(f"`{FLOATING}-20260102` (sha256:222222222222)")
+    assert all(ok for _, ok, _ in check(reg, FLOATING, OLD, old))  # no keys: forged counts

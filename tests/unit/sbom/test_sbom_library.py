@@ -61,7 +61,7 @@ def test_diff_sboms_on_dicts():
                      {"type": "library", "name": "c", "version": "1", "purl": "pkg:pypi/c@1"}])
     result = diff_sboms(old, new)
     assert result["changed"] == [{"type": "pypi", "namespace": "", "name": "a",
-                                  "old": "1", "new": "2"}]
+                                  "old": "1", "new": "2", "direction": "upgrade"}]
     assert [r["name"] for r in result["removed"]] == ["b"]
     assert [r["name"] for r in result["added"]] == ["c"]
     assert "~ pypi/a 1 → 2" in format_diff(result)

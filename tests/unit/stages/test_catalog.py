@@ -114,9 +114,26 @@ def test_history_is_oldest_first_with_the_sbom_diff_and_the_rebuild_reason() -> 
 
 
 def test_a_floating_tag_without_dated_tags_is_listed_with_an_empty_history() -> None:
-    [variant] = catalog_doc.variants({"alias": D1}, {D1: image(D1, {})})
-    assert variant == {"tag": "alias", "digest": D1, "floating": True, "aliases": [],
+    images = {D1: {**image(D1, {}), "variant": "t"}}
+    [variant] = catalog_doc.variants({"t": D1}, images)
+    assert variant == {"tag": "t", "digest": D1, "floating": True, "aliases": [],
                        "history": []}
+    assert images[D1]["published"] is None
+
+
+def test_a_hand_pushed_undated_tag_is_an_other_tag_and_the_site_is_still_written(
+        tmp_path: Path) -> None:
+    images = paged({D1: image(D1, {"numpy": "2.3.5"}), D2: image(D2, {"numpy": "2.3.6"})})
+    by_tag = {"t": D1, "t-20261201": D1, "latest": D1, "scratch-<b>test": D2}
+    doc = document(images, by_tag)
+    doc["other_tags"] = catalog_doc.other_tags(by_tag, doc["variants"])
+    assert [v["tag"] for v in doc["variants"]] == ["t"]
+    assert doc["variants"][0]["aliases"] == ["latest"]
+    assert doc["other_tags"] == [{"tag": "scratch-<b>test", "digest": D2}]
+    jsonschema.Draft202012Validator(json.loads(catalog_doc.SCHEMA_PATH.read_text())).validate(doc)
+    assert catalog_site.write_site(doc, tmp_path) > 0
+    index = (tmp_path / "index.html").read_text()
+    assert "Other tags" in index and "<code>scratch-&lt;b&gt;test</code>" in index
 
 
 def document(images: dict[str, Any], by_tag: dict[str, str]) -> dict[str, Any]:
@@ -126,7 +143,8 @@ def document(images: dict[str, Any], by_tag: dict[str, str]) -> dict[str, Any]:
 
 
 def test_siblings_share_their_common_layers() -> None:
-    runtime, slim = image(D1, {}), image(D2, {}, flavor="slim")
+    runtime = {**image(D1, {}), "variant": "a-runtime"}
+    slim = {**image(D2, {}, flavor="slim"), "variant": "a-slim"}
     doc = document({D1: runtime, D2: slim}, {"a-runtime": D1, "a-slim": D2})
     assert [tag for tag, _ in catalog_site.siblings(doc, runtime)] == ["a-slim", "a-runtime"]
     assert catalog_site.shared_bytes(runtime, slim) == 60  # the base layer D3
@@ -289,3 +307,14 @@ def test_collect_reads_the_twins_layers_once_and_writes_each_pull(
     reads = reg.reads
     assert catalog.collect(source, tmp_path / "site", cache)[1] == 0  # twins too are cached
     assert reg.reads == reads
+
+
+def test_a_downgrade_is_called_a_downgrade_on_the_page(tmp_path: Path) -> None:
+    """A rollback (numpy 2.3.6 → 2.3.5) is never counted as an upgrade."""
+    images = paged({D1: image(D1, {"numpy": "2.3.6"}), D2: image(D2, {"numpy": "2.3.5"})})
+    doc = document(images, {"t": D2, "t-20261201": D1, "t-20261204": D2})
+    jsonschema.Draft202012Validator(json.loads(catalog_doc.SCHEMA_PATH.read_text())).validate(doc)
+    catalog_site.write_site(doc, tmp_path)
+    page = (tmp_path / "tags" / "t-20261204.html").read_text()
+    assert "0 added, 0 removed, 0 upgraded, 1 downgraded" in page
+    assert "pypi/numpy 2.3.6 → 2.3.5 (downgrade)" in page

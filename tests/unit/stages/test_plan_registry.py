@@ -60,3 +60,22 @@ def test_registry_has_still_reads_an_unreachable_registry_as_no(
     with pytest.raises(BuilderError, match="cannot ask the registry"):
         plan.ask_registry("127.0.0.1:9", "torch", "t")
     assert plan.registry_has("127.0.0.1:9", "torch", "t") is False
+
+
+def test_an_unsigned_build_tag_is_not_up_to_date(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Anyone with push rights can write `build-<hash>`: with trusted keys it counts only when
+    one of them signed that tag for its digest."""
+    from builder.core import oci
+    from builder.model import matrix
+
+    digest = "sha256:" + "a" * 64
+    monkeypatch.setattr(plan.oci.Registry, "head",
+                        lambda _self, _repo, _tag: oci.Descriptor(digest, oci.OCI_MANIFEST, 1))
+    signed = {"build-good"}
+    monkeypatch.setattr(plan.sign, "names_tag", lambda _r, _repo, d, tag, _k: tag in signed)
+    m = matrix.load(ROOT / "matrix.yaml")
+    assert plan.registry_holds(m, "build-good", ("trusted",))
+    assert not plan.registry_holds(m, "build-forged", ("trusted",))
+    assert "`build-forged` is not signed by a trusted key" in capsys.readouterr().err
+    assert plan.registry_holds(m, "build-forged", ())  # no keys: the tag alone, as before

@@ -33,6 +33,22 @@ def test_dated_tag_skips_other_digests_and_reuses_its_own() -> None:
     assert publish.dated_tag(reg, "torch", "t", DATE, b) == ("t-20260102.1", True)  # type: ignore[arg-type]
 
 
+def test_dated_tag_with_keys_takes_no_suffix_for_unsigned_tags(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """99 unsigned dated tags for today leave the first slot free: only a tag a trusted key
+    signed for its digest is a publication (and is never overwritten)."""
+    a, b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    taken = {f"t-{DATE}" + (f".{n}" if n else ""): b for n in range(100)}
+    taken[f"t-{DATE}"] = a  # signed: taken
+    monkeypatch.setattr(publish.sign, "names_tag",
+                        lambda _r, _repo, digest, tag, _k: digest == a and tag == f"t-{DATE}")
+    reg = FakeRegistry(taken)
+    assert publish.dated_tag(reg, "torch", "t", DATE, "sha256:" + "c" * 64,  # type: ignore[arg-type]
+                             ("trusted",)) == (f"t-{DATE}.1", False)
+    with pytest.raises(RegistryError, match="signed suffixes"):
+        publish.dated_tag(reg, "torch", "t", DATE, "sha256:" + "c" * 64)  # type: ignore[arg-type]
+
+
 def test_retry_names_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(oci, "BACKOFF_S", (0, 0, 0))
     calls = []

@@ -1,0 +1,67 @@
+"""Tags only move forward, and what moved them back is put right (issues 40.3 and 41.1).
+
+`publish` (and `rebuild`, which publishes through it) reads each variant's signed publications,
+newest first (builder.flows.record.history). Content the newest one holds is already published:
+its floating tag, aliases and their zstd twins are re-pointed at it when an attacker or a
+mistake moved them (each move printed). Content only an *older* signed publication holds is a
+checkout behind the registry: refused in one line, so a stale lock never rolls a tag back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from builder.core import oci, sign
+from builder.core.errors import GateRefused
+from builder.core.output import step
+from builder.model.planned import PlannedVariant
+from builder.model.publication import Publication
+from builder.stages import twin
+
+
+def holds(pub: Publication, group: Sequence[PlannedVariant]) -> bool:
+    """Whether a publication holds every platform's content hash of the variant."""
+    held = {pub.content_hash, *(e.content_hash for e in pub.platforms)}
+    return all(p.content_hash in held for p in group)
+
+
+def refuse_older(pubs: Sequence[Publication], group: Sequence[PlannedVariant]) -> None:
+    """GateRefused when the group's content is an older signed publication than the newest
+    (`pubs`, newest first): publishing it would point the floating tag back."""
+    older = next((pub for pub in pubs[1:] if holds(pub, group)), None)
+    if older is None or not pubs or holds(pubs[0], group):
+        return
+    newest = pubs[0]
+    raise GateRefused(
+        f"{group[0].variant.id}: this checkout builds the publication `{older.dated_tag}`, "
+        f"older than the newest signed publication `{newest.dated_tag}` "
+        f"({newest.digest[:19]}): no tag was moved",
+        hint=f"your lock is older than what the registry published on {newest.date}: update "
+        "the checkout (a deliberate rollback is `builder publish --rollback-to "
+        f"{older.dated_tag}`)")
+
+
+def repair(reg: oci.Registry, pub: Publication, moving: Sequence[str],
+           keys: tuple[Any, ...] = ()) -> list[str]:
+    """Point each of `moving` (floating tag, aliases) and its `-zstd` twin at `pub` (and its
+    twin) where it points elsewhere; with `keys`, only a tag a trusted key signed for that
+    digest is moved. Returns the tags moved."""
+    repo = pub.repository
+    twin_head = reg.head(repo, twin.tag_of(pub.dated_tag))
+    targets = [(tag, pub.digest) for tag in moving]
+    if twin_head is not None:
+        targets += [(twin.tag_of(tag), twin_head.digest) for tag in moving]
+    moved = []
+    for tag, digest in targets:
+        head = reg.head(repo, tag)
+        if head is not None and head.digest == digest:
+            continue
+        if keys and not sign.names_tag(reg, repo, digest, tag, keys):
+            continue
+        reg.tag(repo, digest, tag)
+        was = head.digest[:19] if head else "nothing"
+        step(f"  moved `{tag}` from {was} to {digest[:19]} (the newest signed publication, "
+             f"`{pub.dated_tag}`)")
+        moved.append(tag)
+    return moved
