@@ -7,8 +7,6 @@ from __future__ import annotations
 import hashlib
 import re
 
-from builder.core import clock
-
 # `libssl3/stable-security 3.0.15-1~deb12u1 amd64 [upgradable from: 3.0.14-1~deb12u2]`
 _APT_LINE = re.compile(r"^(\S+?)/\S*\s+(\S+)\s+\S+\s+\[upgradable from:\s*([^\]\s]+)\]")
 # `Inst libssl3 [3.0.14-1~deb12u2] (3.0.15-1~deb12u1 Debian-Security:12/stable-security [amd64])`
@@ -30,8 +28,8 @@ def parse_upgradable(text: str) -> dict[str, tuple[str, str]]:
     return dict(sorted(found.items()))
 
 
-def apt_token(upgradable: dict[str, tuple[str, str]]) -> str:
-    """`YYYYMMDD-<hash of the upgradable list>`: a new token re-runs the apt upgrade step."""
+def apt_token(upgradable: dict[str, tuple[str, str]], day: str) -> str:
+    """`<day>-<hash of the upgradable list>` (day: the command's `YYYYMMDD`): a new token
+    re-runs the apt upgrade step."""
     listing = "\n".join(f"{n} {o} {nw}" for n, (o, nw) in sorted(upgradable.items()))
-    day = clock.stamp()
     return f"{day}-{hashlib.sha256(listing.encode()).hexdigest()[:12]}"
