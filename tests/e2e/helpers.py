@@ -104,3 +104,11 @@ def smoke_with_fake_docker(tmp_path: Path, script: str, log: Path) -> subprocess
         assert time.monotonic() < deadline and tool.poll() is None, tool.communicate()
         time.sleep(0.05)
     return tool
+
+
+def cosign_env(password: str) -> dict[str, str]:
+    """This process's environment for `builder` with keys from `builder keygen`: the password
+    given, no COSIGN_PRIVATE_KEY of the user's."""
+    environ = {**os.environ, "COSIGN_PASSWORD": password}
+    environ.pop("COSIGN_PRIVATE_KEY", None)
+    return environ

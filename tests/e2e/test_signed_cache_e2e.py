@@ -15,7 +15,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import os
 import re
 import subprocess
 import tarfile
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import free_port, private_matrix, remove_images_of, run_builder
+from helpers import cosign_env, free_port, private_matrix, remove_images_of, run_builder
 
 from builder.core import engine, keypair, oci, registry, sign
 
@@ -46,8 +45,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     addr = f"127.0.0.1:{free_port()}"
     matrix_path = private_matrix(tmp, registry=addr)
     registry.start(addr, tmp / "registry")
-    environ = {**os.environ, "COSIGN_PASSWORD": PASSWORD}
-    environ.pop("COSIGN_PRIVATE_KEY", None)
+    environ = cosign_env(PASSWORD)
     run_builder("keygen", "--out", str(tmp), env=environ)
     data = yaml.safe_load(matrix_path.read_text())
     env = {"matrix": matrix_path, "addr": addr, "env": environ, "key": str(tmp / "cosign.key"),

@@ -9,15 +9,17 @@ import json
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
-from matrix_files import ROOT
+from matrix_files import LOCKS, ROOT
 from memregistry import MemoryRegistry
 
 from builder.core import keypair, oci, sign
-from builder.model import matrix
-from builder.stages import build, signed_cache, staging
+from builder.flows import build as build_flow
+from builder.model import matrix, platforms
+from builder.stages import build, plan, render, signed_cache, staging
 
 M = matrix.load(ROOT / "matrix.yaml")
-REF = build.cache_ref(M, f"{M.registry}/{M.repository}:2.13.0-py3.11-cpu-runtime")
+VARIANT = "2.13.0-py3.11-cpu-runtime"
+REF = build.cache_ref(M, f"{M.registry}/{M.repository}:{VARIANT}")
 TAG = signed_cache.cache_tag(REF)
 
 
@@ -142,3 +144,30 @@ def test_staging_signs_the_pushed_digest_never_the_tags_digest(reg) -> None:
     reg.tag(M.staging_repository, digest, TAG)
     assert choose(reg, [key.public]).refs == (f"{M.staging_registry}/{M.staging_repository}@"
                                               f"{digest}",)
+
+
+def test_the_build_step_gives_buildkit_only_the_chosen_references_and_says_why(
+        monkeypatch, tmp_path, capsys) -> None:
+    """flows/build's BuildKit step asks `choose` with the run's trusted keys (the --key's own
+    when no --trust-key) and passes BuildKit exactly what it chose."""
+    monkeypatch.setenv("BUILDER_STATE", str(tmp_path))
+    [v] = M.select([f"id={VARIANT}", "platform=linux/amd64"])
+    p = plan.plan_variant(M, render.render_locked(M, v, LOCKS),
+                          platforms.layers_digest(["sha256:" + "a" * 64]), "smoke")
+    key, asked, given = new_key(), [], []
+    chosen = signed_cache.Choice(("r/x-staging@sha256:" + "e" * 64,), "registry cache: chosen")
+    monkeypatch.setattr(signed_cache, "choose",
+                        lambda m, ref, keys, wanted: asked.append((ref, keys, wanted)) or chosen)
+    monkeypatch.setattr(build, "build_labels", lambda *a: {})
+    monkeypatch.setattr(build, "build_from_registry_cache",
+                        lambda spec, cache: given.append(cache) or "sha256:built")
+    monkeypatch.setattr(build_flow.reproducible, "normalise_image", lambda i, ref, keep: i)
+    monkeypatch.setattr(build_flow.engine, "inspect_image",
+                        lambda ref: {"Id": ref, "Size": 1, "RootFS": {"Layers": []}})
+    run = build_flow.Run(M, build_flow.BuildOptions(locks=LOCKS, key=key),
+                         build_flow.Wheelhouse())
+    o = build_flow.buildkit(run, build_flow.Outcome(v.key, "build", p.local_image, planned=p))
+    assert o.state == "built"
+    assert asked == [(build.cache_ref(M, p.local_image), (key.public,), True)]
+    assert given == [list(chosen.refs)]
+    assert f"[{v.key}] registry cache: chosen" in capsys.readouterr().err
