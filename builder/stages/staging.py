@@ -4,8 +4,9 @@ A built image, its build cache, its base and its evidence go to the registry thr
 every `docker push` through `push` (one retry policy: the registry client's backoff, a failed
 push counted as transient), every file through `attach`. Progress and warnings go to stderr
 (`output.step`), never to stdout, which stays one JSON document under `--json`. The image must
-arrive (its digest is checked); the cache and the base are best effort: a failure is one warning
-line and the build goes on.
+arrive (its digest is checked); the cache (with a key, its pushed digest signed naming its tag:
+builds take it only so) and the base are best effort: a failure is one warning line and the
+build goes on.
 
 The registry is the truth between machines: a built image waits in the staging repository
 (`<repository>-staging`, tag `build-<hash20>`) and its evidence is attached to its digest there,
