@@ -41,8 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stage", action="store_true",
                    help="push each new image by digest to `<repository>-staging` with its smoke "
                    "report and SBOM attached, for other machines (GPU smoke, publish)")
-    add_key_option(p, "the smoke report and SBOM attached at --stage (their attestations) "
-                   "and the bootstrapped base kept in the registry")
+    add_key_option(p, "the smoke report and SBOM attached at --stage (their attestations), "
+                   "the build cache image and the bootstrapped base kept in the registry")
     add_base_trust_option(p, "the matrix's `trust_keys`, else the --key's own public key")
     p.add_argument("--require-gpu", action="store_true",
                    help="GPU checks that cannot run on this host fail instead of being skipped")
@@ -53,17 +53,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "the host's")
     p.add_argument("--no-registry-cache", action="store_true",
                    help="do not reuse the layers the registry holds for the variant (its "
-                   "`<repository>-staging:cache-<tag>` image, pushed by --stage) nor its signed "
-                   "bootstrapped base (bootstrapped here instead)")
+                   "`<repository>-staging:cache-<tag>` image, pushed and signed by --stage --key, "
+                   "used only when that signature verifies) nor its signed bootstrapped base "
+                   "(bootstrapped here instead)")
     p.add_argument("--apt-refresh", default="", metavar="TOKEN",
                    help="re-run the apt upgrade step (security rebuilds pass a new token)")
 
 
 def add_base_trust_option(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--trust-key", action="append", type=Path, default=[], metavar="FILE",
-                   help="public key (cosign.pub) a bootstrapped base taken from the registry "
-                   f"must be signed by (repeatable; default: {default}; none: the base is "
-                   "bootstrapped here)")
+                   help="public key (cosign.pub) a bootstrapped base or build cache taken from "
+                   f"the registry must be signed by (repeatable; default: {default}; none: the "
+                   "base is bootstrapped here, the build runs without the registry's cache)")
 
 
 def cmd_base(args: argparse.Namespace) -> int:

@@ -5,13 +5,15 @@
   per variant, one record (`Outcome`: planned → built → staged) through STEPS in order:
     local      up to date here: the local image's id
     context    to build: the build context (sets, uv, facts, smoke suite, Dockerfile)
-    build      to build: BuildKit, from the registry's cache → image id, size
+    build      to build: BuildKit, from the registry's cache only when its signature verified
+               (builder.stages.signed_cache) → image id, size
     evidence   which of smoke report and SBOM this image id still lacks in the state folder (a
                reproducible rebuild gives the same id: its evidence is reused); --force and
                --resmoke make them again
     smoke      the smoke suite (an image whose id has no passing report)
     sbom       the SBOM (likewise)
-    stage      --stage: image, build cache, base and evidence in the staging registry
+    stage      --stage: image, build cache (signed with --key), base and evidence in the
+               staging registry
     summarize  the smoke summary and SBOM size for the table and --json
 A failed variant leaves existing images and tags as they were, does not stop the others unless
 --fail-fast, and makes the exit code non-zero. A file lock keeps two builds on one machine from
@@ -39,7 +41,7 @@ from builder.model import lockfile, platforms, rendered, smokereport
 from builder.model.bases import registry_served
 from builder.model.matrix import Matrix, Variant
 from builder.model.planned import PlannedVariant
-from builder.stages import base, build, locks, plan, render, smoketest, staging
+from builder.stages import base, build, locks, plan, render, signed_cache, smoketest, staging
 from builder.stages.wheelhouse import Wheelhouse
 
 OK = ("built", "up-to-date")
@@ -65,10 +67,16 @@ class BuildOptions:
     # the keys a base taken from the registry must be signed by (default: `key`'s own)
     trust_keys: tuple[ec.EllipticCurvePublicKey, ...] = ()
 
+    @property
+    def cache_keys(self) -> tuple[ec.EllipticCurvePublicKey, ...]:
+        """The keys a registry base or build cache must be signed by: the trusted keys, else
+        the signing key's own."""
+        return self.trust_keys or ((self.key.public,) if self.key else ())
+
     def base_options(self) -> bases.BaseOptions:
         """What the bases are lent: the trusted keys, the key a staged base is signed with."""
-        trusted = self.trust_keys or ((self.key.public,) if self.key else ())
-        return bases.BaseOptions(trusted, self.key if self.stage else None, self.registry_cache)
+        return bases.BaseOptions(self.cache_keys, self.key if self.stage else None,
+                                 self.registry_cache)
 
 
 @dataclass(frozen=True)
@@ -228,9 +236,10 @@ def buildkit(run: Run, o: Outcome) -> Outcome:
         return failed(o, BuilderError(f"no verified base reference for {o.variant_id}"))
     step(f"  [{o.variant_id}] building (log: {log})")
     try:
-        cache = build.registry_cache(run.matrix, p.local_image) \
-            if run.options.registry_cache else []
-        image_id = build.build_from_registry_cache(spec, cache)
+        cache = signed_cache.choose(run.matrix, build.cache_ref(run.matrix, p.local_image),
+                                    run.options.cache_keys, wanted=run.options.registry_cache)
+        step(f"  [{o.variant_id}] {cache.line}")
+        image_id = build.build_from_registry_cache(spec, list(cache.refs))
         image_id = reproducible.normalise_image(image_id, p.local_image,
                                                 keep=build.cache_ref(run.matrix, p.local_image))
     except BuilderError as exc:

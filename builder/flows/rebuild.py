@@ -142,8 +142,9 @@ def rebuild_one(run: Run, a: Action) -> None:
     group = [v for v in run.variants if v.id == a.variant_id]
     if a.upgrade and not relocked(run, a, group):
         return
+    # the registry's build cache only as signed by a trusted key (builder.stages.signed_cache)
     options = build_flow.BuildOptions(locks=run.locks_dir, force=True, fail_fast=True,
-                                     apt_refresh=a.apt_refresh)
+                                     apt_refresh=a.apt_refresh, trust_keys=run.trust.keys)
     outcomes = run.build_fn(run.matrix, group, options)
     bad = [o for o in outcomes if o.state != "built"]
     if bad or not outcomes:

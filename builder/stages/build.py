@@ -1,7 +1,8 @@
 """The BuildKit step of `builder build`: one variant's context, labels and build → an image id.
 
 The engine tags only on success, so a failed build leaves existing images and tags as they
-were. The registry's cache image of the variant is offered to BuildKit (`--cache-from`), and an
+were. The registry's cache image of the variant, when its signature verified
+(builder.stages.signed_cache), is offered to BuildKit (`--cache-from`, by digest), and an
 export that Docker 20.10 fails on lazily pulled layers is retried. The pipeline around it (plan,
 smoke, SBOM, staging) is builder.flows.build.
 """
@@ -21,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.core import engine, labels, oci, proc, reproducible, state
+from builder.core import engine, labels, proc, reproducible, state
 from builder.core.errors import BuilderError, CommandFailed, EngineError
 from builder.core.output import step
 from builder.model import platforms
@@ -185,17 +186,6 @@ def cache_ref(matrix: Matrix, local_image: str) -> str:
     config carries the inline cache; its layers are the staged image's)."""
     tag = local_image.rsplit(":", 1)[1]
     return f"{matrix.staging_registry}/{matrix.staging_repository}:cache-{tag}"
-
-
-def registry_cache(matrix: Matrix, local_image: str) -> list[str]:
-    """The cache image to build from, when the registry answers and holds one."""
-    ref = cache_ref(matrix, local_image)
-    try:
-        found = oci.Registry(matrix.staging_registry, backoff=()).head(
-            matrix.staging_repository, ref.rsplit(":", 1)[1])
-    except BuilderError:
-        return []
-    return [ref] if found else []
 
 
 def docker_build(spec: Spec, cache_from: list[str] | None = None) -> str:

@@ -4,8 +4,9 @@ A built image, its build cache, its base and its evidence go to the registry thr
 every `docker push` through `push` (one retry policy: the registry client's backoff, a failed
 push counted as transient), every file through `attach`. Progress and warnings go to stderr
 (`output.step`), never to stdout, which stays one JSON document under `--json`. The image must
-arrive (its digest is checked); the cache and the base are best effort: a failure is one warning
-line and the build goes on.
+arrive (its digest is checked); the cache (with a key, its pushed digest signed naming its tag:
+builds take it only so) and the base are best effort: a failure is one warning line and the
+build goes on.
 
 The registry is the truth between machines: a built image waits in the staging repository
 (`<repository>-staging`, tag `build-<hash20>`) and its evidence is attached to its digest there,
@@ -16,6 +17,7 @@ an empty checkout. `.state/` (reports and SBOMs by image id) is only a cache of 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,6 +26,8 @@ from builder.core.errors import BuilderError, CommandFailed
 from builder.core.output import step
 from builder.model.matrix import Matrix
 from builder.model.staged import Staged
+
+PUSHED_DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64})")
 
 
 def find_staged(matrix: Matrix, hash_tag: str) -> Staged | None:
@@ -131,17 +135,17 @@ def record(staged: Staged | None, kind: str, data: bytes,
 # ---- the staging path ------------------------------------------------------------------------
 
 
-def push(local: str, ref: str, *, untag: bool = True, timeout: float = 3600) -> None:
+def push(local: str, ref: str, *, untag: bool = True, timeout: float = 3600) -> str:
     """`docker push` the local image `local` as `ref` (tagged for the push, the tag removed
-    after it unless `untag` is false), retried like every registry call."""
+    after it unless `untag` is false), retried like every registry call; returns its output."""
     registry = ref.split("/", 1)[0]
     if local != ref:
         engine.docker("tag", local, ref)
     try:
         with registry_auth.docker_env(registry) as env:
-            oci.retry(f"pushing `{ref}`", registry,
-                      lambda: engine.docker("push", ref, timeout=timeout, env=env),
-                      (CommandFailed,))
+            return oci.retry(f"pushing `{ref}`", registry,
+                             lambda: engine.docker("push", ref, timeout=timeout, env=env),
+                             (CommandFailed,)).stdout
     finally:
         if untag and local != ref:
             engine.docker("image", "rm", ref, check=False)
@@ -157,8 +161,9 @@ def stage(matrix: Matrix, image_id: str, hash_tag: str, *,
     attached to the staged digest (signed with `key`). Returns the staged image."""
     staged = stage_image(matrix, image_id, hash_tag)
     if cache and engine.inspect_image(cache) is not None:
-        best_effort(label, "the cache image was not pushed", "the next cold build installs "
-                    "every layer again", lambda: push(cache, cache, untag=False))
+        best_effort(label, "the cache image was not pushed" + (" and signed" if key else ""),
+                    "the next cold build installs every layer again",
+                    lambda: push_cache(matrix, cache, key, label))
     if base:
         best_effort(label, "the base was not kept in the registry", "`builder reproduce` "
                     "needs the exact base", lambda: push_base(*base))
@@ -175,6 +180,26 @@ def stage_image(matrix: Matrix, image_id: str, hash_tag: str) -> Staged:
     if staged is None or staged.image_id != image_id:
         raise oci.RegistryError(f"`{ref}` does not hold image {image_id[:19]} after the push")
     return staged
+
+
+def push_cache(matrix: Matrix, cache: str, key: keypair.SigningKey | None, label: str) -> None:
+    """The build cache image pushed under its tag `cache-<tag>` and, with a key, the digest the
+    engine reports pushing (never one read back from the tag, which anyone with push rights may
+    have replaced meanwhile) signed naming that tag: a build takes the registry's cache only so
+    (builder.stages.signed_cache)."""
+    digest = pushed_digest(push(cache, cache, untag=False))
+    if key is None:
+        return
+    if not digest:
+        raise BuilderError(f"`docker push {cache}` reported no digest to sign")
+    sign.sign_image(oci.Registry(matrix.staging_registry), matrix.staging_repository, digest,
+                    key, sign.tag_annotations(label, [cache.rsplit(":", 1)[1]]))
+
+
+def pushed_digest(push_output: str) -> str:
+    """The manifest digest `docker push` reports; "" when it reports none."""
+    found = PUSHED_DIGEST.findall(push_output)
+    return found[-1] if found else ""
 
 
 def push_base(local: str, ref: str) -> None:

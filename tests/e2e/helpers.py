@@ -131,3 +131,11 @@ def base_removed(suite: str = "bookworm") -> Iterator[None]:
             engine.docker("tag", hold, ref)
             engine.docker("tag", hold, keyed)
         engine.docker("image", "rm", hold, check=False)
+
+
+def cosign_env(password: str) -> dict[str, str]:
+    """This process's environment for `builder` with keys from `builder keygen`: the password
+    given, no COSIGN_PRIVATE_KEY of the user's."""
+    environ = {**os.environ, "COSIGN_PASSWORD": password}
+    environ.pop("COSIGN_PRIVATE_KEY", None)
+    return environ

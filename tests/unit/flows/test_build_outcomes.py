@@ -124,7 +124,6 @@ def test_an_arm64_build_takes_its_base_by_the_verified_digest_and_is_removed_off
     pin = "127.0.0.1:5000/torch-base@sha256:" + "d" * 64
     given, removed = [], []
     monkeypatch.setattr(build, "build_labels", lambda *a: {})
-    monkeypatch.setattr(build, "registry_cache", lambda *_: [])
     monkeypatch.setattr(build, "build_from_registry_cache",
                         lambda spec, cache: given.append(spec.base_image) or "sha256:built")
     monkeypatch.setattr(build_flow.reproducible, "normalise_image", lambda i, ref, keep: i)

@@ -204,6 +204,21 @@ def test_rebuild_builds_with_apt_refresh_and_publishes(clean, tmp_path: Path) ->
     assert a.changelog["changed"][0]["name"] == "libssl3"
 
 
+def test_the_rebuild_takes_the_registry_cache_only_as_publishs_trusted_keys_signed_it(
+        clean) -> None:
+    """The scheduled path builds with publish's trusted keys: the registry's build cache only
+    when one of them signed it (builder.stages.signed_cache), none at all when unsigned."""
+    key = keypair.SigningKey(ec.generate_private_key(ec.SECP256R1()))
+    findings = [checking.Finding(VID, "inputs-changed", "rebuild", "x")]
+    built = []
+    for trust in (keypair.Trust(key, (key.public,)), keypair.UNSIGNED):
+        rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
+                        findings=findings, build=lambda m, v, options: built.append(options) or [],
+                        trust=trust)
+    assert [o.cache_keys for o in built] == [(key.public,), ()]
+    assert all(o.registry_cache and o.key is None for o in built)
+
+
 def test_python_vuln_relocks_then_builds(clean) -> None:
     findings = [checking.Finding(VID, "python-vuln", "rebuild", "x", {"name": "jinja2"})]
     upgraded = []

@@ -1,0 +1,150 @@
+"""The registry's build cache is an input like the base, for real (issue 40 item 1):
+`build --stage --key` signs the cache image's pushed digest naming `cache-<tag>`; a later build
+offers BuildKit that cache only by the signed digest (its log imports the cache manifest from
+`…-staging@sha256:…` and shows CACHED steps); once someone with push rights to the staging
+repository replaces a layer of the cache image (a layer adding a `.pth` file to site-packages,
+its diff id in the config), the build says the cache was not used and why, BuildKit is never
+offered it, and the `.pth` file is not in the built image (its files listed).
+
+On the shared engine (never pruned): BuildKit's local cache may hold the same steps, so the
+proof that the poisoned cache was never used is that BuildKit was never given it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import subprocess
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import cosign_env, free_port, private_matrix, remove_images_of, run_builder
+
+from builder.core import engine, keypair, oci, registry, sign
+
+pytestmark = pytest.mark.docker
+
+VARIANT = "2.13.0-py3.11-cpu-runtime"
+CPU = ("--select", f"id={VARIANT}", "--select", "platform=linux/amd64")
+PASSWORD = "signed-cache-e2e"
+EVIL = "opt/venv/lib/python3.11/site-packages/zz-evil.pth"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A private matrix on a registry of its own, our key pair; the variant built and staged
+    with our key (so its cache image is pushed and signed)."""
+    import yaml
+
+    tmp = tmp_path_factory.mktemp("signed-cache")
+    addr = f"127.0.0.1:{free_port()}"
+    matrix_path = private_matrix(tmp, registry=addr)
+    registry.start(addr, tmp / "registry")
+    environ = cosign_env(PASSWORD)
+    run_builder("keygen", "--out", str(tmp), env=environ)
+    data = yaml.safe_load(matrix_path.read_text())
+    env = {"matrix": matrix_path, "addr": addr, "env": environ, "key": str(tmp / "cosign.key"),
+           "staging": f"{data['repository']}-staging",
+           "public": keypair.load_public(tmp / "cosign.pub")}
+    try:
+        env["staged"] = build(env, "--stage", "--key", env["key"])
+        yield env
+    finally:
+        registry.stop(tmp / "registry")
+        remove_images_of(matrix_path)
+
+
+def build(env: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
+    return run_builder("build", *CPU, "--no-smoke", "--no-sbom", "--json", *args,
+                       matrix=env["matrix"], env=env["env"])
+
+
+def cache_line(result: subprocess.CompletedProcess[str]) -> str:
+    [line] = [x.strip() for x in result.stderr.splitlines() if "registry cache `" in x]
+    return line
+
+
+def build_log(result: subprocess.CompletedProcess[str]) -> str:
+    [log] = re.findall(r"building \(log: (\S+)\)", result.stderr)
+    return Path(log).read_text(errors="replace")
+
+
+def cache_tag(env: dict[str, Any]) -> str:
+    [outcome] = json.loads(env["staged"].stdout)
+    return "cache-" + outcome["image"].rsplit(":", 1)[1]
+
+
+def image_files(image: str) -> set[str]:
+    """Every path in the image's filesystem (a container created, exported, removed)."""
+    container = engine.docker("create", image, "true").stdout.strip()
+    try:
+        listing = subprocess.run(f"/usr/bin/docker export {container} | tar -t", shell=True,
+                                 capture_output=True, text=True, check=True, timeout=600)
+    finally:
+        engine.docker("rm", "-f", container, check=False)
+    return {line.rstrip("/") for line in listing.stdout.splitlines()}
+
+
+def poison(reg: oci.Registry, repository: str, tag: str) -> str:
+    """What someone with push rights to the staging repository does: the cache image's last
+    layer replaced by one adding a `.pth` file to site-packages, its diff id in the config too
+    (the inline cache kept); returns the poisoned manifest's digest."""
+    body, _ = reg.manifest(repository, tag) or (b"", None)
+    manifest = json.loads(body)
+    config = reg.config(repository, manifest["config"]["digest"])
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        payload = b"import os; os.environ.setdefault('POISONED', '1')\n"
+        info = tarfile.TarInfo(EVIL)
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    layer = gzip.compress(raw.getvalue(), mtime=0)
+    config["rootfs"]["diff_ids"][-1] = oci.sha256(raw.getvalue())
+    config_bytes = json.dumps(config).encode()
+    manifest["layers"][-1] = {**manifest["layers"][-1], "size": len(layer),
+                              "digest": reg.push_blob(repository, layer)}
+    manifest["config"] = {**manifest["config"], "size": len(config_bytes),
+                          "digest": reg.push_blob(repository, config_bytes)}
+    return reg.put_manifest(repository, tag, json.dumps(manifest).encode(),
+                            manifest["mediaType"])
+
+
+def test_staging_signs_the_cache_image_naming_its_tag(env) -> None:
+    reg = oci.Registry(env["addr"])
+    found = reg.head(env["staging"], cache_tag(env))
+    assert found is not None, env["staged"].stderr[-3000:]
+    assert sign.names_tag(reg, env["staging"], found.digest, cache_tag(env), [env["public"]])
+
+
+def test_a_genuine_signed_cache_is_used_by_its_digest(env) -> None:
+    digest = oci.Registry(env["addr"]).head(env["staging"], cache_tag(env)).digest
+    result = build(env, "--force", "--key", env["key"])
+    pinned = f"{env['addr']}/{env['staging']}@{digest}"
+    assert cache_line(result).endswith(f"registry cache `{env['addr']}/{env['staging']}:"
+                                       f"{cache_tag(env)}`: used as `{pinned}`, its signature "
+                                       f"verified against key {keypair.key_id(env['public'])}")
+    log = build_log(result)
+    assert f"importing cache manifest from {pinned}" in log, log[-3000:]
+    assert " CACHED" in log
+
+
+def test_a_poisoned_cache_is_not_used_and_its_layer_is_not_in_the_image(env) -> None:
+    reg = oci.Registry(env["addr"])
+    poisoned = poison(reg, env["staging"], cache_tag(env))
+    result = build(env, "--force", "--key", env["key"])
+    assert cache_line(result).endswith(
+        f"registry cache `{env['addr']}/{env['staging']}:{cache_tag(env)}`: not used: its "
+        f"signature did not verify: published unsigned: no signature ({sign.sig_tag(poisoned)} "
+        "is missing)"), result.stderr[-3000:]
+    log = build_log(result)
+    assert "importing cache manifest" not in log  # BuildKit was never offered it
+    [outcome] = json.loads(result.stdout)
+    assert outcome["state"] == "built"
+    files = image_files(outcome["image"])
+    assert "opt/venv/lib/python3.11/site-packages/torch" in files  # the listing is the image's
+    assert EVIL not in files
