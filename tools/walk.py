@@ -12,6 +12,8 @@ and builder.model left out (the layers every step uses) and E's own module left 
 
 usage: .venv/bin/python tools/walk.py REPO [--deep] ENTRY... (REPO: a checkout, put first on
 sys.path; e.g. `tools/walk.py . --deep builder.flows.build:build_images`)
+`--steps MODULE` (e.g. builder.flows.publish, builder.flows.build) prints the flow's declared
+STEPS instead, without running anything.
 """
 
 from __future__ import annotations
@@ -210,16 +212,30 @@ def short(m: str) -> str:
     return m.removeprefix("builder.")
 
 
+def declared_steps(module: str) -> str:
+    """A flow's declared steps, in order: `module: a → b → c`."""
+    import importlib
+
+    steps = importlib.import_module(module).STEPS
+    return f"{module}: {' → '.join(s.__name__ for s in steps)}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("repo", type=Path)
-    ap.add_argument("entries", nargs="+", help="module:qualname of each entry function")
+    ap.add_argument("entries", nargs="*", help="module:qualname of each entry function")
+    ap.add_argument("--steps", action="append", default=[], metavar="MODULE",
+                    help="print the declared STEPS of a flow module instead")
     ap.add_argument("--variant", default="2.13.0-py3.11-cpu-runtime")
     ap.add_argument("--deep", action="store_true")
     args = ap.parse_args()
     repo = args.repo.resolve()
     sys.path.insert(0, str(repo))
     os.chdir(repo)
+    if args.steps:
+        for module in args.steps:
+            print(declared_steps(module))
+        return 0
     tmp = tempfile.mkdtemp(prefix="walk-")
     os.environ["BUILDER_STATE"] = tmp
     install_fakes()

@@ -76,12 +76,13 @@ def registry_url(registry: str) -> str:
 
 def retry(what: str, registry: str, fn: Callable[[], T],
           transient: tuple[type[Exception], ...] = (),
-          backoff: tuple[float, ...] = BACKOFF_S, deadline: Deadline | None = None) -> T:
+          backoff: tuple[float, ...] | None = None, deadline: Deadline | None = None) -> T:
     """`fn()` with bounded backoff (never sleeping past `deadline`); the last failure becomes
     a RegistryError naming the registry. `transient` adds exception types worth another try
-    (e.g. a failed `docker push`)."""
+    (e.g. a failed `docker push`). No `backoff`: BACKOFF_S, read now (a default argument
+    would capture it at import, where a test's monkeypatch never reaches)."""
     last: Exception | None = None
-    for delay in (*backoff, None):
+    for delay in (*(BACKOFF_S if backoff is None else backoff), None):
         try:
             return fn()
         except registry_http.Refused as exc:  # nothing listens: no point in waiting
@@ -128,10 +129,11 @@ class Registry(BlobMethods):
     """One registry host; every method names the repository it works on."""
 
     def __init__(self, registry: str, timeout: float = TIMEOUT_S,
-                 backoff: tuple[float, ...] = BACKOFF_S, deadline: float | None = None) -> None:
+                 backoff: tuple[float, ...] | None = None, deadline: float | None = None) -> None:
         self.registry = registry
         self.timeout = timeout  # one read
-        self.backoff = backoff  # () for a question that must not wait (the plan's)
+        # () for a question that must not wait (the plan's); BACKOFF_S read now, not at import
+        self.backoff = BACKOFF_S if backoff is None else backoff
         # One operation (a manifest, a tag, a small blob); $BUILDER_REGISTRY_DEADLINE_S for slow
         # links (settings.current()).
         self.deadline = deadline or settings.current().registry_deadline_s

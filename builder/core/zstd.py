@@ -22,16 +22,18 @@ import ctypes
 import hashlib
 import os
 import queue
+import tempfile
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import zstandard
 from isal import isal_zlib  # zlib's API, Intel ISA-L's inflate: about twice zlib's speed
 
-from builder.core.errors import FINDINGS
+from builder.core.errors import FINDINGS, ConfigError
 from builder.core.registry_http import RegistryError
 
 MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+zstd"
@@ -42,6 +44,11 @@ LEVEL = 3  # zstd's default; higher levels shrink NVIDIA binaries ~1.5% more for
 JOB_SIZE = 8 << 20  # libzstd's own choice at LEVEL, fixed here so a new default changes nothing
 INFLATE_PIECE = 1 << 20
 OUT_PIECE = 1 << 20
+# inflate stops past this many times a layer's compressed size (a decompression bomb); real
+# layers inflate 2-4 times, a small one's tar padding more, hence the floor. BUILDER_INFLATE_RATIO
+# changes the ratio.
+INFLATE_RATIO = 20
+INFLATE_FLOOR = 16 << 20
 MAX_THREADS = 4  # zstd holds ~35 MB per worker at LEVEL; the output is the same
 ENCODER = (f"zstandard {zstandard.__version__} (libzstd "
            f"{'.'.join(map(str, zstandard.ZSTD_VERSION))}), level {LEVEL}, "
@@ -86,27 +93,97 @@ def compressor(workers: int | None = None) -> Any:
     return zstandard.ZstdCompressor(compression_params=params).chunker(chunk_size=OUT_PIECE)
 
 
-def inflate(chunks: Iterable[bytes], where: str = "layer") -> Iterator[bytes]:
+def inflate_ratio() -> int:
+    """The decompression ratio cap: INFLATE_RATIO, or BUILDER_INFLATE_RATIO when set."""
+    text = os.environ.get("BUILDER_INFLATE_RATIO", str(INFLATE_RATIO))
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"BUILDER_INFLATE_RATIO `{text[:20]}` is not a whole number ≥ 1")
+    return int(text)
+
+
+def inflate_limit(compressed: int) -> int:
+    """The most bytes a layer of `compressed` bytes may inflate to."""
+    return max(INFLATE_FLOOR, inflate_ratio() * compressed)
+
+
+def spooled(chunks: Iterable[bytes], folder: Path) -> Iterator[bytes]:
+    """`chunks` written whole to a file under `folder`, then read back in pieces: a download
+    that raises at its end when its bytes do not hash to their digest (oci_blobs.stream_blob)
+    does so before anything reads them, so nothing unverified is ever inflated. The file is
+    unnamed and goes when the generator ends."""
+    with tempfile.TemporaryFile(dir=folder) as spool:
+        for chunk in chunks:
+            spool.write(chunk)
+        spool.seek(0)
+        while piece := spool.read(INFLATE_PIECE):
+            yield piece
+
+
+def _capped(out: bytes, total: int, limit: int | None, where: str) -> int:
+    total += len(out)
+    if limit is not None and total > limit:
+        raise LayerMismatch(f"{where}: inflates past {limit} bytes ({inflate_ratio()}× its "
+                            "compressed size; BUILDER_INFLATE_RATIO raises it): refused")
+    return total
+
+
+def inflate(chunks: Iterable[bytes], where: str = "layer", *,
+            limit: int | None = None) -> Iterator[bytes]:
     """The uncompressed bytes of a gzip stream (several members in a row allowed), in pieces
-    of at most INFLATE_PIECE; LayerMismatch when the stream is corrupt or cut short."""
-    member, fed = isal_zlib.decompressobj(wbits=31), False
+    of at most INFLATE_PIECE; LayerMismatch when the stream is corrupt or cut short, or when
+    it inflates past `limit` bytes."""
+    member, fed, total = isal_zlib.decompressobj(wbits=31), False, 0
     try:
         for chunk in chunks:
             data = chunk
             while data:
                 fed = True
                 if out := member.decompress(data, INFLATE_PIECE):
+                    total = _capped(out, total, limit, where)
                     yield out
                 data = member.unconsumed_tail
                 if member.eof:  # the next member, if any, starts in what is left
                     data = member.unused_data + data
                     member, fed = isal_zlib.decompressobj(wbits=31), False
         while out := member.decompress(b"", INFLATE_PIECE):  # output still held back
+            total = _capped(out, total, limit, where)
             yield out
     except (isal_zlib.error, zlib.error) as exc:
         raise LayerMismatch(f"{where}: not a valid gzip stream ({exc}): refused") from None
     if fed and not member.eof:
         raise LayerMismatch(f"{where}: the gzip stream ends in the middle of a member: refused")
+
+
+class _Reader:
+    """A file-like `read` over an iterable of byte chunks (what zstandard's stream reader asks)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks, self._held = iter(chunks), b""
+
+    def read(self, size: int = -1) -> bytes:
+        while not self._held:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return b""
+            self._held = chunk
+        n = len(self._held) if size < 0 else size
+        out, self._held = self._held[:n], self._held[n:]
+        return out
+
+
+def zstd_diff_id(chunks: Iterable[bytes], limit: int, where: str = "layer") -> str:
+    """The sha256 of a zstd layer's uncompressed bytes, decompressed in pieces of OUT_PIECE
+    (bounded memory whatever the ratio); LayerMismatch past `limit` bytes or when the stream
+    is not zstd."""
+    hasher, total = hashlib.sha256(), 0
+    reader = zstandard.ZstdDecompressor().stream_reader(_Reader(chunks), read_across_frames=True)
+    try:
+        while piece := reader.read(OUT_PIECE):
+            total = _capped(piece, total, limit, where)
+            hasher.update(piece)
+    except zstandard.ZstdError as exc:
+        raise LayerMismatch(f"{where}: not a valid zstd stream ({exc}): refused") from None
+    return "sha256:" + hasher.hexdigest()
 
 
 @dataclass

@@ -1,45 +1,55 @@
 """`builder publish`: every selected variant, gated and promoted by digest, then tagged.
 
 One path for every variant: its platform images are a group (a linux/amd64-only variant is a
-group of one), and each group goes through the same steps, in this order (each idempotent; what
-users and `builder plan` read comes last):
-  same tags  every platform resolved to the same CUDA/cuDNN tag
-  gate       each platform's staged (else local) image and its evidence (flows.publish_gate);
-             one refused or unselected platform refuses the variant (no partial index)
-  promote    each platform's manifest into the vetted repository by digest, with SBOM, smoke
-             report and provenance attached, and signed
-  index      several platforms (or one off linux/amd64): an OCI image index of those manifests,
-             pushed by digest and signed; a linux/amd64-only variant keeps its plain manifest
-  twin       the zstd twin of that manifest or index (builder.stages.twin; unless the matrix's
-             `compression` is [gzip]): same config, tar+zstd layers, attested and signed alike
-  tags       `<floating>-YYYYMMDD` (never overwritten), the content tag `build-<hash20>`, the
-             floating tag, then the aliases: on the manifest, or on the index; then the same
-             tags with `-zstd` on the twin
-  record     published.json, as soon as the tags moved
-A run stopped at any step leaves no tag on an image without its evidence; run it again to
-complete it.
+group of one), and each group is one record (`Going`, read with `Run`) through STEPS, in this
+order (each idempotent; what users and `builder plan` read comes last):
+  same_tags    every platform resolved to the same CUDA/cuDNN tag
+  gate         each platform's staged (else local) image and its evidence (flows.publish_gate);
+               one refused or unselected platform refuses the variant (no partial index);
+               --dry-run stops here
+  promote      each platform's manifest into the vetted repository by digest, with SBOM, smoke
+               report and provenance attached (an index's platforms also signed and content-tagged)
+  index        several platforms (or one off linux/amd64): an OCI image index of those
+               manifests, pushed by digest; a linux/amd64-only variant keeps its plain manifest;
+               the dated tag it will take
+  twin_step    the zstd twin of that manifest or index (flows.publish_twin; unless the matrix's
+               `compression` is [gzip]): same config, tar+zstd layers, attested alike
+  sign_step    the manifest or index signed naming every tag it will carry, then its twins
+  tags_step    `<floating>-YYYYMMDD` (never overwritten), the content tag `build-<hash20>`, the
+               floating tag, then the aliases: on the manifest, or on the index; then the same
+               tags with `-zstd` on the twin
+  record_step  the publication: published.json's entry, as soon as the tags moved
+A step is `(Run, Going) -> Going`; the next promotion artifact (a vulnerability attestation, a
+SOCI index) is one function and one line in STEPS. A run stopped at any step leaves no tag on an
+image without its evidence; run it again to complete it.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, keypair, oci, reproducible, sign, zstd
+from builder.core import clock, engine, keypair, oci, sign
 from builder.core.errors import ConfigError
-from builder.core.output import human_bytes, step
+from builder.core.output import step
 from builder.flows import publish_gate, record, tag_repair
+from builder.flows.publish_twin import (
+    Twins,
+    attach,
+    promote_twins,
+    provenance_of,
+    sign_twins,
+    write_twin_tags,
+)
 from builder.model import platforms, publication
 from builder.model.matrix import Matrix, Variant
 from builder.model.planned import PlannedVariant
 from builder.model.publication import Artifact, PlatformEntry, Publication, ZstdTwin
 from builder.model.staged import Staged
-from builder.stages import build, plan, provenance, publish, staging, twin
+from builder.stages import plan, publish, staging
 from builder.stages.publish import Candidate
 
 # What a platform's entry keeps of its own publication (the rest is the variant's).
@@ -105,49 +115,147 @@ def report(manifest: Path | None, publications: dict[str, Publication]) -> None:
         publication.record(manifest, publications)
 
 
+@dataclass(frozen=True)
+class Run:
+    """What every step of one publish reads: the matrix and what the run was asked for."""
+
+    matrix: Matrix
+    allow_cpu_smoke: bool
+    dry_run: bool
+    trust: keypair.Trust
+
+
+@dataclass(frozen=True, kw_only=True)
+class Going:
+    """One variant's record through the steps: its platforms, then what each step made.
+    `results` set (a refusal, --dry-run's entries, the publication) ends the variant."""
+
+    group: tuple[PlannedVariant, ...]
+    multi: bool
+    cands: tuple[Candidate, ...] = ()
+    promoted: tuple[Promoted, ...] = ()
+    top: Staged | None = None  # the manifest or index that takes the variant's tags
+    dated: tuple[str, bool] = ("", False)  # publish.next_dated
+    twins: Twins | None = None
+    signed: dict[str, Any] = field(default_factory=dict)
+    zstd_tags: tuple[str, ...] = ()
+    results: tuple[dict[str, Any], ...] | None = None
+
+    @property
+    def first(self) -> PlannedVariant:
+        return self.cands[0].planned if self.cands else self.group[0]
+
+    @property
+    def tags(self) -> list[str]:
+        """The variant's tags after the dated one: content tag (plain manifest), floating,
+        aliases."""
+        return [*([] if self.multi else [self.first.hash_tag]), *self.first.tags]
+
+    @property
+    def platform_tags(self) -> dict[str, str] | None:
+        """In an index, each platform manifest's content tag by its digest."""
+        return {p.vetted.digest: p.cand.planned.hash_tag for p in self.promoted} \
+            if self.multi else None
+
+
+Step = Callable[[Run, Going], Going]
+
+
 def publish_group(matrix: Matrix, group: list[PlannedVariant], *, allow_cpu_smoke: bool,
                   dry_run: bool, trust: keypair.Trust = keypair.UNSIGNED) -> list[dict[str, Any]]:
-    """The steps of one variant (see the module's docstring). Returns one result for the
+    """One variant through STEPS (see the module's docstring). Returns one result for the
     variant, one refusal per refused platform, or one would-publish entry per platform."""
-    multi = is_multi(matrix, group[0].variant)
-    check_same_tags(group)
-    cands, refused = gate_all(matrix, group, allow_cpu_smoke, trust)
+    run = Run(matrix, allow_cpu_smoke, dry_run, trust)
+    going = Going(group=tuple(group), multi=is_multi(matrix, group[0].variant))
+    for each in STEPS:
+        if going.results is None:
+            going = each(run, going)
+    return list(going.results or ())
+
+
+def same_tags(run: Run, g: Going) -> Going:
+    """Step `same tags`."""
+    check_same_tags(list(g.group))
+    return g
+
+
+def gate(run: Run, g: Going) -> Going:
+    """Step `gate`: the candidates in platform order, or the variant's refusal; --dry-run
+    stops here with what it would publish."""
+    cands, refused = gate_all(run.matrix, list(g.group), run.allow_cpu_smoke, run.trust)
     if refused:
-        return refused
-    if dry_run:
-        return [would_publish(matrix, c, multi) for c in cands]
+        return replace(g, results=tuple(refused))
+    if run.dry_run:
+        return replace(g, results=tuple(would_publish(run.matrix, c, g.multi) for c in cands))
     order = list(platforms.KNOWN)
     cands.sort(key=lambda c: order.index(c.planned.variant.platform))
-    promoted = [promote_platform(matrix, c, multi) for c in cands]
-    top = push_index(matrix, promoted) if multi else promoted[0].vetted
-    first = cands[0].planned
-    tags = [*([] if multi else [first.hash_tag]), *first.tags]
-    dated = publish.next_dated(top, first.floating_tag, cands[0].trust.keys)
-    twins = promote_twins(matrix, top, [(p.vetted, p.cand) for p in promoted], first.floating_tag)
-    signed = publish.sign_digest(top, cands[0].trust,
-                                 sign.tag_annotations(first.variant.id, [dated[0], *tags]))
+    return replace(g, cands=tuple(cands))
+
+
+def promote(run: Run, g: Going) -> Going:
+    """Step `promote`: each platform's manifest in the vetted repository, with its evidence."""
+    return replace(g, promoted=tuple(promote_platform(run.matrix, c, g.multi) for c in g.cands))
+
+
+def index(run: Run, g: Going) -> Going:
+    """Step `index`: the image index of several platforms (else the plain manifest), and the
+    dated tag it will take."""
+    top = push_index(run.matrix, list(g.promoted)) if g.multi else g.promoted[0].vetted
+    return replace(g, top=top, dated=publish.next_dated(top, g.first.floating_tag,
+                                                             g.cands[0].trust.keys))
+
+
+def twin_step(run: Run, g: Going) -> Going:
+    """Step `twin` (builder.flows.publish_twin)."""
+    assert g.top is not None
+    return replace(g, twins=promote_twins(run.matrix, g.top, [(p.vetted, p.cand)
+                                                             for p in g.promoted],
+                                          g.first.floating_tag))
+
+
+def sign_step(run: Run, g: Going) -> Going:
+    """Step `sign`: the manifest or index, naming every tag it will carry, then its twins."""
+    assert g.top is not None
+    vid, trust, tags = g.first.variant.id, g.cands[0].trust, [g.dated[0], *g.tags]
+    signed = publish.sign_digest(g.top, trust, sign.tag_annotations(vid, tags))
     if not signed["signed"]:
-        step(f"  [{first.variant.id}] published UNSIGNED (--unsigned): no signature, no signed "
+        step(f"  [{vid}] published UNSIGNED (--unsigned): no signature, no signed "
              "attestations; `builder verify --key` refuses it")
-    platform_tags = {p.vetted.digest: p.cand.planned.hash_tag for p in promoted} if multi \
-        else None
-    sign_twins(twins, cands[0].trust, first.variant.id, [dated[0], *tags], platform_tags)
-    publish.write_tags(top, first.floating_tag, tags, dated)
-    zstd_tags = write_twin_tags(twins, [dated[0], *tags], platform_tags)
-    dated = dated[0]
-    if multi:
-        step(f"  [{first.variant.id}] index {top.digest[:19]} "
-             f"({', '.join(p.cand.planned.variant.platform for p in promoted)}) → {dated}, "
-             f"{first.floating_tag}")
-    pub = publication_of(matrix, cands[0], top.digest, dated,
-                      [dated, *(c.planned.hash_tag for c in cands), *first.tags],
-                      promoted[0].refs, signed)
-    if multi:
-        pub = replace(pub, platforms=tuple(platform_entry(matrix, p) for p in promoted))
-    if twins is not None:
-        pub = replace(pub, zstd=ZstdTwin(twins.top.digest, f"{matrix.image_name}@"
-                                         f"{twins.top.digest}", tuple(zstd_tags)))
-    return [{"id": first.variant.id, "status": "published", **pub.to_json()}]
+    sign_twins(g.twins, trust, vid, tags, g.platform_tags)
+    return replace(g, signed=signed)
+
+
+def tags_step(run: Run, g: Going) -> Going:
+    """Step `tags`, last: what users and `builder plan` read."""
+    assert g.top is not None
+    publish.write_tags(g.top, g.first.floating_tag, g.tags, g.dated)
+    zstd_tags = write_twin_tags(g.twins, [g.dated[0], *g.tags], g.platform_tags)
+    if g.multi:
+        step(f"  [{g.first.variant.id}] index {g.top.digest[:19]} "
+             f"({', '.join(p.cand.planned.variant.platform for p in g.promoted)}) → "
+             f"{g.dated[0]}, {g.first.floating_tag}")
+    return replace(g, zstd_tags=tuple(zstd_tags))
+
+
+def record_step(run: Run, g: Going) -> Going:
+    """Step `record`: the variant's publication (published.json's entry), its result."""
+    assert g.top is not None
+    first, dated = g.first, g.dated[0]
+    pub = publication_of(run.matrix, g.cands[0], g.top.digest, dated,
+                         [dated, *(c.planned.hash_tag for c in g.cands), *first.tags],
+                         g.promoted[0].refs, g.signed)
+    if g.multi:
+        pub = replace(pub, platforms=tuple(platform_entry(run.matrix, p) for p in g.promoted))
+    if g.twins is not None:
+        pub = replace(pub, zstd=ZstdTwin(g.twins.top.digest, f"{run.matrix.image_name}@"
+                                         f"{g.twins.top.digest}", g.zstd_tags))
+    return replace(g, results=({"id": first.variant.id, "status": "published",
+                                **pub.to_json()},))
+
+
+# The steps of one variant, in order; the next promotion artifact is one function and one line.
+STEPS: tuple[Step, ...] = (same_tags, gate, promote, index, twin_step, sign_step, tags_step,
+                           record_step)
 
 
 def already_published(known: dict[str, Publication], group: list[PlannedVariant]
@@ -269,24 +377,6 @@ def stage(matrix: Matrix, cand: Candidate) -> Staged:
     return cand.staged
 
 
-def attach(vetted: Staged, kind: str, data: bytes, trust: keypair.Trust) -> dict[str, str]:
-    """One evidence file attached to a vetted digest, signed with the trusted key (if any)."""
-    return staging.attach(vetted, kind, data, key=trust.key)
-
-
-def provenance_of(vetted: Staged, trust: keypair.Trust) -> bytes:
-    """The SLSA provenance statement, from the image's labels in the registry; it says when
-    the staged evidence was taken unsigned (--unsigned)."""
-    config = staging.image_config(vetted)
-    doc = provenance.statement(f"{vetted.registry}/{vetted.repository}", vetted.digest,
-                               (config.get("config") or {}).get("Labels") or {},
-                               reproducible.record(config),
-                               times=build.build_times(vetted.image_id))
-    if trust.unsigned:
-        doc["predicate"]["buildDefinition"]["internalParameters"]["unsigned_staging"] = True
-    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
-
-
 def push_index(matrix: Matrix, promoted: list[Promoted]) -> Staged:
     """The image index of one variant's platform manifests, stored by digest (no tag yet, not
     signed yet: publish_group signs it with its tags)."""
@@ -328,7 +418,7 @@ def publication_of(matrix: Matrix, cand: Candidate, digest: str, dated: str,
     facts = p.rendered.facts
     return Publication(
         date=f"{date[:4]}-{date[4:6]}-{date[6:]}",
-        published_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        published_at=clock.iso(),
         registry=matrix.registry, repository=matrix.repository,
         digest=digest, reference=f"{matrix.image_name}@{digest}",
         image_id=cand.image_id, content_hash=p.content_hash,
@@ -341,82 +431,3 @@ def publication_of(matrix: Matrix, cand: Candidate, digest: str, dated: str,
         **{kind: Artifact.from_json(ref) for kind, ref in refs.items()},
         smoke_gpu=cand.smoke_gpu, allow_cpu_smoke=cand.allow_cpu_smoke, **(signed or {}),
     )
-
-
-# ---- the zstd twins (builder.stages.twin) ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Twins:
-    """The twins of one publication in the vetted repository: the top one (a manifest, or an
-    index) and each platform manifest's, by its gzip sibling's digest."""
-
-    top: Staged
-    platforms: dict[str, Staged]
-    report: twin.Report
-
-
-def promote_twins(matrix: Matrix, top: Staged, images: Sequence[tuple[Staged, Candidate]],
-                  floating: str) -> Twins | None:
-    """Step `twin` of `builder publish` (none when the matrix's `compression` lacks zstd): the
-    zstd twin of the promoted manifest or index, each platform's twin with the same SBOM and
-    smoke report attached and its own provenance (naming its gzip sibling). Not signed and not
-    tagged yet: `sign_twins` signs them with their tags, `write_twin_tags` writes those last."""
-    if not matrix.zstd_twins:
-        return None
-    reg, report, start = oci.Registry(top.registry), twin.Report(), time.monotonic()
-    desc = twin.make(reg, top.repository, top.digest, known=twin.tag_of(floating),
-                     report=report)
-    twins: dict[str, Staged] = {}
-    for vetted, cand in images:
-        mine = Staged(vetted.registry, vetted.repository, report.twins[vetted.digest],
-                      vetted.image_id)
-        for kind in ("sbom", "smoke"):
-            attach(mine, kind, cand.evidence[kind], cand.trust)
-        attach(mine, "provenance", twin_provenance(provenance_of(mine, cand.trust),
-                                                   vetted.digest), cand.trust)
-        twins[vetted.digest] = mine
-    report.seconds = time.monotonic() - start
-    step(f"  zstd twin {desc.digest[:19]} of {top.digest[:19]}: "
-         + ("already there" if report.reused else
-            f"{human_bytes(report.gzip_bytes)} gzip → {human_bytes(report.zstd_bytes)} zstd "
-            f"in {report.seconds:.0f} s"))
-    return Twins(twins.get(top.digest) or Staged(top.registry, top.repository, desc, ""),
-                     twins, report)
-
-
-def twin_provenance(statement: bytes, gzip_digest: str) -> bytes:
-    """The twin's provenance statement (its own subject) saying what it was made from."""
-    doc = json.loads(statement)
-    doc["predicate"]["buildDefinition"]["internalParameters"].update(
-        {"zstd_twin_of": gzip_digest, "zstd_encoder": zstd.ENCODER})
-    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
-
-
-def sign_twins(published: Twins | None, trust: keypair.Trust, variant: str,
-               tags: Sequence[str], platform_tags: dict[str, str] | None = None) -> None:
-    """Sign each twin as its gzip sibling is signed, naming the `-zstd` tags it will carry: an
-    index's platform twins their content tag's twin, the top one every twin tag."""
-    if published is None:
-        return
-    for gzip_digest, tag in (platform_tags or {}).items():
-        publish.sign_digest(published.platforms[gzip_digest], trust,
-                            sign.tag_annotations(variant, [twin.tag_of(tag)]))
-    publish.sign_digest(published.top, trust,
-                        sign.tag_annotations(variant, [twin.tag_of(t) for t in tags]))
-
-
-def write_twin_tags(published: Twins | None, tags: Sequence[str],
-               platform_tags: dict[str, str] | None = None) -> list[str]:
-    """`<tag>-zstd` for each of the gzip image's `tags` (dated, content, floating, aliases, in
-    that order) and, in an index, for each platform's content tag; the twin tags written."""
-    if published is None:
-        return []
-    written = []
-    for tag in tags:
-        publish.tag_image(published.top, twin.tag_of(tag))
-        written.append(twin.tag_of(tag))
-    for gzip_digest, tag in (platform_tags or {}).items():
-        publish.tag_image(published.platforms[gzip_digest], twin.tag_of(tag))
-        written.append(twin.tag_of(tag))
-    return written

@@ -19,10 +19,7 @@ is unknown. What is done about the findings is `builder.flows.rebuild`.
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
 import json
-import re
 import tempfile
 import uuid
 from collections.abc import Callable, Collection
@@ -30,11 +27,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, labels, oci, proc, sign
+from builder.core import clock, engine, labels, oci, proc, sign
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.output import step
 from builder.flows import bases, record
 from builder.model import lockfile, platforms
+from builder.model.apt import apt_token, parse_upgradable
 from builder.model.bases import registry_served
 from builder.model.matrix import Matrix, Variant
 from builder.model.publication import Publication
@@ -52,10 +50,6 @@ APT_CMD = ("mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial && "
 UNPRIVILEGED = ("--network", "bridge", "--user", "65534:65534", "--read-only",
                 "--tmpfs", "/tmp:rw,exec,nosuid,nodev", "--cap-drop", "ALL",
                 "--security-opt", "no-new-privileges")
-# `libssl3/stable-security 3.0.15-1~deb12u1 amd64 [upgradable from: 3.0.14-1~deb12u2]`
-_APT_LINE = re.compile(r"^(\S+?)/\S*\s+(\S+)\s+\S+\s+\[upgradable from:\s*([^\]\s]+)\]")
-# `Inst libssl3 [3.0.14-1~deb12u2] (3.0.15-1~deb12u1 Debian-Security:12/stable-security [amd64])`
-_APT_SIM = re.compile(r"^Inst\s+(\S+)\s+\[([^\]]+)\]\s+\((\S+)")
 
 # Status of a finding: rebuild (this tool fixes it), matrix-change (a person must: torch CVE),
 # unknown (the source could not be asked: never clean).
@@ -103,21 +97,6 @@ def published_image(pub: Publication) -> tuple[str, dict[str, Any]]:
 
 
 # ---- the sources ------------------------------------------------------------------------------
-
-
-def parse_upgradable(text: str) -> dict[str, tuple[str, str]]:
-    """name → (installed, candidate) from `apt list --upgradable` or `apt-get -s upgrade`."""
-    found: dict[str, tuple[str, str]] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        m = _APT_LINE.match(line)
-        if m:
-            found[m.group(1)] = (m.group(3), m.group(2))
-            continue
-        m = _APT_SIM.match(line)
-        if m:
-            found[m.group(1)] = (m.group(2), m.group(3))
-    return dict(sorted(found.items()))
 
 
 def debian_upgradable(image: str) -> dict[str, tuple[str, str]]:
@@ -244,7 +223,7 @@ def ask_debian(s: Subject) -> list[Finding]:
     return [Finding(s.variant.id, "debian-security", REBUILD,
                     ", ".join(f"{n} {o}→{nw}" for n, (o, nw) in upgradable.items()),
                     {"packages": {n: {"old": o, "new": nw} for n, (o, nw) in upgradable.items()},
-                     "token": apt_token(upgradable)})]
+                     "token": apt_token(upgradable, clock.stamp())})]
 
 
 def ask_python(s: Subject) -> list[Finding]:
@@ -450,11 +429,3 @@ def exit_code(findings: list[Finding]) -> int:
     if any(f.status != UNKNOWN for f in findings):
         return 1
     return 2 if findings else 0
-
-
-def apt_token(upgradable: dict[str, tuple[str, str]]) -> str:
-    """`YYYYMMDD-<hash of the upgradable list>`: a new token re-runs the apt upgrade step."""
-    listing = "\n".join(f"{n} {o} {nw}" for n, (o, nw) in sorted(upgradable.items()))
-    day = dt.datetime.now(dt.UTC).strftime("%Y%m%d")
-    return f"{day}-{hashlib.sha256(listing.encode()).hexdigest()[:12]}"
-

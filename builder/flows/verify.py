@@ -13,8 +13,9 @@ from typing import Any
 
 from builder.core import keypair, labels, oci, sign, zstd
 from builder.core.errors import BuilderError
+from builder.core.oci import RegistryError
 from builder.flows import verify_tags
-from builder.model import platforms, smokereport
+from builder.model import accelerators, platforms, smokereport
 from builder.stages import provenance, twin
 from smoke import OK_STATUSES
 from smoke.checks import gpu_checks_not_run
@@ -130,9 +131,32 @@ def twin_row(reg: oci.Registry, repository: str, manifest: dict[str, Any]) -> Ro
     same = ((sibling.get("config") or {}).get("digest") == (manifest.get("config") or {})
             .get("digest") and len(sibling.get("layers") or []) == len(manifest["layers"]))
     zstd_only = {x.get("mediaType") for x in manifest["layers"]} == {zstd.MEDIA_TYPE}
-    return Row("zstd twin", OK if same and zstd_only else BAD,
-               f"tar+zstd layers of {source[:19]}'s image, same config" if same and zstd_only
-               else f"not the image of its gzip sibling {source[:19]} (config or layers differ)")
+    if not (same and zstd_only):
+        return Row("zstd twin", BAD, f"not the image of its gzip sibling {source[:19]} "
+                   "(config or layers differ)")
+    if problem := twin_layer_problem(reg, repository, manifest):
+        return Row("zstd twin", BAD, problem)
+    return Row("zstd twin", OK, f"tar+zstd layers of {source[:19]}'s image, same config, "
+               "each layer's uncompressed bytes its diff id")
+
+
+def twin_layer_problem(reg: oci.Registry, repository: str, manifest: dict[str, Any]) -> str:
+    """The first twin layer whose uncompressed bytes do not hash to the config's diff id (the
+    same config as the gzip sibling's says nothing about the layers): '' when none."""
+    config = reg.config(repository, manifest["config"]["digest"])
+    diff_ids = (config.get("rootfs") or {}).get("diff_ids") or []
+    if len(diff_ids) != len(manifest["layers"]):
+        return f"{len(manifest['layers'])} layers, {len(diff_ids)} diff ids in the config"
+    for n, (layer, diff_id) in enumerate(zip(manifest["layers"], diff_ids, strict=True), 1):
+        where = f"layer {n} ({layer['digest'][:19]})"
+        try:
+            got = zstd.zstd_diff_id(reg.stream_blob(repository, layer["digest"], layer["size"]),
+                                    zstd.inflate_limit(layer["size"]), where)
+        except RegistryError as exc:  # LayerMismatch included
+            return str(exc)
+        if got != diff_id:
+            return f"{where} decompresses to {got[:19]}, not the config's diff id {diff_id[:19]}"
+    return ""
 
 
 def signature_row(reg: oci.Registry, repository: str, digest: str, policy: Policy
@@ -249,7 +273,7 @@ def smoke_rows(report: Any, config_digest: str, image_labels: dict[str, str],
     if problems:
         return [Row("smoke", BAD, "; ".join(problems)), *rows]
     stand_ins = gpu_checks_not_run(report["checks"])
-    if facts.get("accelerator") == "cuda" and stand_ins:
+    if accelerators.needs_gpu_evidence(facts.get("accelerator")) and stand_ins:
         status = BAD if policy.require_gpu else CPU_ONLY
         return [Row("smoke", status, f"GPU checks not run on a GPU ({', '.join(stand_ins)}): "
                     f"{report['status']}: {host}"), *rows]

@@ -55,7 +55,8 @@ def label_problems(tag: str, platform_labels: list[dict[str, str]]) -> str:
     when TAG is an alias, which has no grammar)."""
     problems: list[str] = []
     if tag.startswith(tag_rules.HASH_TAG_PREFIX):
-        want = tag.removeprefix(tag_rules.HASH_TAG_PREFIX)
+        # a zstd twin's `build-<hash>-zstd` names the same content hash (builder.stages.twin)
+        want = tag.removeprefix(tag_rules.HASH_TAG_PREFIX).removesuffix("-zstd")
         for found in platform_labels:
             have = found.get(labels.CONTENT_HASH) or ""
             if not have.startswith(want) or not want:

@@ -12,6 +12,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from builder.model import accelerators
 from smoke import OK_STATUSES, STATUSES
 from smoke.checks import CHECKS, gpu_checks_not_run
 
@@ -96,11 +97,11 @@ def report_passed(report: dict[str, Any] | None, *, require_gpu: bool) -> tuple[
         return False, f"smoke failed: {_describe_failures(report) or 'overall status fail'}"
     if report.get("facts") is None:
         return False, "the smoke report has no image facts: the image's versions were not checked"
-    is_cuda = (report["facts"] or {}).get("accelerator") == "cuda"
-    if require_gpu and is_cuda:
+    accelerator = (report["facts"] or {}).get("accelerator")
+    if require_gpu and accelerators.needs_gpu_evidence(accelerator):
         if not report.get("require_gpu"):
             return False, (
-                "the smoke report of this CUDA image was made without --require-gpu: run "
+                f"the smoke report of this {accelerator} image was made without --require-gpu: run "
                 "`builder smoke IMAGE --require-gpu` on a host with NVIDIA GPUs"
             )
         not_on_gpu = gpu_checks_not_run(report["checks"])

@@ -83,7 +83,7 @@ class Context:
     dockerignore: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Spec:
     """One BuildKit build: the image to tag, for which platform, with which labels, from
     which context and Dockerfile, logged where."""

@@ -21,13 +21,12 @@ for the registry API.
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.core import keypair, labels, limits, oci, sign
+from builder.core import clock, keypair, labels, limits, oci, sign
 from builder.core.oci import RegistryError
-from builder.model import smokereport
+from builder.model import accelerators, smokereport
 from builder.model.matrix import Matrix
 from builder.model.planned import PlannedVariant
 from builder.model.publication import Signed
@@ -72,12 +71,12 @@ def config_problem(p: PlannedVariant, config: dict[str, Any]) -> str:
 def smoke_gate(cand: Candidate, allow_cpu_smoke: bool) -> str:
     """Why the smoke report does not let this image through (empty: it does); records whether
     it ran on a GPU and whether the CPU waiver was used."""
-    is_cuda = cand.planned.variant.accelerator == "cuda"
+    needs_gpu = accelerators.needs_gpu_evidence(cand.planned.variant.accelerator)
     try:
         report = limits.parse_json(cand.evidence["smoke"]) if "smoke" in cand.evidence else None
     except ValueError as exc:
         return f"the smoke report is not JSON: {exc}"
-    passed, why = smokereport.report_passed(report, require_gpu=is_cuda and not allow_cpu_smoke)
+    passed, why = smokereport.report_passed(report, require_gpu=needs_gpu and not allow_cpu_smoke)
     if not passed:
         return why
     assert report is not None
@@ -91,8 +90,8 @@ def smoke_gate(cand: Candidate, allow_cpu_smoke: bool) -> str:
     if lacking := smokereport.required_checks_missing(report):
         return f"the smoke report lacks required checks: {', '.join(lacking)}"
     gpu_passed = not gpu_checks_not_run(report["checks"])  # the suite's own rule
-    cand.smoke_gpu = is_cuda and bool(report.get("require_gpu")) and gpu_passed
-    cand.allow_cpu_smoke = is_cuda and not cand.smoke_gpu  # the waiver was needed, and used
+    cand.smoke_gpu = needs_gpu and bool(report.get("require_gpu")) and gpu_passed
+    cand.allow_cpu_smoke = needs_gpu and not cand.smoke_gpu  # the waiver was needed, and used
     return ""
 
 
@@ -161,7 +160,8 @@ def sign_digest(vetted: Staged, trust: keypair.Trust,
 
 
 def today() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y%m%d")
+    """The dated tag's day: the command's (one clock, read once at its start)."""
+    return clock.stamp()
 
 
 def dry_run_entry(matrix: Matrix, cand: Candidate) -> dict[str, Any]:

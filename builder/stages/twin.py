@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.core import oci, oci_blobs, zstd
+from builder.core import oci, oci_blobs, state, zstd
 from builder.core.oci import RegistryError
 
 SUFFIX = "-zstd"
@@ -158,9 +158,11 @@ def layer_twin(reg: oci.Registry, repository: str, layer: dict[str, Any], diff_i
     counted = zstd.Counted()
 
     def recompressed() -> Iterator[bytes]:
-        tar = zstd.background(lambda: reg.stream_blob(repository, gz_digest, size))
-        return zstd.recompress(tar if plain else zstd.inflate(tar, where), counted,
-                               expect_diff_id=diff_id, workers=workers, where=where)
+        fetched = zstd.background(lambda: reg.stream_blob(repository, gz_digest, size))
+        tar = fetched if plain else zstd.inflate(zstd.spooled(fetched, state.path("spool")),
+                                                 where, limit=zstd.inflate_limit(size))
+        return zstd.recompress(tar, counted, expect_diff_id=diff_id, workers=workers,
+                               where=where)
 
     def source() -> Iterator[bytes]:
         counted.reset()

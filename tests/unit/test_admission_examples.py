@@ -32,6 +32,9 @@ STAGED = [f"{STAGING}:{TAG}", f"{STAGING}@{DIGEST}", f"{STAGING}:build-012345678
           f"{STAGING}:{TAG}@{DIGEST}"]
 
 NESTED = [f"{IMAGE}/nested@{DIGEST}", f"{IMAGE}/nested:{TAG}"]  # another repository
+# repositories whose names start like the vetted one's: never admitted as vetted
+NEAR_MISS = [f"{IMAGE}{suffix}{ref}" for suffix in ("-base", "serve", "-staging")
+             for ref in (f":{TAG}", f"@{DIGEST}", f":{TAG}@{DIGEST}")]
 
 
 def load(name: str) -> Any:
@@ -63,9 +66,9 @@ def policy_controller_name(image: str) -> str:
 
 
 def policy_controller_match(glob: str, image: str) -> bool:
-    """policy-controller's pkg/apis/glob: only `[a-zA-Z0-9-_:/*.]`; `**` any run, `*` any run
+    """policy-controller's pkg/apis/glob: only `[a-zA-Z0-9-_:/*.@]`; `**` any run, `*` any run
     without `/`, `.` literal; the whole name."""
-    assert re.fullmatch(r"[a-zA-Z0-9\-_:/*.]+", glob), f"invalid glob {glob!r}"
+    assert re.fullmatch(r"[a-zA-Z0-9\-_:/*.@]+", glob), f"invalid glob {glob!r}"
     regex = re.escape(glob).replace(r"\*\*", "#").replace(r"\*", "[^/]*").replace("#", ".*")
     return re.fullmatch(regex, policy_controller_name(image)) is not None
 
@@ -95,7 +98,7 @@ def kyverno_problems(policy: dict[str, Any]) -> list[str]:
                 or any(kyverno_match(p, ref) for p in skip)]
     problems += [f"{ref} is matched by {p}" for ref in STAGED for p in refs
                  if kyverno_match(p, ref)]
-    problems += [f"{ref} is matched by {p}" for ref in NESTED for p in refs
+    problems += [f"{ref} is matched by {p}" for ref in (*NESTED, *NEAR_MISS) for p in refs
                  if kyverno_match(p, ref)]
     problems += [f"{ref} is not skipped" for ref in STAGED
                  if not any(kyverno_match(p, ref) for p in skip)]
@@ -127,7 +130,8 @@ def policy_controller_problems(docs: list[dict[str, Any]]) -> list[str]:
     vetted = next(d for d in docs if d["metadata"]["name"] == "torch-images-vetted")
     problems = [f"{ref} meets {[d['metadata']['name'] for d in matching(ref)]}"
                 for ref in VETTED if matching(ref) != [vetted]]
-    problems += [f"{ref} meets the vetted policy" for ref in NESTED if vetted in matching(ref)]
+    problems += [f"{ref} meets the vetted policy" for ref in (*NESTED, *NEAR_MISS)
+                 if vetted in matching(ref)]
     problems += [f"{ref} can be admitted" for ref in STAGED if not any(
         all((a.get("static") or {}).get("action") == "fail" for a in d["spec"]["authorities"])
         for d in matching(ref))]
@@ -141,6 +145,8 @@ def policy_controller_problems(docs: list[dict[str, Any]]) -> list[str]:
 def containers_problems(policy: dict[str, Any]) -> list[str]:
     problems = [f"{ref}: scope {containers_scope(policy, ref)}" for ref in VETTED
                 if containers_scope(policy, ref) != IMAGE]
+    problems += [f"{ref} meets scope {IMAGE}" for ref in NEAR_MISS
+                 if containers_scope(policy, ref) == IMAGE]
     problems += [f"{ref} meets scope {s}" for ref in STAGED  # a repository scope is also a
                  if (s := containers_scope(policy, ref)) is not None]  # namespace: NESTED match
     if set(policy) != {"transports"} or set(policy["transports"]) != {"docker"}:
@@ -155,7 +161,9 @@ def containers_problems(policy: dict[str, Any]) -> list[str]:
 def test_kyverno_requires_the_signature_and_every_attestation_by_the_same_attestors() -> None:
     policy = load("kyverno-clusterpolicy.yaml")
     assert (policy["apiVersion"], policy["kind"]) == ("kyverno.io/v1", "ClusterPolicy")
-    assert policy["spec"]["validationFailureAction"] == "Enforce"
+    assert "validationFailureAction" not in policy["spec"]  # deprecated: per rule instead
+    assert [r.get("validate", r.get("verifyImages", [{}])[0]).get("failureAction")
+            for r in policy["spec"]["rules"]] == ["Enforce", "Enforce"]
     assert kyverno_problems(policy) == []
     [check] = policy["spec"]["rules"][0]["verifyImages"]
     assert check["required"] and check["verifyDigest"] and check["mutateDigest"]
@@ -179,6 +187,8 @@ def test_kyverno_checks_catch_a_staging_wide_pattern_and_an_attestation_without_
     wide = copy.deepcopy(policy)
     wide["spec"]["rules"][0]["verifyImages"][0]["imageReferences"] = [f"{IMAGE}*"]
     assert f"{STAGING}:{TAG} is matched by {IMAGE}*" in kyverno_problems(wide)
+    assert {f"{IMAGE}-base:{TAG} is matched by {IMAGE}*",
+            f"{IMAGE}serve@{DIGEST} is matched by {IMAGE}*"} <= set(kyverno_problems(wide))
     bare = copy.deepcopy(policy)
     del bare["spec"]["rules"][0]["verifyImages"][0]["attestations"][1]["attestors"]
     assert kyverno_problems(bare) == [f"attestation {sign.PREDICATES['sbom']} names no attestors"]
@@ -209,7 +219,12 @@ def test_policy_controller_admits_the_vetted_repository_only() -> None:
     nested = copy.deepcopy(docs)
     nested[0]["spec"]["images"] = [{"glob": f"{IMAGE}**"}]
     assert policy_controller_problems(nested) == [f"{ref} meets the vetted policy"
-                                                  for ref in NESTED]
+                                                  for ref in (*NESTED, *NEAR_MISS)]
+    prefix = copy.deepcopy(docs)
+    prefix[0]["spec"]["images"] = [{"glob": f"{IMAGE}*"}]  # the old example's glob
+    assert {f"{IMAGE}-base:{TAG} meets the vetted policy",
+            f"{IMAGE}serve@{DIGEST} meets the vetted policy"} <= set(
+        policy_controller_problems(prefix))
     lax = copy.deepcopy(docs)
     del lax[0]["spec"]["authorities"][1]["attestations"][1]
     assert any("publish-workflow checks" in p for p in policy_controller_problems(lax))

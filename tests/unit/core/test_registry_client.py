@@ -648,3 +648,19 @@ def test_docker_hub_is_served_by_its_api_host() -> None:
     assert registry_http.Session("docker.io", scheme="https").base == \
         "https://registry-1.docker.io"
     assert registry_http.Session("ghcr.io", scheme="https").base == "https://ghcr.io"
+
+
+def test_the_retry_backoff_is_read_when_called(monkeypatch):
+    """BACKOFF_S is read at call time (a default argument captured it at import, so a test's
+    monkeypatch never took and a unit test slept 7 s for real)."""
+    slept: list[float] = []
+    monkeypatch.setattr(oci, "BACKOFF_S", (0.25,))
+    monkeypatch.setattr(oci.time, "sleep", slept.append)
+
+    def down() -> None:
+        raise OSError("connection reset")
+
+    with pytest.raises(oci.RegistryError, match="failed"):
+        oci.retry("a read", "127.0.0.1:1", down)
+    assert slept == [0.25]
+    assert oci.Registry("127.0.0.1:1").backoff == (0.25,)

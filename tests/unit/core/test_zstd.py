@@ -121,3 +121,56 @@ def test_the_mmap_threshold_is_set_without_error() -> None:
 def test_the_encoder_is_named_with_its_library_version() -> None:
     assert zstandard.__version__ in zstd.ENCODER and f"level {zstd.LEVEL}" in zstd.ENCODER
     assert zstd.threads() >= 1
+
+
+# ---- a gzip bomb: checked before inflating, and capped ----------------------------------------
+
+
+BOMB = gzip.compress(bytes(256 << 20), mtime=0)  # 256 MiB of zeros in ~250 KB
+
+
+def served(data: bytes, *, digest_ok: bool) -> object:
+    """What oci_blobs.stream_blob yields: the bytes as they arrive, then (when they do not hash
+    to the digest asked for) a RegistryError at the end."""
+    yield from pieces(data, 64 << 10)
+    if not digest_ok:
+        raise zstd.RegistryError("the bytes hash to sha256:…: refused")
+
+
+def test_a_bomb_with_a_wrong_digest_is_refused_before_anything_is_inflated(tmp_path) -> None:
+    inflated = 0
+    with pytest.raises(zstd.RegistryError, match="refused"):
+        for out in zstd.inflate(zstd.spooled(served(BOMB, digest_ok=False), tmp_path),
+                                limit=zstd.inflate_limit(len(BOMB))):
+            inflated += len(out)
+    assert inflated == 0 < len(BOMB)
+    assert list(tmp_path.iterdir()) == []  # the spool went with it
+
+
+def test_a_bomb_with_the_right_digest_stops_at_the_ratio_cap(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(zstd, "INFLATE_FLOOR", 1 << 20)  # the ratio decides, not the floor
+    inflated, limit = 0, zstd.inflate_limit(len(BOMB))
+    assert limit == zstd.INFLATE_RATIO * len(BOMB)
+    with pytest.raises(zstd.LayerMismatch, match=f"inflates past {limit} bytes"):
+        for out in zstd.inflate(zstd.spooled(served(BOMB, digest_ok=True), tmp_path),
+                                limit=limit):
+            inflated += len(out)
+    assert limit - zstd.INFLATE_PIECE <= inflated <= limit
+    monkeypatch.setenv("BUILDER_INFLATE_RATIO", "2000")
+    assert zstd.inflate_limit(len(BOMB)) == 2000 * len(BOMB)
+    assert sum(map(len, zstd.inflate(served(BOMB, digest_ok=True),
+                                     limit=zstd.inflate_limit(len(BOMB))))) == 256 << 20
+    monkeypatch.setenv("BUILDER_INFLATE_RATIO", "0")
+    with pytest.raises(zstd.ConfigError, match="BUILDER_INFLATE_RATIO `0`"):
+        zstd.inflate_limit(1)
+
+
+def test_a_zstd_layers_diff_id_is_read_in_bounded_pieces_and_capped() -> None:
+    data = tar_like()
+    packed = zstandard.ZstdCompressor().compress(data)
+    assert zstd.zstd_diff_id(pieces(packed, 4096), limit=len(data)) == \
+        "sha256:" + hashlib.sha256(data).hexdigest()
+    with pytest.raises(zstd.LayerMismatch, match=f"inflates past {len(data) - 1} bytes"):
+        zstd.zstd_diff_id(pieces(packed, 4096), limit=len(data) - 1)
+    with pytest.raises(zstd.LayerMismatch, match="not a valid zstd stream"):
+        zstd.zstd_diff_id([b"not zstd at all"], limit=1 << 20)

@@ -145,6 +145,9 @@ def test_a_versioned_tag_must_name_the_image_it_points_at() -> None:
         "2.13.0-py3.11-cpu-runtime", [LABELS, {**LABELS, labels.PYTHON: "3.12"}])
     assert verify_tags.label_problems("build-" + "e" * 20, [LABELS]) == ""
     assert "content hash" in verify_tags.label_problems("build-" + "f" * 20, [LABELS])
+    # a zstd twin's hash tag names the same content hash (it failed verify before)
+    assert verify_tags.label_problems("build-" + "e" * 20 + "-zstd", [LABELS]) == ""
+    assert "content hash" in verify_tags.label_problems("build-" + "f" * 20 + "-zstd", [LABELS])
     assert verify_tags.label_problems("latest-runtime", [LABELS]) == ""  # an alias: no grammar
 
 

@@ -344,6 +344,32 @@ def test_publish_group_gives_every_tag_a_zstd_twin_unless_compression_is_gzip(pr
     assert "zstd" not in pub and not [t for t in reg.tags if t.endswith("-zstd")]
 
 
+def test_a_new_promotion_step_is_one_line_in_steps(promoted, monkeypatch):
+    """The next promotion artifact is one function and one line: a step added to STEPS (here
+    one that records what it saw) runs between the twin and the signature, and the variant is
+    published as before, tags last."""
+    reg, _, _ = promoted
+    m = matrix.load(ROOT / "matrix.yaml")
+    seen = []
+
+    def attest_more(run, g):
+        seen.append((g.top.digest, dict(reg.tags)))
+        return g
+
+    steps = list(publish_flow.STEPS)
+    assert [s.__name__ for s in steps] == ["same_tags", "gate", "promote", "index", "twin_step",
+                                           "sign_step", "tags_step", "record_step"]
+    steps.insert(steps.index(publish_flow.sign_step), attest_more)
+    monkeypatch.setattr(publish_flow, "STEPS", tuple(steps))
+    group = planned_pair(m)
+    [pub] = publish_flow.publish_group(m, group, allow_cpu_smoke=True, dry_run=False)
+    assert pub["status"] == "published"
+    [(digest, tags_then)] = seen
+    assert digest == pub["digest"]
+    assert not set(tags_then) & set(pub["tags"][:1] + list(group[0].tags))  # none written yet
+    assert {reg.tags[t] for t in group[0].tags} == {pub["digest"]}
+
+
 def test_one_refused_or_unselected_platform_refuses_the_variant(promoted):
     reg, refuse, done = promoted
     m = matrix.load(ROOT / "matrix.yaml")

@@ -30,8 +30,9 @@ def fake_builds(monkeypatch, tmp_path: Path, failures: list[str]) -> list[list[s
 
 
 def run(tmp_path: Path, cache_from: list[str]) -> str:
-    spec = build.Spec("2.15.0-py3.11-cuda-runtime", "img", "linux/amd64", {}, tmp_path,
-                      tmp_path / "Dockerfile", tmp_path / "build.log")
+    spec = build.Spec(key="2.15.0-py3.11-cuda-runtime", image="img", platform="linux/amd64",
+                      labels={}, context=tmp_path, dockerfile=tmp_path / "Dockerfile",
+                      log=tmp_path / "build.log")
     return build.build_from_registry_cache(spec, cache_from)
 
 
