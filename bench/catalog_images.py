@@ -247,15 +247,16 @@ def publish(reg: oci.Registry, repo: str, spec: Spec, date: str, *, revision: st
             "sources": {"pypi": {"status": "ok"}, "debian-security": {"status": "ok"}},
             "vulnerabilities": [{"id": f"CVE-2026-{i:04d}"} for i in range(vulnerabilities)],
             "ok": vulnerabilities == 0, "audited_at": dt.date.today().isoformat()})
-    if key is not None:  # signed as `builder publish --key` signs: the image and its evidence
-        sign.sign_image(reg, repo, top.digest, key)
-        sign.attest(reg, repo, top.digest, key, "sbom", sbom_document(spec, first.digest))
     taken = set(reg.tags(repo))
     dated, n = f"{spec.floating}-{date}", 0
     while dated in taken and reg.head(repo, dated).digest != top.digest:
         n += 1
         dated = f"{spec.floating}-{date}.{n}"
     tags = (dated, f"build-{top.digest[7:27]}", spec.floating)
+    if key is not None:  # signed as `builder publish --key` signs: the image, naming its tags,
+        # and its evidence
+        sign.sign_image(reg, repo, top.digest, key, sign.tag_annotations(spec.floating, tags))
+        sign.attest(reg, repo, top.digest, key, "sbom", sbom_document(spec, first.digest))
     for tag in tags:
         reg.tag(repo, top.digest, tag)
     if zstd:

@@ -28,6 +28,7 @@ from builder.model.catalog_doc import (
     audit_state,
     audit_summary,
     classify,
+    dated_key,
     download_href,
     facts_from_labels,
     layer_groups,
@@ -296,6 +297,23 @@ def verify_signed(reader: Reader, digest: str, keys: list[Any]) -> dict[str, Any
     return {"verified": True, "detail": detail}
 
 
+def signed_dated(reader: Reader, by_tag: dict[str, str]) -> dict[str, str]:
+    """With keys, `by_tag` less the dated tags no trusted signature of their digest names:
+    anyone with push rights may write a tag, so those are no history (they are listed under
+    other tags); without keys, every tag."""
+    if not reader.keys:
+        return by_tag
+    signed: dict[str, set[str]] = {}
+    for digest in {d for t, d in by_tag.items() if dated_key(t)}:
+        try:
+            payloads = sign.verified_payloads(reader.reg, reader.source.repository, digest,
+                                              reader.keys)
+        except sign.SignatureError:
+            payloads = []
+        signed[digest] = set().union(*(sign.signed_tags(p.get("optional")) for p in payloads))
+    return {t: d for t, d in by_tag.items() if not dated_key(t) or t in signed[d]}
+
+
 # ---- the catalog ------------------------------------------------------------------------------
 
 
@@ -326,7 +344,7 @@ def collect(source: Source, site: Path, cache_path: Path | None, *, keys: list[A
                                        if "unreadable" in i)]
     images = {d: i for d, i in images.items() if "unreadable" not in i}
     by_tag = {t: d for t, d in by_tag.items() if d in images}
-    listed = variants(by_tag, images)
+    listed = variants(signed_dated(reader, by_tag), images)
     twins = reader.resolve(tags.twins)
     add_twins(reader, listed, images, twins)
     layer_reuse.add_pulls(listed, images, twin_layers(reader, by_tag, twins))

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from builder.core import oci
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,8 +54,6 @@ def private_matrix(folder: Path, **changes: object) -> Path:
     """The shipped matrix under a repository name of its own (plus `changes`), in `folder`:
     images a test builds never take the names of the user's images (`nox -s build` would call
     them up to date). Remove them with `remove_images_of`."""
-    import uuid
-
     import yaml
 
     data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
@@ -87,6 +89,27 @@ def amd64_matrix(folder: Path, addr: str) -> Path:
     path = folder / "matrix.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def cpu_alias_matrix(folder: Path, addr: str, alias: str, **changes: object) -> Path:
+    """amd64_matrix with an alias for the CPU runtime (a tag to verify by) and `changes`."""
+    import yaml
+
+    path = amd64_matrix(folder, addr)
+    data = yaml.safe_load(path.read_text())
+    data["aliases"].append({"tag": alias, "torch": "2.13.0+cpu", "flavor": "runtime"})
+    path.write_text(yaml.safe_dump(data | changes, sort_keys=False))
+    return path
+
+
+def remove_images_at(addr: str) -> None:
+    """Remove every local image named after the registry at `addr` (a module's own)."""
+    from builder.core import engine
+
+    refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
+                         "--filter", f"reference={addr}/*").stdout.split()
+    for ref in refs:
+        engine.remove_image(ref)
 
 
 def smoke_with_fake_docker(tmp_path: Path, script: str, log: Path) -> subprocess.Popen[str]:
@@ -139,3 +162,45 @@ def cosign_env(password: str) -> dict[str, str]:
     environ = {**os.environ, "COSIGN_PASSWORD": password}
     environ.pop("COSIGN_PRIVATE_KEY", None)
     return environ
+
+
+# ---- forging registry content, as anyone with push rights could ------------------------------
+
+
+class Saved:
+    """Manifests put back after a forgery (by tag), so each test starts from the real thing."""
+
+    def __init__(self, addr: str) -> None:
+        self.reg = oci.Registry(addr)
+        self.kept: list[tuple[str, str, bytes | None, str]] = []
+
+    def keep(self, repository: str, tag: str) -> None:
+        found = self.reg.manifest(repository, tag)
+        self.kept.append((repository, tag, found[0] if found else None,
+                          found[1].media_type if found else ""))
+
+    def restore(self) -> None:
+        for repository, tag, body, media_type in reversed(self.kept):
+            if body is not None:
+                self.reg.put_manifest(repository, tag, body, media_type)
+
+
+def fake_image(reg: oci.Registry, repository: str, labels: dict[str, str]) -> str:
+    """A tiny image (one small layer) wearing `labels`, pushed by digest; returns its digest
+    (a new one each time)."""
+    layer = reg.push_blob(repository, b"not torch")
+    config = json.dumps({"architecture": "amd64", "os": "linux", "created": uuid.uuid4().hex,
+                         "config": {"Labels": labels},
+                         "rootfs": {"type": "layers", "diff_ids": [layer]}}).encode()
+    manifest = {"schemaVersion": 2, "mediaType": oci.OCI_MANIFEST,
+                "config": {"mediaType": oci.OCI_CONFIG, "size": len(config),
+                           "digest": reg.push_blob(repository, config)},
+                "layers": [{"mediaType": oci.OCI_LAYER_GZIP, "size": 9, "digest": layer}]}
+    body = json.dumps(manifest).encode()
+    return reg.put_manifest(repository, oci.sha256(body), body, oci.OCI_MANIFEST)
+
+
+def real_labels(reg: oci.Registry, repository: str, digest: str) -> dict[str, str]:
+    body, _ = reg.manifest(repository, digest)
+    config = json.loads(reg.blob(repository, json.loads(body)["config"]["digest"]))
+    return config["config"]["Labels"]

@@ -19,16 +19,22 @@ import shutil
 import subprocess
 import threading
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from helpers import amd64_matrix, free_port, run_builder
+from helpers import (
+    Saved,
+    cpu_alias_matrix,
+    fake_image,
+    free_port,
+    real_labels,
+    remove_images_at,
+    run_builder,
+)
 
-from builder.core import engine, keypair, labels, oci, registry, sign
+from builder.core import keypair, labels, oci, registry, sign
 
 pytestmark = pytest.mark.docker
 
@@ -47,10 +53,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     afterwards."""
     tmp = tmp_path_factory.mktemp("signing")
     addr = f"127.0.0.1:{free_port()}"
-    matrix_path = amd64_matrix(tmp, addr)
-    data = yaml.safe_load(matrix_path.read_text())  # an alias for the CPU runtime, to verify by
-    data["aliases"].append({"tag": ALIAS, "torch": "2.13.0+cpu", "flavor": "runtime"})
-    matrix_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    matrix_path = cpu_alias_matrix(tmp, addr, ALIAS)
     registry.start(addr, tmp / "registry")
     environ = {**os.environ, "COSIGN_PASSWORD": PASSWORD}
     environ.pop("COSIGN_PRIVATE_KEY", None)
@@ -61,10 +64,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
            "key": tmp / "ours" / "cosign.key", "pub": tmp / "ours" / "cosign.pub",
            "other_key": tmp / "other" / "cosign.key"}
     registry.stop(tmp / "registry")
-    refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
-                         "--filter", f"reference={addr}/*").stdout.split()
-    for ref in refs:
-        engine.remove_image(ref)
+    remove_images_at(addr)
 
 
 def builder(env: dict[str, Any], *args: str, check: bool = True
@@ -123,50 +123,11 @@ def tag_digests(env: dict[str, Any], pub: dict[str, Any]) -> dict[str, str | Non
     return {tag: (d.digest if (d := reg.head("torch", tag)) else None) for tag in pub["tags"]}
 
 
-class Saved:
-    """Manifests put back after a forgery (by tag), so each test starts from the real thing."""
-
-    def __init__(self, addr: str) -> None:
-        self.reg = oci.Registry(addr)
-        self.kept: list[tuple[str, str, bytes | None, str]] = []
-
-    def keep(self, repository: str, tag: str) -> None:
-        found = self.reg.manifest(repository, tag)
-        self.kept.append((repository, tag, found[0] if found else None,
-                          found[1].media_type if found else ""))
-
-    def restore(self) -> None:
-        for repository, tag, body, media_type in reversed(self.kept):
-            if body is not None:
-                self.reg.put_manifest(repository, tag, body, media_type)
-
-
 @pytest.fixture
 def saved(env: dict[str, Any]) -> Iterator[Saved]:
     keep = Saved(env["addr"])
     yield keep
     keep.restore()
-
-
-def fake_image(reg: oci.Registry, repository: str, labels: dict[str, str]) -> str:
-    """A tiny image (one small layer) wearing `labels`, pushed by digest; returns its digest
-    (a new one each time)."""
-    layer = reg.push_blob(repository, b"not torch")
-    config = json.dumps({"architecture": "amd64", "os": "linux", "created": uuid.uuid4().hex,
-                         "config": {"Labels": labels},
-                         "rootfs": {"type": "layers", "diff_ids": [layer]}}).encode()
-    manifest = {"schemaVersion": 2, "mediaType": oci.OCI_MANIFEST,
-                "config": {"mediaType": oci.OCI_CONFIG, "size": len(config),
-                           "digest": reg.push_blob(repository, config)},
-                "layers": [{"mediaType": oci.OCI_LAYER_GZIP, "size": 9, "digest": layer}]}
-    body = json.dumps(manifest).encode()
-    return reg.put_manifest(repository, oci.sha256(body), body, oci.OCI_MANIFEST)
-
-
-def real_labels(reg: oci.Registry, repository: str, digest: str) -> dict[str, str]:
-    body, _ = reg.manifest(repository, digest)
-    config = json.loads(reg.blob(repository, json.loads(body)["config"]["digest"]))
-    return config["config"]["Labels"]
 
 
 # ---- the real thing ------------------------------------------------------------------------------

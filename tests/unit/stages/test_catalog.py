@@ -318,3 +318,29 @@ def test_a_downgrade_is_called_a_downgrade_on_the_page(tmp_path: Path) -> None:
     page = (tmp_path / "tags" / "t-20261204.html").read_text()
     assert "0 added, 0 removed, 0 upgraded, 1 downgraded" in page
     assert "pypi/numpy 2.3.6 → 2.3.5 (downgrade)" in page
+
+
+def test_with_keys_a_dated_tag_is_history_only_when_a_trusted_signature_names_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anyone with push rights may write a dated tag (issue 40.2): with `--key`, one that no
+    trusted signature of its digest names is no history (it is listed under other tags)."""
+    from types import SimpleNamespace
+
+    from builder.core import sign
+
+    floating = "2.13.0-py3.11-cpu-runtime"
+    signed = {D1: [{"optional": sign.tag_annotations(floating, [f"{floating}-20260101"])}]}
+
+    def payloads(reg: Any, repository: str, digest: str, keys: Any) -> list[dict[str, Any]]:
+        if digest not in signed:
+            raise sign.SignatureError("published unsigned: no signature")
+        return signed[digest]
+
+    monkeypatch.setattr(sign, "verified_payloads", payloads)
+    by_tag = {floating: D1, f"{floating}-20260101": D1, f"{floating}-20260102": D2,
+              f"{floating}-20260102.1": D1}
+    reader = SimpleNamespace(keys=[object()], reg=None,
+                             source=SimpleNamespace(repository="torch"))
+    assert catalog.signed_dated(reader, by_tag) == {floating: D1, f"{floating}-20260101": D1}
+    reader.keys = []
+    assert catalog.signed_dated(reader, by_tag) == by_tag
