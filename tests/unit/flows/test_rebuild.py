@@ -160,12 +160,31 @@ def test_apt_token_changes_with_list() -> None:
 # ---- the rebuild loop -------------------------------------------------------------------------
 
 
+def asked(**kw) -> rebuild.RebuildOptions:
+    """A rebuild of CPU; `kw`: its findings, its fake build and publish flows, its switches."""
+    return rebuild.RebuildOptions(matrix=None, variants=[CPU], manifest=Path("p.json"),  # type: ignore[arg-type]
+                                  locks_dir=Path("locks"), **kw)
+
+
+def test_the_default_flows_are_read_when_the_options_are_made(monkeypatch) -> None:
+    """Not when the module was imported: a flow patched before the options are made is used."""
+    def fake_build(*_a):
+        return []
+
+    def fake_publish(*_a, **_k):
+        return []
+
+    monkeypatch.setattr(rebuild.build_flow, "build_images", fake_build)
+    monkeypatch.setattr(rebuild.publish_flow, "publish_variants", fake_publish)
+    made = asked()
+    assert (made.build, made.publish) == (fake_build, fake_publish)
+
+
 def test_nothing_to_do_builds_and_pushes_nothing(clean) -> None:
     def fail(*a, **k):
         raise AssertionError("must not be called")
 
-    actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
-                              findings=[], build=fail, publish_fn=fail)
+    actions = rebuild.rebuild(asked(findings=[], build=fail, publish=fail))
     assert actions == []
 
 
@@ -190,9 +209,8 @@ def test_rebuild_builds_with_apt_refresh_and_publishes(clean, tmp_path: Path) ->
         return [{"id": VID, "status": "published", "tags": ["t-20250101"]}]
 
     clean.setattr(rebuild, "old_sbom", lambda pub: old)
-    actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
-                              findings=findings, build=build,
-                              publish_fn=publish_fn, allow_cpu_smoke=True)
+    actions = rebuild.rebuild(asked(findings=findings, build=build, publish=publish_fn,
+                                    allow_cpu_smoke=True))
     [a] = actions
     assert a.state == "published"
     [(variants, options)] = built
@@ -209,19 +227,17 @@ def test_python_vuln_relocks_then_builds(clean) -> None:
     upgraded = []
     clean.setattr(rebuild, "upgrade_packages",
                   lambda m, v, d, pkgs: upgraded.append(pkgs) or False)
-    actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
-                              findings=findings,
-                              build=lambda *a: pytest.fail("lock unchanged: no build"),
-                              publish_fn=lambda *a, **k: pytest.fail("no publish"))
+    actions = rebuild.rebuild(asked(findings=findings,
+                                    build=lambda *a: pytest.fail("lock unchanged: no build"),
+                                    publish=lambda *a, **k: pytest.fail("no publish")))
     assert upgraded == [["jinja2"]]
     assert actions[0].state == "unchanged"
 
 
 def test_dry_run_changes_nothing(clean) -> None:
     findings = [checking.Finding(VID, "inputs-changed", "rebuild", "x")]
-    actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
-                              findings=findings, dry_run=True,
-                              build=lambda *a: pytest.fail("no build"))
+    actions = rebuild.rebuild(asked(findings=findings, dry_run=True,
+                                    build=lambda *a: pytest.fail("no build")))
     assert [a.state for a in actions] == ["would-rebuild"]
 
 
@@ -231,8 +247,7 @@ def test_failed_build_is_reported(clean) -> None:
     def build(*args):
         raise BuilderError("engine gone")
 
-    actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
-                              findings=findings, build=build)
+    actions = rebuild.rebuild(asked(findings=findings, build=build))
     assert actions[0].state == "failed" and "engine gone" in actions[0].message
 
 
