@@ -44,7 +44,7 @@ def upgrade_packages(matrix: Matrix, variant: Variant, locks_dir: Path,
 # ---- the rebuild ------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Action:
     variant_id: str
     reasons: list[str]
@@ -68,7 +68,7 @@ def plan_actions(findings: list[Finding]) -> list[Action]:
     for f in findings:
         if f.status != REBUILD:
             continue
-        a = actions.setdefault(f.variant_id, Action(f.variant_id, []))
+        a = actions.setdefault(f.variant_id, Action(variant_id=f.variant_id, reasons=[]))
         if f.reason not in a.reasons:
             a.reasons.append(f.reason)
         if f.reason == "debian-security":

@@ -189,8 +189,8 @@ def test_nothing_to_do_builds_and_pushes_nothing(clean) -> None:
 
 
 def test_rebuild_builds_with_apt_refresh_and_publishes(clean, tmp_path: Path) -> None:
-    findings = [checking.Finding(VID, "debian-security", "rebuild", "x", {"token": "20250101-ab"}),
-                checking.Finding("other", "base-moved", "unknown", "err")]
+    findings = [checking.Finding(variant_id=VID, reason="debian-security", status="rebuild", detail="x", data={"token": "20250101-ab"}),
+                checking.Finding(variant_id="other", reason="base-moved", status="unknown", detail="err")]
     built, published = [], []
     new_sbom = tmp_path / "new.json"
     new_sbom.write_text(json.dumps({"components": [
@@ -223,7 +223,7 @@ def test_rebuild_builds_with_apt_refresh_and_publishes(clean, tmp_path: Path) ->
 
 
 def test_python_vuln_relocks_then_builds(clean) -> None:
-    findings = [checking.Finding(VID, "python-vuln", "rebuild", "x", {"name": "jinja2"})]
+    findings = [checking.Finding(variant_id=VID, reason="python-vuln", status="rebuild", detail="x", data={"name": "jinja2"})]
     upgraded = []
     clean.setattr(rebuild, "upgrade_packages",
                   lambda m, v, d, pkgs: upgraded.append(pkgs) or False)
@@ -235,14 +235,14 @@ def test_python_vuln_relocks_then_builds(clean) -> None:
 
 
 def test_dry_run_changes_nothing(clean) -> None:
-    findings = [checking.Finding(VID, "inputs-changed", "rebuild", "x")]
+    findings = [checking.Finding(variant_id=VID, reason="inputs-changed", status="rebuild", detail="x")]
     actions = rebuild.rebuild(asked(findings=findings, dry_run=True,
                                     build=lambda *a: pytest.fail("no build")))
     assert [a.state for a in actions] == ["would-rebuild"]
 
 
 def test_failed_build_is_reported(clean) -> None:
-    findings = [checking.Finding(VID, "inputs-changed", "rebuild", "x")]
+    findings = [checking.Finding(variant_id=VID, reason="inputs-changed", status="rebuild", detail="x")]
 
     def build(*args):
         raise BuilderError("engine gone")
@@ -256,10 +256,10 @@ def test_failed_build_is_reported(clean) -> None:
 
 @pytest.mark.parametrize(("findings", "code"), [
     ([], 0),
-    ([checking.Finding(VID, "base-moved", "rebuild", "x")], 1),
-    ([checking.Finding(VID, "base-moved", "rebuild", "x"),
-      checking.Finding(VID, "python-vuln", "unknown", "offline")], 1),
-    ([checking.Finding(VID, "python-vuln", "unknown", "offline")], 2),
+    ([checking.Finding(variant_id=VID, reason="base-moved", status="rebuild", detail="x")], 1),
+    ([checking.Finding(variant_id=VID, reason="base-moved", status="rebuild", detail="x"),
+      checking.Finding(variant_id=VID, reason="python-vuln", status="unknown", detail="offline")], 1),
+    ([checking.Finding(variant_id=VID, reason="python-vuln", status="unknown", detail="offline")], 2),
 ])
 def test_cli_check_exit_codes(clean, tmp_path: Path, capsys, findings, code) -> None:
     from builder.cli import main
