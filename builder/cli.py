@@ -16,7 +16,7 @@ import traceback
 
 from builder import __version__
 from builder.commands.options import resolve
-from builder.core import output, proc, settings
+from builder.core import clock, output, proc, settings
 from builder.core.errors import COULD_NOT_RUN, UNEXPECTED_HINT, BuilderError, causes
 
 EXIT_CODES = """exit status (every command):
@@ -73,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     """The command under its settings (resolved once, here), with every error as one message
     (and an exit code) instead of a traceback."""
     try:
+        clock.start()  # the command's one day, whatever the time when it finishes
         with settings.applied(resolve(args)):
             return int(args.func(args) or 0)
     except BuilderError as exc:

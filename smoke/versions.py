@@ -157,6 +157,15 @@ def cuda_arch_list(arch_flags: str | None) -> str:
     return ";".join(a + ("+PTX" if a in ptx else "") for a in archs)
 
 
+def one_arch(arch_list: str) -> str:
+    """The first real architecture of a TORCH_CUDA_ARCH_LIST ("7.5;9.0a;12.0+PTX" → "7.5"):
+    enough to prove that nvcc, the headers and torch's extension build work, at a fraction of
+    the time of every architecture (the list itself is checked against the wheel apart)."""
+    archs = [a for a in arch_list.split(";") if a]
+    return next((a for a in archs if not a.endswith("+PTX")), archs[0].removesuffix("+PTX")
+                if archs else "")
+
+
 def dist_name(name: str) -> str:
     """A distribution name normalised as in the locks (PEP 503)."""
     return re.sub(r"[-_.]+", "-", name).lower()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.commands.options import add_command, add_key_option
-from builder.core import keypair, limits, state
+from builder.core import clock, keypair, limits, state
 from builder.core.errors import COULD_NOT_RUN, BuilderError, UsageError
 
 SBOM_FILE_HINT = "pass a CycloneDX JSON file, as `builder sbom IMAGE -o FILE` writes it"
@@ -154,7 +154,7 @@ def run_audit(args: argparse.Namespace) -> int:
     if staged:
         from builder.stages import staging
 
-        report["audited_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        report["audited_at"] = clock.iso()
         staging.attach(staged, "audit", (json.dumps(report, indent=2) + "\n").encode())
     if args.write_into:
         base = _load(args.write_into) if args.write_into.exists() else doc

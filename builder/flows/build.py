@@ -153,9 +153,25 @@ def prepare(matrix: Matrix, variants: list[Variant],
     for v in variants:  # a missing or stale lock fails now, not after the bases are made
         lockfile.require_lock(options.locks, v)
     build.ensure_buildkit()
-    made = bases.ensure_all(matrix, variants, options.base_options())
     renders = [render.render_locked(matrix, v, options.locks) for v in variants]
+    if built := already_built(matrix, variants, renders):
+        return built, {}
+    made = bases.ensure_all(matrix, variants, options.base_options())
     return plan.make_plan(matrix, renders, made.digests, check_registry=False), made.pins
+
+
+def already_built(matrix: Matrix, variants: list[Variant],
+                  renders: list[rendered.Rendered]) -> list[PlannedVariant] | None:
+    """The plan when every (native) variant is up to date on the bases already here: an image
+    is identified by the base digest it was built from, not by the day, so a build after
+    midnight UTC does not bootstrap a new day's base (possibly with newer packages) only to
+    rebuild what it has (`rebuild --check`'s `base-moved` says when a newer base is out).
+    None when something is to be built: then the day's bases are made first."""
+    if any(registry_served(v) for v in variants):
+        return None
+    planned = plan.make_plan(matrix, renders, base.known_digests(variants, matrix),
+                             check_registry=False)
+    return planned if all(p.state == "up-to-date" for p in planned) else None
 
 
 # ---- the steps of one variant, in order -------------------------------------------------------

@@ -26,14 +26,13 @@ image without its evidence; run it again to complete it.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, keypair, oci, sign
+from builder.core import clock, engine, keypair, oci, sign
 from builder.core.errors import ConfigError
 from builder.core.output import step
 from builder.flows import publish_gate, record, tag_repair
@@ -419,7 +418,7 @@ def publication_of(matrix: Matrix, cand: Candidate, digest: str, dated: str,
     facts = p.rendered.facts
     return Publication(
         date=f"{date[:4]}-{date[4:6]}-{date[6:]}",
-        published_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        published_at=clock.iso(),
         registry=matrix.registry, repository=matrix.repository,
         digest=digest, reference=f"{matrix.image_name}@{digest}",
         image_id=cand.image_id, content_hash=p.content_hash,

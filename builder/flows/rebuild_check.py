@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.core import engine, labels, oci, proc, sign
+from builder.core import clock, engine, labels, oci, proc, sign
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.output import step
 from builder.flows import bases, record
@@ -224,7 +224,7 @@ def ask_debian(s: Subject) -> list[Finding]:
                     detail=", ".join(f"{n} {o}→{nw}" for n, (o, nw) in upgradable.items()),
                     data={"packages": {n: {"old": o, "new": nw}
                                        for n, (o, nw) in upgradable.items()},
-                          "token": apt_token(upgradable)})]
+                          "token": apt_token(upgradable, clock.stamp())})]
 
 
 def ask_python(s: Subject) -> list[Finding]:

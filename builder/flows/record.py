@@ -13,13 +13,12 @@ next older one counts. A date after today (UTC) is never a publication.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from builder.core import labels, oci, sign
+from builder.core import clock, labels, oci, sign
 from builder.core.output import step
 from builder.model import catalog_doc, tags
 from builder.model.matrix import Matrix
@@ -73,7 +72,8 @@ def history(matrix: Matrix, keys: tuple[Any, ...] = ()) -> dict[str, list[Public
 
 
 def today() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y%m%d")
+    """The command's day (one clock, read once at its start)."""
+    return clock.stamp()
 
 
 def current(found: list[Dated]) -> list[Dated]:

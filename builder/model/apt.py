@@ -4,7 +4,6 @@ builder.flows.rebuild_check's."""
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import re
 
@@ -29,8 +28,8 @@ def parse_upgradable(text: str) -> dict[str, tuple[str, str]]:
     return dict(sorted(found.items()))
 
 
-def apt_token(upgradable: dict[str, tuple[str, str]]) -> str:
-    """`YYYYMMDD-<hash of the upgradable list>`: a new token re-runs the apt upgrade step."""
+def apt_token(upgradable: dict[str, tuple[str, str]], day: str) -> str:
+    """`<day>-<hash of the upgradable list>` (day: the command's `YYYYMMDD`): a new token
+    re-runs the apt upgrade step."""
     listing = "\n".join(f"{n} {o} {nw}" for n, (o, nw) in sorted(upgradable.items()))
-    day = dt.datetime.now(dt.UTC).strftime("%Y%m%d")
     return f"{day}-{hashlib.sha256(listing.encode()).hexdigest()[:12]}"

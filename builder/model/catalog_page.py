@@ -110,12 +110,21 @@ def pull_choices(doc: dict[str, Any], variant: dict[str, Any], tag: str
 # ---- how to run it ----------------------------------------------------------------------------
 
 
+AS_CALLER = '--user "$(id -u):$(id -g)"'
+DEFAULT_UID = 1000  # the images' `user`; any uid works (HOME is mode 1777: README, *Any uid*)
+RESTRICTED = ("https://kubernetes.io/docs/concepts/security/pod-security-standards/"
+              "#restricted")
+
+
 def run_commands(image: dict[str, Any], reference: str) -> list[tuple[str, str]]:
-    """(what it does, the docker command) for this image."""
+    """(what it does, the docker command) for this image. A command that mounts the current
+    folder runs as the caller's uid and gid: the image's user (uid 1000) cannot write into a
+    folder it does not own, which a home or a checkout often is (README, *Any uid*)."""
     shm = SHM["cuda" if image["accelerator"] == "cuda" else "cpu"]
     if image["accelerator"] != "cuda":
         return [("a python shell", f"docker run --rm -it --shm-size={shm} {reference}"),
-                ("a script from this folder", f"docker run --rm --shm-size={shm} "
+                ("a script from this folder (run as you, so its outputs are yours)",
+                 f"docker run --rm --shm-size={shm} {AS_CALLER} "
                  f'-v "$PWD:/work" -w /work {reference} python train.py')]
     return [("a python shell on every GPU",
              f"docker run --rm -it --gpus all --shm-size={shm} {reference}"),
@@ -126,22 +135,32 @@ def run_commands(image: dict[str, Any], reference: str) -> list[tuple[str, str]]
              "torch-smoke --require-gpu")]
 
 
-def pod_manifest(image: dict[str, Any], reference: str, config: dict[str, Any]) -> str:
-    """A Kubernetes pod that runs the image as its config says: its user, a GPU limit for a
-    CUDA image, and a memory-backed /dev/shm (a pod's default is 64 MiB)."""
+def pod_manifest(image: dict[str, Any], reference: str, config: dict[str, Any],
+                 twin: str | None = None) -> str:
+    """A Kubernetes pod that runs the image: the zstd twin's digest when there is one (what
+    containerd and CRI-O unpack fastest; the gzip digest is named for Docker 20.10 nodes), a
+    GPU limit for a CUDA image, a memory-backed /dev/shm (a pod's default is 64 MiB), and a
+    security context that Pod Security "restricted" admits (non-root, no privilege
+    escalation, no capabilities, the runtime's default seccomp profile). An image whose user
+    is root runs as uid 1000."""
     cuda = image["accelerator"] == "cuda"
     name = f"torch-{image.get('flavor') or 'image'}"
-    uid = user_id(config.get("user"))
-    security = (f"  securityContext: {{runAsUser: {uid}, runAsGroup: {uid}, runAsNonRoot: true}}\n"
-                if uid else "")
+    uid = user_id(config.get("user")) or DEFAULT_UID
     command = ["python", "-c", "import torch; print(torch.__version__, "
                + ("torch.cuda.device_count())" if cuda else "torch.get_num_threads())")]
     limits = "nvidia.com/gpu: 1" if cuda else "cpu: \"4\", memory: 16Gi"
     shm = "8Gi" if cuda else "2Gi"
-    return (f"apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n"
-            f"  restartPolicy: Never\n{security}  containers:\n"
-            f"    - name: torch\n      image: {reference}\n"
+    which = (f"      # the zstd twin (containerd >= 1.5, CRI-O); on Docker 20.10 use the gzip "
+             f"digest:\n      #   {reference}\n" if twin else "")
+    return (f"# passes Pod Security \"restricted\": {RESTRICTED}\n"
+            f"apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n"
+            "  restartPolicy: Never\n  securityContext:\n"
+            f"    runAsNonRoot: true\n    runAsUser: {uid}\n    runAsGroup: {uid}\n"
+            "    seccompProfile: {type: RuntimeDefault}\n  containers:\n"
+            f"    - name: torch\n{which}      image: {twin or reference}\n"
             f"      command: {json.dumps(command)}\n"
+            "      securityContext:\n        allowPrivilegeEscalation: false\n"
+            "        capabilities: {drop: [ALL]}\n"
             f"      resources:\n        limits: {{{limits}}}\n"
             "      volumeMounts:\n        - {name: dshm, mountPath: /dev/shm}\n"
             "  volumes:\n    - name: dshm\n"

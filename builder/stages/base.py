@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from builder.core import engine, oci, proc, reproducible
+from builder.core import clock, engine, oci, proc, reproducible
 from builder.core.errors import BuilderError, EngineError
 from builder.core.output import step
 from builder.model import platforms
@@ -45,7 +45,7 @@ SLIM_OPTIONS = (*(f"--dpkgopt={o}" for o in DPKG_EXCLUDES),
 
 
 def bootstrap_key(suite: str, day: dt.date | None = None, options: tuple[str, ...] = ()) -> str:
-    day = day or dt.datetime.now(dt.UTC).date()
+    day = day or clock.day()
     payload = f"{suite}|{','.join(BOOTSTRAP_PACKAGES)}|{day.isoformat()}"
     if options:  # plain bases keep their old key, so they are not re-bootstrapped
         payload += "|" + " ".join(options)
@@ -201,7 +201,7 @@ def mmdebstrap_inputs(suite: str, arch: str | None = None,
     return {"suite": suite, "variant": "minbase", "packages": list(BOOTSTRAP_PACKAGES),
             "options": list(SLIM_OPTIONS), "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH,
             "mmdebstrap": version.removeprefix("mmdebstrap ").strip(),
-            "day": dt.datetime.now(dt.UTC).date().isoformat(),
+            "day": clock.day().isoformat(),
             "bootstrap_key": key or bootstrap_key(suite, options=SLIM_OPTIONS),
             **({"arch": arch} if arch else {})}
 

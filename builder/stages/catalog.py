@@ -11,7 +11,6 @@ config and artifact read is cached by its digest, and a second run fetches only 
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.core import keypair, oci, sign, state
+from builder.core import clock, keypair, oci, sign, state
 from builder.core.errors import BuilderError
 from builder.model import catalog_unreadable, layer_reuse, provenance_doc
 from builder.model.catalog_doc import (
@@ -334,7 +333,7 @@ def collect(source: Source, site: Path, cache_path: Path | None, *, keys: list[A
     cache.save()  # after the twins: their manifests are cached too
     doc = {
         "schema_version": SCHEMA_VERSION,
-        "generated_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "generated_at": clock.iso(),
         "registry": source.registry, "repository": source.repository,
         "tags": dict(sorted(by_tag.items())),
         "images": dict(sorted(images.items())),

@@ -284,9 +284,10 @@ def tag_pages(env: jinja2.Environment, doc: dict[str, Any],
                                group_sizes(other["platforms"][0]))
                               for _, other in family if other["platforms"]])
         reference = f"{doc['registry']}/{doc['repository']}@{digest}"
+        twin = twin_of(doc, variant, digest)
         pages[page_name(tag)] = template.render(
             doc=doc, variant=variant, tag=tag, image=image, entry=entry, root="../",
-            reference=reference, **usage(doc, image, reference),
+            reference=reference, **usage(doc, image, reference, twin),
             shared=[(name, other["flavor"], shared_bytes(image, other))
                     for name, other in family if other is not image],
             kept=layer_reuse.rows_for(variant, digest, entry),
@@ -294,13 +295,21 @@ def tag_pages(env: jinja2.Environment, doc: dict[str, Any],
     return pages
 
 
-def usage(doc: dict[str, Any], image: dict[str, Any], reference: str) -> dict[str, Any]:
+def twin_of(doc: dict[str, Any], variant: dict[str, Any], digest: str) -> str | None:
+    """The `-zstd` twin of the variant's current digest, by digest (what a pod should pin);
+    None for an older dated build or an image without a twin."""
+    twin = variant.get("zstd") if digest == variant.get("digest") else None
+    return f"{doc['registry']}/{doc['repository']}@{twin['digest']}" if twin else None
+
+
+def usage(doc: dict[str, Any], image: dict[str, Any], reference: str,
+          twin: str | None = None) -> dict[str, Any]:
     """How to run and verify the image, and its specifications (catalog_page's answers)."""
     keys = doc.get("public_keys") or []
     first = image["platforms"][0] if image["platforms"] else {}
     return {"keys": keys,
             "run": howto.run_commands(image, reference),
-            "pod": howto.pod_manifest(image, reference, first.get("config") or {}),
+            "pod": howto.pod_manifest(image, reference, first.get("config") or {}, twin),
             "specs": howto.specifications(image, first),
             "verify": howto.verify_commands(reference, image["signature"],
                                             keys[0]["name"] if keys else "cosign.pub",

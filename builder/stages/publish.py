@@ -21,11 +21,10 @@ for the registry API.
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.core import keypair, labels, limits, oci, sign
+from builder.core import clock, keypair, labels, limits, oci, sign
 from builder.core.oci import RegistryError
 from builder.model import accelerators, smokereport
 from builder.model.matrix import Matrix
@@ -161,7 +160,8 @@ def sign_digest(vetted: Staged, trust: keypair.Trust,
 
 
 def today() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y%m%d")
+    """The dated tag's day: the command's (one clock, read once at its start)."""
+    return clock.stamp()
 
 
 def dry_run_entry(matrix: Matrix, cand: Candidate) -> dict[str, Any]:

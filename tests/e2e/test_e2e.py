@@ -60,8 +60,10 @@ def run_in(image: str, *cmd: str, user: str | None = None) -> str:
 
 @pytest.fixture(scope="module")
 def built(env):
+    # Not --force: an image whose content hash is built already (an earlier module, or the last
+    # run's) is the same image; the CUDA slim and devel are built once per run.
     for variant in (CPU, SLIM, DEVEL):
-        builder(env, "build", "--select", f"id={variant}", "--force")
+        builder(env, "build", "--select", f"id={variant}")
     return {v: image_of(env, v) for v in (CPU, SLIM, DEVEL)}
 
 
@@ -94,13 +96,15 @@ EXTENSION = r'''
 import os, re, subprocess, sys, tempfile, torch
 from setuptools import setup
 from torch.utils.cpp_extension import CUDAExtension, BuildExtension
-from smoke.versions import cuda_arch_list
+from smoke.versions import cuda_arch_list, one_arch
 nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
 release = re.search(r"release (\d+\.\d+)", nvcc).group(1)
 print("nvcc", release, "torch", torch.version.cuda)
 wheel = torch._C._cuda_getArchFlags()
 print("wheel archs", wheel)
 print("TORCH_CUDA_ARCH_LIST", os.environ["TORCH_CUDA_ARCH_LIST"], "expected", cuda_arch_list(wheel))
+os.environ["TORCH_CUDA_ARCH_LIST"] = one_arch(os.environ["TORCH_CUDA_ARCH_LIST"])
+print("one arch", os.environ["TORCH_CUDA_ARCH_LIST"])
 d = tempfile.mkdtemp()
 open(os.path.join(d, "k.cu"), "w").write("""
 __global__ void add_one(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1; }
@@ -126,14 +130,16 @@ print("built", [f for f in os.listdir(d) if f.endswith(".so")])
 
 def test_devel_compiles_an_extension_for_the_wheels_architectures(built):
     """nvcc matches torch's CUDA; TORCH_CUDA_ARCH_LIST is read from the wheel; cudnn.h and
-    nccl.h are found; the kernel is compiled for every architecture the wheel was built for."""
+    nccl.h are found; the kernel is compiled for one architecture the wheel was built for (every
+    one of them took minutes and proves nothing more about the toolchain)."""
     out = run_in(built[DEVEL], "python", "-c", EXTENSION)
     assert "nvcc 13.2 torch 13.2" in out
     arch_list, expected = re.search(r"TORCH_CUDA_ARCH_LIST (\S+) expected (\S+)", out).groups()
     assert arch_list == expected and arch_list, out
     wheel_sms = re.findall(r"sm_(\d+a?)", re.search(r"wheel archs (.*)", out).group(1))
+    one = re.search(r"one arch (\S+)", out).group(1).replace(".", "")
     compiled_sms = set(re.findall(r"code=sm_(\d+a?)", out))
-    assert wheel_sms and set(wheel_sms) <= compiled_sms, (wheel_sms, compiled_sms)
+    assert one in wheel_sms and compiled_sms == {one}, (one, wheel_sms, compiled_sms)
     assert "built ['k." in out
 
 

@@ -4,7 +4,8 @@ non-determinism (a test-only template that writes the build's time into a file) 
 and name that file.
 
 Prunes BuildKit's layer records of the engine (`--filter type=regular`: the wheel cache mount
-stays, so nothing is downloaded again); CI runs alone on its engine. Needs the worktree to be
+stays, so nothing is downloaded again), so it runs after every other test of the session
+(conftest.RUNS_LAST); CI runs alone on its engine. Needs the worktree to be
 committed: the rebuild checks out the commit the image names.
 """
 

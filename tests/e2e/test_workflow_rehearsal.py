@@ -22,7 +22,6 @@ skipped; keyless signing steps are skipped and logged (no GitHub OIDC here).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import re
@@ -40,7 +39,7 @@ import yaml
 from actions_runner import JobRecord, Runner, make_origin, make_shims
 from helpers import free_port, missing, remove_images_of
 
-from builder.core import oci
+from builder.core import clock, oci
 
 pytestmark = pytest.mark.docker
 
@@ -48,6 +47,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CPU = "2.13.0-py3.11-cpu-runtime"
 USER, PASSWORD = "ci", "rehearsal-" + uuid.uuid4().hex[:12]
 OLD_NUMPY = "numpy==2.4.5"
+# The jobs' one clock (builder/core/clock.py), fixed for the whole rehearsal: a run that crosses
+# midnight UTC expects one day in every job's dated tags.
+NOW = clock.start().strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def git(folder: Path, *args: str, **env: str) -> str:
@@ -125,7 +127,7 @@ def stage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         "REGISTRY_USERNAME": USER, "REGISTRY_PASSWORD": PASSWORD,
         "COSIGN_PRIVATE_KEY": (keys / "cosign.key").read_text(), "COSIGN_PASSWORD": PASSWORD,
         "COSIGN_PUBLIC_KEY": (keys / "cosign.pub").read_text()},
-        runner_env={"REBUILD_SKIP_SOURCES": "python-vuln"})
+        runner_env={"REBUILD_SKIP_SOURCES": "python-vuln", clock.ENV: NOW})
     yield {"tmp": tmp, "addr": addr, "repository": repository, "keys": keys, "tree": tree,
            "origin": origin, "runner": runner}
     print("\n".join(["", "== rehearsal job log", *runner.log]))
@@ -165,7 +167,7 @@ def in_fresh_clone(stage: dict[str, Any], *args: str) -> subprocess.CompletedPro
     subprocess.run(["git", "clone", "-q", str(stage["origin"]), str(clone)], check=True)
     env = {**os.environ, "REGISTRY_USERNAME": USER, "REGISTRY_PASSWORD": PASSWORD,
            "COSIGN_PASSWORD": PASSWORD, "BUILDER_STATE": str(clone / ".state"),
-           "PYTHONPATH": str(clone)}
+           "PYTHONPATH": str(clone), clock.ENV: NOW}
     return subprocess.run([sys.executable, "-m", "builder", *args], cwd=clone, env=env,
                           capture_output=True, text=True, timeout=3600, check=False)
 
@@ -198,7 +200,7 @@ def plant_no_mmdebstrap(doc: dict[str, Any]) -> None:
 
 def test_the_workflows_rehearsed(stage: dict[str, Any]) -> None:
     runner: Runner = stage["runner"]
-    today = dt.datetime.now(dt.UTC).strftime("%Y%m%d")
+    today = NOW[:10].replace("-", "")  # every job's day: the one clock, fixed for the run
     # 0. planted: a job that runs a tool no step installed fails on the runner image's PATH
     runner.log.append("== planted build.yml: the build job does not install mmdebstrap")
     planted = runner.run(workflow(stage, "build.yml", plant_no_mmdebstrap),

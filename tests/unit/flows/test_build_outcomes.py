@@ -29,6 +29,7 @@ def test_a_platform_without_emulation_is_skipped_in_one_line_and_the_others_buil
     assert {v.platform for v in both} == {"linux/amd64", "linux/arm64"}
     made: list[str] = []
     monkeypatch.setattr(build, "ensure_buildkit", lambda: None)
+    monkeypatch.setattr(build_flow, "already_built", lambda *_: None)  # nothing built yet
     monkeypatch.setattr(build_flow.bases, "ensure",
                         lambda _m, v, _options, progress: made.append(f"base {v.platform}"))
 

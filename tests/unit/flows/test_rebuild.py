@@ -152,9 +152,9 @@ Conf libc6 (2.36-9+deb12u9 Debian-Security:12/stable-security [amd64])
 
 
 def test_apt_token_changes_with_list() -> None:
-    a = checking.apt_token({"x": ("1", "2")})
-    assert a != checking.apt_token({"x": ("1", "3")})
-    assert a == checking.apt_token({"x": ("1", "2")})
+    a = checking.apt_token({"x": ("1", "2")}, "20261206")
+    assert a != checking.apt_token({"x": ("1", "3")}, "20261206")
+    assert a == checking.apt_token({"x": ("1", "2")}, "20261206")
 
 
 # ---- the rebuild loop -------------------------------------------------------------------------

@@ -63,7 +63,7 @@ def test_the_run_commands_and_the_pod_give_gpus_and_shared_memory() -> None:
     assert pod["spec"]["volumes"][0]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
     assert pod["spec"]["securityContext"]["runAsUser"] == 1000
     root = yaml.safe_load(howto.pod_manifest(CPU, REF, {"user": "0:0"}))
-    assert "securityContext" not in root["spec"]
+    assert root["spec"]["securityContext"]["runAsUser"] == 1000  # restricted: never root
     assert "nvidia.com/gpu" not in root["spec"]["containers"][0]["resources"]["limits"]
 
 

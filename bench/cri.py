@@ -1,0 +1,248 @@
+"""A private containerd, pulled from as a kubelet pulls: over CRI's `ImageService.PullImage`.
+
+dockerd's containerd has its CRI plugin disabled, so the bench starts its own: Debian's
+`containerd` binary (the one dockerd runs) with its own root, state and socket and the CRI
+plugin on, started and stopped by `PrivateContainerd` (a context manager that leaves no
+process, mount or folder behind, also when interrupted: its exit runs on `Interrupted`).
+
+The CRI messages are encoded by hand: the few fields used here, from the CRI v1 API,
+https://github.com/kubernetes/cri-api/blob/master/pkg/apis/runtime/v1/api.proto
+  ImageSpec        { string image = 1; }
+  PullImageRequest { ImageSpec image = 1; AuthConfig auth = 2;
+                     PodSandboxConfig sandbox_config = 3; }
+  PullImageResponse{ string image_ref = 1; }
+  VersionRequest   { string version = 1; }
+  VersionResponse  { string version = 1; string runtime_name = 2; string runtime_version = 3;
+                     string runtime_api_version = 4; }
+No generated code and no protobuf dependency: grpcio sends the bytes as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from builder.core import proc
+
+PULL = "/runtime.v1.ImageService/PullImage"
+VERSION = "/runtime.v1.RuntimeService/Version"
+NAMESPACE = "k8s.io"  # where CRI keeps its images (and where `ctr run` finds them)
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# ---- protobuf wire format: length-delimited string fields only ---------------------------------
+
+
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def field(number: int, data: bytes) -> bytes:
+    """A length-delimited field (wire type 2): a string or an embedded message."""
+    return varint(number << 3 | 2) + varint(len(data)) + data
+
+
+def strings(message: bytes) -> dict[int, str]:
+    """The length-delimited fields of a message, by number (others are skipped)."""
+    out, i = {}, 0
+    while i < len(message):
+        key, i = read_varint(message, i)
+        kind = key & 7
+        if kind == 0:
+            _, i = read_varint(message, i)
+        elif kind == 2:
+            size, i = read_varint(message, i)
+            out[key >> 3] = message[i:i + size].decode(errors="replace")
+            i += size
+        else:
+            i += {1: 8, 5: 4}[kind]
+    return out
+
+
+def read_varint(data: bytes, i: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        byte = data[i]
+        n |= (byte & 0x7F) << shift
+        i, shift = i + 1, shift + 7
+        if not byte & 0x80:
+            return n, i
+
+
+def pull_request(ref: str) -> bytes:
+    return field(1, field(1, ref.encode()))
+
+
+# ---- the private containerd -------------------------------------------------------------------
+
+
+def config_text(root: Path, state: Path, sock: Path, registries: list[str]) -> str:
+    """containerd 1.6's config: own root, state and socket; CRI on, no TCP stream server; each
+    loopback registry reached over plain HTTP."""
+    mirrors = "".join(
+        f'[plugins."io.containerd.grpc.v1.cri".registry.mirrors."{r}"]\n'
+        f'  endpoint = ["http://{r}"]\n' for r in registries)
+    return (f'version = 2\nroot = "{root}"\nstate = "{state}"\n'
+            f'[grpc]\n  address = "{sock}"\n[ttrpc]\n  address = "{sock}.ttrpc"\n'
+            '[debug]\n  address = ""\n[metrics]\n  address = ""\n'
+            f'[plugins."io.containerd.internal.v1.opt"]\n  path = "{root}/opt"\n'
+            '[plugins."io.containerd.grpc.v1.cri"]\n  disable_tcp_service = true\n'
+            '  stream_server_address = "127.0.0.1"\n  stream_server_port = "0"\n'
+            f'{mirrors}')
+
+
+class PrivateContainerd:
+    """`with PrivateContainerd([registry]) as c: c.pull(ref)`: a containerd of the bench's own."""
+
+    def __init__(self, registries: list[str], base: Path = Path("/var/tmp")) -> None:
+        self.home = Path(tempfile.mkdtemp(prefix="bench-cri-", dir=base))
+        self.state = Path(tempfile.mkdtemp(prefix="bench-cri-", dir="/run"))
+        self.sock = self.state / "containerd.sock"
+        self.registries = registries
+        self.child: subprocess.Popen[bytes] | None = None
+        self.channel: grpc.Channel | None = None
+
+    def __enter__(self) -> PrivateContainerd:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    def start(self, timeout: float = 30) -> None:
+        binary = proc.which("containerd", hint="apt-get install containerd")
+        config = self.home / "config.toml"
+        config.write_text(config_text(self.home / "root", self.state, self.sock,
+                                      self.registries))
+        log = (self.home / "containerd.log").open("wb")
+        self.child = subprocess.Popen([binary, "--config", str(config)], stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        self.channel = grpc.insecure_channel(f"unix://{self.sock}")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.call(VERSION, field(1, b"v1"), timeout=2)
+                return
+            except grpc.RpcError:
+                if self.child.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"containerd did not answer on {self.sock}: "
+                                       f"see {self.home / 'containerd.log'}") from None
+                time.sleep(0.2)
+
+    def call(self, method: str, request: bytes, timeout: float = 3600) -> bytes:
+        assert self.channel is not None
+        rpc = self.channel.unary_unary(method, request_serializer=None,
+                                       response_deserializer=None)
+        return rpc(request, timeout=timeout)
+
+    def cpu_seconds(self) -> float:
+        """containerd's user + system CPU seconds so far, with its waited-for children
+        (`unpigz`) — /proc/<pid>/stat fields 14-17."""
+        assert self.child is not None
+        fields = Path(f"/proc/{self.child.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in fields[11:15]) / TICKS
+
+    def pull(self, ref: str) -> dict[str, Any]:
+        """One CRI pull: wall seconds, containerd CPU-seconds over it, the image id."""
+        cpu, start = self.cpu_seconds(), time.monotonic()
+        image_id = strings(self.call(PULL, pull_request(ref))).get(1, "")
+        return {"s": round(time.monotonic() - start, 2),
+                "cpu_s": round(self.cpu_seconds() - cpu, 2), "image": image_id}
+
+    def ctr(self, *args: str, timeout: float = 600) -> str:
+        argv = ["ctr", "--address", str(self.sock), "-n", NAMESPACE, *args]
+        return proc.run(argv, timeout=timeout).stdout
+
+    def close(self) -> None:
+        """Stop containerd and its shims, unmount what is mounted under its folders, remove
+        them. Safe to call twice."""
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        for pid in shims(str(self.sock)):
+            kill(pid)
+        if self.child is not None and self.child.poll() is None:
+            self.child.terminate()
+            try:
+                self.child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.child.kill()
+                self.child.wait()
+        for folder in (self.home, self.state):
+            for target in mounts_under(folder):
+                subprocess.run(["umount", "-l", target], check=False)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def shims(address: str) -> list[int]:
+    """containerd-shim processes started for this containerd (their command line names it)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmd and b"containerd-shim" in cmd[0] and address.encode() in b" ".join(cmd):
+            out.append(int(entry.name))
+    return out
+
+
+def kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def mounts_under(folder: Path) -> list[str]:
+    """Mount points at or below `folder`, deepest first."""
+    prefix = str(folder)
+    points = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    return sorted((p for p in points if p == prefix or p.startswith(prefix + "/")),
+                  key=len, reverse=True)
+
+
+# ---- one measured run: an empty node, a pull, then the first matmul ----------------------------
+
+FIRST_STEP = ("import time; t = time.monotonic(); import torch; "
+              "a = torch.randn(2048, 2048); (a @ a).sum().item(); "
+              "print(round(time.monotonic() - t, 2))")
+
+
+def cold_start(registry: str, ref: str) -> dict[str, Any]:
+    """On a fresh private containerd (an empty content store and snapshotter): the CRI pull,
+    then `ctr run` of a container that imports torch and runs a 2048² matmul. Seconds of each,
+    containerd's CPU-seconds over the pull, the bytes it fetched, the load before."""
+    load = round(os.getloadavg()[0], 2)
+    with PrivateContainerd([registry]) as node:
+        proc.run(["sync"])
+        pulled = node.pull(ref)
+        fetched = folder_bytes(node.home / "root" / "io.containerd.content.v1.content")
+        start = time.monotonic()
+        out = node.ctr("run", "--rm", ref, f"bench-{os.getpid()}-{time.monotonic_ns()}",
+                       "python", "-c", FIRST_STEP, timeout=1800)
+        started = round(time.monotonic() - start, 2)
+    return {**pulled, "start_s": started, "in_container_s": float(out.split()[-1]),
+            "to_matmul_s": round(pulled["s"] + started, 2), "bytes": fetched, "load": load}
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())

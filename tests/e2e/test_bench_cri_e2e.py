@@ -1,0 +1,85 @@
+"""The pull bench's private containerd (bench/cri.py): started with its CRI plugin on, a small
+image pulled through CRI's `PullImage` from a local registry and run by `ctr` in `k8s.io`; after
+it, and after an interrupt, no process, mount or folder of it is left."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import signal
+import subprocess
+import sys
+import tarfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from bench import cri
+from builder.core import oci, rootfs_image
+
+pytestmark = pytest.mark.docker
+ROOT = Path(__file__).resolve().parents[2]
+FILES = ["/bin/bash", "/lib/x86_64-linux-gnu/libtinfo.so.6", "/lib/x86_64-linux-gnu/libc.so.6",
+         "/lib64/ld-linux-x86-64.so.2"]
+
+
+def small_image(registry: str, tmp: Path) -> str:
+    """bash and its libraries as a one-layer image in `registry`; its reference."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in FILES:
+            info = tar.gettarinfo(str(Path(path).resolve()), arcname=path.lstrip("/"))
+            info.mtime = 0
+            with open(path, "rb") as fh:
+                tar.addfile(info, fh)
+    layer = tmp / "rootfs.tar"
+    layer.write_bytes(buf.getvalue())
+    config = json.dumps({"architecture": "amd64", "os": "linux",
+                         "config": {"Cmd": ["/bin/bash"]},
+                         "rootfs": {"type": "layers", "diff_ids": [
+                             "sha256:" + hashlib.sha256(buf.getvalue()).hexdigest()]}}).encode()
+    repo = f"cri-{uuid.uuid4().hex[:8]}"
+    rootfs_image.push(oci.Registry(registry), repo, layer, config, ["t"])
+    return f"{registry}/{repo}:t"
+
+
+def left_behind(home: Path, state: Path, pid: int) -> list[str]:
+    out = [str(p) for p in (home, state) if p.exists()]
+    out += [m for p in (home, state) for m in cri.mounts_under(p)]
+    out += [f"pid {p}" for p in [pid, *cri.shims(str(state / "containerd.sock"))]
+            if Path(f"/proc/{p}").exists() and "zombie" not in
+            Path(f"/proc/{p}/status").read_text().lower()]
+    return out
+
+
+def test_a_cri_pull_then_a_run_leaves_nothing_behind(registry_addr, tmp_path):
+    ref = small_image(registry_addr, tmp_path)
+    with cri.PrivateContainerd([registry_addr]) as node:
+        pulled = node.pull(ref)
+        assert pulled["image"].startswith("sha256:") and pulled["s"] > 0
+        assert pulled["cpu_s"] >= 0
+        out = node.ctr("run", "--rm", ref, f"t-{uuid.uuid4().hex[:6]}", "/bin/bash", "-c",
+                       "echo ran")
+        assert out.strip() == "ran"
+        home, state, pid = node.home, node.state, node.child.pid
+    assert left_behind(home, state, pid) == []
+
+
+INTERRUPTED = """
+import sys, time
+from bench import cri
+with cri.PrivateContainerd([sys.argv[1]]) as node:
+    print(node.home, node.state, node.child.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_an_interrupted_bench_leaves_nothing_behind(registry_addr):
+    child = subprocess.Popen([sys.executable, "-c", INTERRUPTED, registry_addr], cwd=ROOT,
+                             stdout=subprocess.PIPE, text=True)
+    home, state, pid = child.stdout.readline().split()
+    child.send_signal(signal.SIGINT)
+    child.wait(timeout=60)
+    assert left_behind(Path(home), Path(state), int(pid)) == []

@@ -1,0 +1,38 @@
+"""The CRI messages bench/cri.py encodes by hand, and the report's CRI figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench import cri, pullreport
+
+
+def test_a_pull_request_is_imagespec_image_in_field_one() -> None:
+    ref = "127.0.0.1:5000/torch:" + "t" * 200  # a length over 127 takes a two-byte varint
+    body = cri.pull_request(ref)
+    inner = cri.field(1, ref.encode())
+    assert body == b"\x0a" + cri.varint(len(inner)) + inner
+    assert cri.strings(inner) == {1: ref} and len(cri.varint(len(inner))) == 2
+
+
+def test_a_response_is_read_by_field_number_skipping_others() -> None:
+    body = cri.varint(2 << 3 | 0) + cri.varint(300) + cri.field(1, b"sha256:abc")
+    assert cri.strings(body) == {1: "sha256:abc"}
+
+
+def test_the_config_keeps_containerd_to_its_own_folders(tmp_path: Path) -> None:
+    text = cri.config_text(tmp_path / "root", tmp_path / "state", tmp_path / "s.sock",
+                           ["127.0.0.1:5035"])
+    assert f'root = "{tmp_path}/root"' in text and f'address = "{tmp_path}/s.sock"' in text
+    assert 'endpoint = ["http://127.0.0.1:5035"]' in text and "disable_tcp_service = true" in text
+
+
+def test_the_cri_figures_are_zstd_over_gzip_with_the_goals_on_the_cuda_slim() -> None:
+    run = {"s": 10.0, "start_s": 4.0, "to_matmul_s": 14.0, "cpu_s": 20.0, "bytes": 2e9,
+           "load": 1.0}
+    v = {"id": pullreport.CUDA_SLIM,
+         "cri": {"gzip": run, "zstd": {**run, "to_matmul_s": 7.0, "cpu_s": 10.0}}}
+    wall, cpu = pullreport.cri_figures(v)
+    assert (wall.ratio, cpu.ratio) == (0.5, 0.5)
+    assert "goal ≤ 0.7" in wall.note and "goal ≤ 0.55" in cpu.note
+    assert pullreport.cri_figures({"id": "x"}) == []
