@@ -25,8 +25,9 @@ from typing import Any
 
 import yaml
 
+from bench.figures import Figure, Results, _mb, _ratio, figure_table
+from bench.harness import builder_cli, log
 from bench.layers import free_port
-from bench.runner import Figure, Results, _mb, _ratio, builder_cli, figure_table, log
 from builder.core import engine, oci, registry, state
 from builder.model import lockfile, matrix, platforms, smokereport
 from builder.stages import smoketest

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import catalog_images as ci
-from bench.runner import Figure, _ratio, log
+from bench.figures import Figure, _ratio
+from bench.harness import log
 from builder.core import oci, registry
 
 HERE = Path(__file__).resolve().parent

@@ -237,11 +237,11 @@ def publish(reg: oci.Registry, repo: str, spec: Spec, date: str, *, revision: st
         top = reg.push_index(repo, index)
     first = descs[0]
     if reasons:  # what `builder rebuild` attaches after it published
-        action = rebuild.Action(spec.floating, list(reasons))
+        action = rebuild.Action(variant_id=spec.floating, reasons=list(reasons))
         rebuild.record_reasons(
             {"registry": reg.registry, "repository": repo, "digest": first.digest},
-            action, [rebuild.Finding(spec.floating, r, rebuild.REBUILD, f"{r}: fixed upstream")
-                     for r in reasons])
+            action, [rebuild.Finding(variant_id=spec.floating, reason=r, status=rebuild.REBUILD,
+                                     detail=f"{r}: fixed upstream") for r in reasons])
     if vulnerabilities is not None:
         attach(reg, repo, first, "audit", {
             "sources": {"pypi": {"status": "ok"}, "debian-security": {"status": "ok"}},

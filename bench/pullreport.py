@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from bench.runner import Figure, figure_table
+from bench.figures import Figure, figure_table
 from builder.core import zstd
 
 GOALS = {"ratio": 0.7, "rss_mb": 250.0, "added_s": 60.0, "cri_wall": 0.7, "cri_cpu": 0.55}

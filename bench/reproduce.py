@@ -39,17 +39,9 @@ from typing import Any
 import yaml
 
 from bench import naive
+from bench.figures import Figure, Results, _mb, _ratio, figure_table
+from bench.harness import builder_cli, log, prune_builder_cache
 from bench.layers import free_port
-from bench.runner import (
-    Figure,
-    Results,
-    _mb,
-    _ratio,
-    builder_cli,
-    figure_table,
-    log,
-    prune_builder_cache,
-)
 from builder.core import engine, layerdiff, oci, registry, reproducible
 from builder.model import bases, matrix
 from builder.stages import base

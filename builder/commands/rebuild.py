@@ -19,7 +19,7 @@ from builder.commands.options import (
 from builder.core import keypair
 from builder.core.output import emit_json, human_bytes, table
 from builder.flows import relock_report
-from builder.flows.rebuild import Action, plan_actions, rebuild
+from builder.flows.rebuild import Action, RebuildOptions, plan_actions, rebuild
 from builder.flows.rebuild_check import (
     REASONS,
     UNKNOWN,
@@ -107,9 +107,10 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     publishes = not args.dry_run and bool(plan_actions(findings))
     trust = (keypair.trust(args.key, args.trust_key or configured_keys(matrix), args.unsigned)
              if publishes else keypair.UNSIGNED)
-    actions = rebuild(matrix, variants, args.manifest, locks_dir=args.locks,
-                      allow_cpu_smoke=args.allow_cpu_smoke, dry_run=args.dry_run,
-                      findings=findings, trust=trust)
+    actions = rebuild(RebuildOptions(
+        matrix=matrix, variants=variants, manifest=args.manifest, locks_dir=args.locks,
+        allow_cpu_smoke=args.allow_cpu_smoke, dry_run=args.dry_run, findings=findings,
+        trust=trust))
     if args.relock_report is not None:
         relock_report.write(args.relock_report, actions, variants, args.locks)
     if args.json:

@@ -23,7 +23,7 @@ from builder.core import engine, oci
 Entry = tuple[Any, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LayerRow:
     """One layer position of two images: `a` and `b` are diff ids ("" when absent)."""
 
@@ -141,7 +141,8 @@ def compare(saved_images: Saved, a_id: str, b_id: str, limit: int = 10) -> list[
             lists = [listing(saved_images.layer(files[d])) if d else {}
                      for files, d in ((a_files, a), (b_files, b))]
             paths = tuple(differing_paths(lists[0], lists[1], limit))
-        rows.append(LayerRow(i, a, b, size, steps[i] if i < len(steps) else "", paths))
+        rows.append(LayerRow(index=i, a=a, b=b, size=size,
+                             step=steps[i] if i < len(steps) else "", paths=paths))
     return rows
 
 

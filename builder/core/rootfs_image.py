@@ -21,7 +21,7 @@ from builder.core import oci
 from builder.core.registry_http import RegistryError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Layout:
     """What a one-layer image's manifest and config say: the config digest (the image id when
     the config bytes are the engine's), the gzip layer's digest and size, the tarball's diff id."""
@@ -67,7 +67,8 @@ def layout(reg: oci.Registry, repository: str, digest: str) -> Layout:
     diff_ids = reg.config(repository, config).get("rootfs", {}).get("diff_ids") or []
     if len(diff_ids) != 1:
         raise RegistryError(f"{where}: its config names {len(diff_ids)} layers, not one")
-    return Layout(digest, config, layers[0]["digest"], int(layers[0]["size"]), diff_ids[0])
+    return Layout(digest=digest, config_digest=config, layer_digest=layers[0]["digest"],
+                  layer_size=int(layers[0]["size"]), diff_id=diff_ids[0])
 
 
 def fetch(reg: oci.Registry, repository: str, image: Layout, dest: Path) -> None:

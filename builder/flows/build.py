@@ -47,7 +47,7 @@ from builder.stages.wheelhouse import Wheelhouse
 OK = ("built", "up-to-date")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BuildOptions:
     """What a build was asked for: `builder build` makes it from its arguments
     (commands/build.py), `rebuild` passes its own."""
@@ -79,7 +79,7 @@ class BuildOptions:
                                  self.registry_cache)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Outcome:
     """One planned variant's record through the steps: built (image id, size, smoke report,
     SBOM), then staged (`message`: the staged reference)."""
@@ -132,8 +132,10 @@ def build_images(matrix: Matrix, variants: list[Variant], options: BuildOptions)
          + ("" if todo else ": everything is up to date"))
     outcomes: list[Outcome] = []
     for p in planned:
-        outcome = Outcome(p.variant.key, "build", p.local_image, planned=p) if p in todo else \
-            Outcome(p.variant.key, "up-to-date", p.local_image, message=p.where, planned=p)
+        outcome = Outcome(variant_id=p.variant.key, state="build", image=p.local_image,
+                          planned=p) if p in todo else \
+            Outcome(variant_id=p.variant.key, state="up-to-date", image=p.local_image,
+                    message=p.where, planned=p)
         outcome = through_steps(run, outcome)
         outcomes.append(outcome)
         if outcome.state not in OK and options.fail_fast:
@@ -209,9 +211,10 @@ def context(run: Run, o: Outcome) -> Outcome:
         sets.append((render.uv_source(p.variant.platform), uv,
                      tuple(run.wheelhouse.ensure(p.variant, uv, progress=step))))
         build.prepare_context(build.Context(
-            p.variant.key, tuple(sets), (p.rendered.facts_source,
+            key=p.variant.key, sets=tuple(sets), facts=(p.rendered.facts_source,
                                          rendered.facts_json(p.rendered.facts)),
-            rendered.SMOKE_SOURCE, p.rendered.dockerfile, p.rendered.dockerignore),
+            smoke_dir=rendered.SMOKE_SOURCE, dockerfile=p.rendered.dockerfile,
+            dockerignore=p.rendered.dockerignore),
             run.wheelhouse.link_set)
     except BuilderError as exc:
         return failed(o, exc)
@@ -390,7 +393,8 @@ def runnable(variants: list[Variant]) -> tuple[list[Variant], list[Outcome]]:
             count = sum(v.platform == name for v in variants)
             step(f"{name}: {count} variant{'s' * (count != 1)} skipped: {reason}")
     return ([v for v in variants if not why[v.platform]],
-            [Outcome(v.key, "skipped", message=f"no emulation: {platforms.ENABLE_EMULATION}")
+            [Outcome(variant_id=v.key, state="skipped",
+                     message=f"no emulation: {platforms.ENABLE_EMULATION}")
              for v in variants if why[v.platform]])
 
 

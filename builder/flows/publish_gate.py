@@ -29,7 +29,7 @@ def gate(matrix: Matrix, p: PlannedVariant, *, allow_cpu_smoke: bool,
     """The staged (else local) image of the plan's content hash, and its evidence, checked:
     its config is the plan's, its smoke report and SBOM are signed by a trusted key (unless
     `trust.unsigned`), the report passed every check on this very image, the SBOM is valid."""
-    cand = Candidate(p, p.local_image, trust=trust)
+    cand = Candidate(planned=p, image=p.local_image, trust=trust)
     cand.staged = staging.find_staged(matrix, p.hash_tag)
     cand.image_id = cand.staged.image_id if cand.staged else _local_image(cand)
     if cand.reason:

@@ -44,7 +44,7 @@ def upgrade_packages(matrix: Matrix, variant: Variant, locks_dir: Path,
 # ---- the rebuild ------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Action:
     variant_id: str
     reasons: list[str]
@@ -68,7 +68,7 @@ def plan_actions(findings: list[Finding]) -> list[Action]:
     for f in findings:
         if f.status != REBUILD:
             continue
-        a = actions.setdefault(f.variant_id, Action(f.variant_id, []))
+        a = actions.setdefault(f.variant_id, Action(variant_id=f.variant_id, reasons=[]))
         if f.reason not in a.reasons:
             a.reasons.append(f.reason)
         if f.reason == "debian-security":
@@ -92,41 +92,49 @@ def old_sbom(pub: Publication) -> dict[str, Any] | None:
         return None
 
 
-@dataclass(frozen=True)
-class Run:
-    """What every action of one rebuild shares."""
+@dataclass(frozen=True, kw_only=True)
+class RebuildOptions:
+    """What one rebuild is asked: `builder rebuild` makes it from its arguments
+    (commands/rebuild.py); tests give their own `build` and `publish` here."""
 
     matrix: Matrix
     variants: list[Variant]
     manifest: Path
     locks_dir: Path
+    allow_cpu_smoke: bool = False
+    dry_run: bool = False
+    findings: list[Finding] | None = None  # the sources' answers, when already asked
+    skip: Collection[str] = ()  # sources left unasked (only when `findings` is None)
+    trust: keypair.Trust = keypair.UNSIGNED  # signs what is published
+    # The flows run per action; read when the options are made, not when this module is imported.
+    build: Callable[..., list[Any]] = field(default_factory=lambda: build_flow.build_images)
+    publish: Callable[..., list[dict[str, Any]]] = field(
+        default_factory=lambda: publish_flow.publish_variants)
+
+
+@dataclass(frozen=True)
+class Run:
+    """What every action of one rebuild shares: its options, the sources' findings and the
+    publications the actions replace."""
+
+    options: RebuildOptions
     findings: list[Finding]
     pubs: dict[str, Publication]
-    build_fn: Callable[..., list[Any]]
-    publish_fn: Callable[..., list[dict[str, Any]]]
-    allow_cpu_smoke: bool
-    trust: keypair.Trust
 
 
-def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_dir: Path,
-            allow_cpu_smoke: bool = False, dry_run: bool = False,
-            findings: list[Finding] | None = None, skip: Collection[str] = (),
-            build: Callable[..., list[Any]] | None = None,
-            publish_fn: Callable[..., list[dict[str, Any]]] | None = None,
-            trust: keypair.Trust = keypair.UNSIGNED) -> list[Action]:
+def rebuild(options: RebuildOptions) -> list[Action]:
     """Rebuild and publish exactly the variants whose findings say so (signing with
-    `trust.key`); returns the actions."""
+    `options.trust.key`); returns the actions."""
+    findings = options.findings
     if findings is None:
-        findings = check(matrix, variants, locks_dir=locks_dir, skip=skip, keys=trust.keys)
+        findings = check(options.matrix, options.variants, locks_dir=options.locks_dir,
+                         skip=options.skip, keys=options.trust.keys)
     actions = plan_actions(findings)
-    if dry_run or not actions:
+    if options.dry_run or not actions:
         for a in actions:
             a.state = "would-rebuild"
         return actions
-    run = Run(matrix, variants, manifest, locks_dir, findings,
-              latest_publications(matrix, trust.keys),
-              build or build_flow.build_images, publish_fn or publish_flow.publish_variants,
-              allow_cpu_smoke, trust)
+    run = Run(options, findings, latest_publications(options.matrix, options.trust.keys))
     with build_flow.build_lock():
         for a in actions:
             try:
@@ -139,13 +147,15 @@ def rebuild(matrix: Matrix, variants: list[Variant], manifest: Path, *, locks_di
 def rebuild_one(run: Run, a: Action) -> None:
     """Re-lock, build and publish one variant (every selected platform of it: its tags name
     one multi-arch index); `a` records how far it got."""
-    group = [v for v in run.variants if v.id == a.variant_id]
-    if a.upgrade and not relocked(run, a, group):
+    opts = run.options
+    group = [v for v in opts.variants if v.id == a.variant_id]
+    if a.upgrade and not relocked(opts, a, group):
         return
     # the registry's build cache only as signed by a trusted key (builder.stages.signed_cache)
-    options = build_flow.BuildOptions(locks=run.locks_dir, force=True, fail_fast=True,
-                                     apt_refresh=a.apt_refresh, trust_keys=run.trust.keys)
-    outcomes = run.build_fn(run.matrix, group, options)
+    build_options = build_flow.BuildOptions(locks=opts.locks_dir, force=True, fail_fast=True,
+                                           apt_refresh=a.apt_refresh,
+                                           trust_keys=opts.trust.keys)
+    outcomes = opts.build(opts.matrix, group, build_options)
     bad = [o for o in outcomes if o.state != "built"]
     if bad or not outcomes:
         a.state = "failed"
@@ -153,9 +163,9 @@ def rebuild_one(run: Run, a: Action) -> None:
         return
     a.state = "built"
     planned = [o.planned for o in outcomes if o.planned is not None]
-    results = run.publish_fn(run.matrix, planned, allow_cpu_smoke=run.allow_cpu_smoke,
-                          dry_run=False, manifest=run.manifest, locks_dir=run.locks_dir,
-                          trust=run.trust)
+    results = opts.publish(opts.matrix, planned, allow_cpu_smoke=opts.allow_cpu_smoke,
+                           dry_run=False, manifest=opts.manifest, locks_dir=opts.locks_dir,
+                           trust=opts.trust)
     result = results[0] if results else {"status": "refused", "reason": "no result"}
     if result.get("status") != "published":
         a.state, a.message = "failed", f"publish: {result.get('reason', '')}"
@@ -171,11 +181,11 @@ def rebuild_one(run: Run, a: Action) -> None:
     a.delta_bytes, a.image_bytes = download_delta(run.pubs.get(a.variant_id), result)
 
 
-def relocked(run: Run, a: Action, group: list[Variant]) -> bool:
+def relocked(opts: RebuildOptions, a: Action, group: list[Variant]) -> bool:
     """Re-lock the vulnerable packages; False (the action `unchanged`) when nothing newer is
     allowed and a Python fix was the only reason to rebuild."""
     step(f"  [{a.variant_id}] re-locking {', '.join(a.upgrade)}")
-    changed = [upgrade_packages(run.matrix, v, run.locks_dir, a.upgrade) for v in group]
+    changed = [upgrade_packages(opts.matrix, v, opts.locks_dir, a.upgrade) for v in group]
     if not any(changed) and a.reasons == ["python-vuln"]:
         a.state, a.message = "unchanged", (
             "re-locking found no newer allowed release of "
@@ -230,4 +240,4 @@ def changelog(pub: Publication | None, outcome: Any) -> dict[str, Any] | None:
     return sbom.diff_sboms(old, json.loads(new_path.read_text()))
 
 
-__all__ = ["Action", "plan_actions", "rebuild", "upgrade_packages"]
+__all__ = ["Action", "RebuildOptions", "plan_actions", "rebuild", "upgrade_packages"]

@@ -56,7 +56,7 @@ UNPRIVILEGED = ("--network", "bridge", "--user", "65534:65534", "--read-only",
 REBUILD, MATRIX_CHANGE, UNKNOWN = "rebuild", "matrix-change", "unknown"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Finding:
     variant_id: str
     reason: str  # one of REASONS
@@ -176,7 +176,7 @@ def planned_hash(matrix: Matrix, variant: Variant, locks_dir: Path, base_digest:
 
 
 def _unknown(vid: str, reason: str, exc: Exception) -> Finding:
-    return Finding(vid, reason, UNKNOWN, str(exc))
+    return Finding(variant_id=vid, reason=reason, status=UNKNOWN, detail=str(exc))
 
 
 def signature_problem(pub: Publication, keys: tuple[Any, ...]) -> str:
@@ -194,7 +194,7 @@ def signature_problem(pub: Publication, keys: tuple[Any, ...]) -> str:
     return ""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Subject:
     """One published variant as every source sees it; `image` and `image_labels` are set when a
     source that reads the image is asked and the image could be had (else `image_error`)."""
@@ -220,10 +220,11 @@ def ask_debian(s: Subject) -> list[Finding]:
     upgradable = debian_upgradable(s.image)
     if not upgradable:
         return []
-    return [Finding(s.variant.id, "debian-security", REBUILD,
-                    ", ".join(f"{n} {o}→{nw}" for n, (o, nw) in upgradable.items()),
-                    {"packages": {n: {"old": o, "new": nw} for n, (o, nw) in upgradable.items()},
-                     "token": apt_token(upgradable, clock.stamp())})]
+    return [Finding(variant_id=s.variant.id, reason="debian-security", status=REBUILD,
+                    detail=", ".join(f"{n} {o}→{nw}" for n, (o, nw) in upgradable.items()),
+                    data={"packages": {n: {"old": o, "new": nw}
+                                       for n, (o, nw) in upgradable.items()},
+                          "token": apt_token(upgradable, clock.stamp())})]
 
 
 def ask_python(s: Subject) -> list[Finding]:
@@ -236,12 +237,13 @@ def ask_python(s: Subject) -> list[Finding]:
             continue
         pinned = v["name"] == "torch"
         findings.append(Finding(
-            s.variant.id, "python-vuln", MATRIX_CHANGE if pinned else REBUILD,
-            f"{v['name']} {v['version']}: {v['id']} fixed in {', '.join(v['fix_versions'])}"
-            + (" (torch is pinned: change the matrix)" if pinned else ""), v))
+            variant_id=s.variant.id, reason="python-vuln",
+            status=MATRIX_CHANGE if pinned else REBUILD,
+            detail=f"{v['name']} {v['version']}: {v['id']} fixed in {', '.join(v['fix_versions'])}"
+            + (" (torch is pinned: change the matrix)" if pinned else ""), data=v))
     for u in audit["unknown"]:
-        findings.append(Finding(s.variant.id, "python-vuln", UNKNOWN,
-                                f"{u['name']} {u['version']}: {u['reason']}", u))
+        findings.append(Finding(variant_id=s.variant.id, reason="python-vuln", status=UNKNOWN,
+                                detail=f"{u['name']} {u['version']}: {u['reason']}", data=u))
     return findings
 
 
@@ -273,13 +275,13 @@ def ask_base(s: Subject) -> list[Finding]:
     """(c) The base digest moved since the image was built."""
     now, published = base_now(s), s.published_base
     if not published:
-        return [Finding(s.variant.id, "base-moved", UNKNOWN,
-                        f"{s.image} has no {BASE_DIGEST_LABEL} label")]
+        return [Finding(variant_id=s.variant.id, reason="base-moved", status=UNKNOWN,
+                        detail=f"{s.image} has no {BASE_DIGEST_LABEL} label")]
     if now == published:
         return []
-    return [Finding(s.variant.id, "base-moved", REBUILD,
-                    f"{s.variant.base.image}: {published[:19]}→{now[:19]}",
-                    {"old": published, "new": now})]
+    return [Finding(variant_id=s.variant.id, reason="base-moved", status=REBUILD,
+                    detail=f"{s.variant.base.image}: {published[:19]}→{now[:19]}",
+                    data={"old": published, "new": now})]
 
 
 def ask_inputs(s: Subject) -> list[Finding]:
@@ -292,10 +294,10 @@ def ask_inputs(s: Subject) -> list[Finding]:
         return []
     moved = pins_moved(s)
     named = ", ".join(f"{n} {o}→{w}" for n, (o, w) in moved.items())
-    return [Finding(s.variant.id, "inputs-changed", REBUILD,
-                    (f"{named}; " if named else "")
+    return [Finding(variant_id=s.variant.id, reason="inputs-changed", status=REBUILD,
+                    detail=(f"{named}; " if named else "")
                     + f"content hash {have[:12] or '(none)'}→{want[:12]}",
-                    {"old": have, "new": want,
+                    data={"old": have, "new": want,
                      "packages": {n: {"old": o, "new": w} for n, (o, w) in moved.items()}})]
 
 
@@ -349,7 +351,7 @@ def ask(reason: str, s: Subject) -> list[Finding]:
     if source.needs_image and s.image_error is not None:
         return [_unknown(s.variant.id, reason, s.image_error)]
     if source.runs_image and (untrusted := signature_problem(s.pub, s.keys)):
-        return [Finding(s.variant.id, reason, UNKNOWN, untrusted)]
+        return [Finding(variant_id=s.variant.id, reason=reason, status=UNKNOWN, detail=untrusted)]
     try:
         return source.ask(s)
     except BuilderError as exc:
@@ -363,7 +365,8 @@ def check_variant(matrix: Matrix, variant: Variant, pub: Publication, locks_dir:
     """Ask each source not in `skip` about one published variant (the image is looked up
     once, for the sources that read it)."""
     asked = [reason for reason in REASONS if reason not in skip]
-    s = Subject(matrix, variant, pub, locks_dir, smoke_hash, base_digests, keys)
+    s = Subject(matrix=matrix, variant=variant, pub=pub, locks_dir=locks_dir,
+                smoke_hash=smoke_hash, base_digests=base_digests, keys=keys)
     if any(SOURCES[reason].needs_image for reason in asked):
         try:
             s.image, info = published_image(pub)

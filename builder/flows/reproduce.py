@@ -31,7 +31,7 @@ from builder.model import bases, platforms, provenance_doc
 from builder.stages import base
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Recorded:
     """What the provenance of a published image says it was built from."""
 
@@ -53,9 +53,10 @@ def recorded(doc: dict[str, Any]) -> Recorded:
     if not (params.get("variant") and revision and lock):
         raise BuilderError("the provenance names no variant, revision or lock",
                            hint="it was not written by `builder publish`")
-    return Recorded(params["variant"], revision, lock["name"], lock["digest"].get("sha256", ""),
-                    base_dep.get("name", ""),
-                    "sha256:" + base_dep["digest"]["sha256"] if base_dep else "")
+    return Recorded(variant=params["variant"], revision=revision, lock_path=lock["name"],
+                    lock_sha256=lock["digest"].get("sha256", ""),
+                    base_name=base_dep.get("name", ""),
+                    base_digest="sha256:" + base_dep["digest"]["sha256"] if base_dep else "")
 
 
 def ensure_base(ref: Reference, rec: Recorded, local_ref: str, keyed: str) -> str:
@@ -158,7 +159,7 @@ def published_manifest(ref: Reference) -> tuple[str, dict[str, Any]]:
     return desc.digest, doc
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Result:
     reference: str
     identical: bool
@@ -203,8 +204,9 @@ def reproduce(text: str, matrix: Path | None = None) -> Result:
         rebuilt_id = rebuild(src, rec, matrix, Path(state))
     identical = rebuilt_id == published_id
     rows = [] if identical else compare(ref, digest, published_id, rebuilt_id)
-    return Result(f"{ref.registry}/{ref.repository}@{digest}", identical, published_id,
-                  rebuilt_id, origin, rows)
+    return Result(reference=f"{ref.registry}/{ref.repository}@{digest}", identical=identical,
+                  published_id=published_id,
+                  rebuilt_id=rebuilt_id, base=origin, layers=rows)
 
 
 def compare(ref: Reference, digest: str, published_id: str, rebuilt_id: str

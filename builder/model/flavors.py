@@ -14,7 +14,7 @@ SHARED_PARTS = ("nvidia", "torch", "rest")
 SLIM_DROPPED = ("docs", "man-pages", "locales", "perl")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Flavor:
     """A row of the flavor table: each flavor is its parent's layers plus its own."""
 
@@ -30,12 +30,13 @@ class Flavor:
 
 
 FLAVORS = {f.name: f for f in (
-    Flavor("slim", None),
+    Flavor(name="slim", parent=None),
     # torch.compile reads torch's headers (C++ codegen); the rest only serve extension builds
-    Flavor("runtime", "slim", restores=(("headers", ("torch",)),), adds=("triton",),
-           compiles=True),
-    Flavor("devel", "runtime", restores=(("headers", ("nvidia", "rest")),
-                                         ("static-libraries", ("nvidia", "torch", "rest"))),
+    Flavor(name="runtime", parent="slim", restores=(("headers", ("torch",)),),
+           adds=("triton",), compiles=True),
+    Flavor(name="devel", parent="runtime",
+           restores=(("headers", ("nvidia", "rest")),
+                     ("static-libraries", ("nvidia", "torch", "rest"))),
            os_restores=("perl",), root=True, toolkit=True),
 )}
 # What the shared install layers delete, as `find` expressions: no flavor's programs read them;

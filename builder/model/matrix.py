@@ -51,7 +51,7 @@ class Base:
         return self.image.split(":", 1)[1] if self.image.startswith("mmdebstrap:") else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Variant:
     torch: str
     python: str
@@ -102,7 +102,7 @@ class Alias:
     selector: Mapping[str, str]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Matrix:
     path: Path
     registry: str

@@ -12,7 +12,7 @@ from builder.model.matrix import Matrix, Variant
 from builder.model.rendered import Rendered
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PlannedVariant:
     variant: Variant
     rendered: Rendered

@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # render reads this table: no registry client at run time
     from builder.core.oci import Descriptor
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Platform:
     name: str  # OCI form: linux/arm64
     arch: str  # OCI/Debian architecture: arm64
@@ -57,10 +57,11 @@ class Platform:
 
 DEFAULT = "linux/amd64"
 KNOWN: Mapping[str, Platform] = {
-    "linux/amd64": Platform("linux/amd64", "amd64", "x86_64", legacy_wheel_tags=(
-        *(f"manylinux_2_{n}_x86_64" for n in range(16, 4, -1)),
-        "manylinux2010_x86_64", "manylinux1_x86_64")),
-    "linux/arm64": Platform("linux/arm64", "arm64", "aarch64", "v8"),
+    "linux/amd64": Platform(name="linux/amd64", arch="amd64", machine="x86_64",
+                            legacy_wheel_tags=(
+                                *(f"manylinux_2_{n}_x86_64" for n in range(16, 4, -1)),
+                                "manylinux2010_x86_64", "manylinux1_x86_64")),
+    "linux/arm64": Platform(name="linux/arm64", arch="arm64", machine="aarch64", variant="v8"),
 }
 _MACHINES = {p.machine: p for p in KNOWN.values()}
 

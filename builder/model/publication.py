@@ -69,7 +69,7 @@ class ZstdTwin(Record):
         return cls(doc["digest"], doc["reference"], tuple(doc["tags"]))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PlatformEntry(Record):
     """One platform manifest of a multi-platform publication (its index is the record's digest)."""
 
@@ -95,7 +95,7 @@ class PlatformEntry(Record):
         return cls(**artifacts_of(doc))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Publication(Record):
     """One publication of a variant: the digest (a manifest, or the index of `platforms`), its
     tags, the versions in it and the evidence attached to it."""

@@ -18,7 +18,7 @@ from builder.model.matrix import Variant
 SMOKE_SOURCE = Path(__file__).resolve().parents[2] / "smoke"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Step:
     """One install RUN: a part of the lock, installed with uv from the shared wheel cache."""
 
@@ -43,7 +43,7 @@ class Step:
         return f"sets/{self.set_id}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Rendered:
     """One variant's Dockerfile and build context, as `builder render` writes them to DIR/<key>/."""
 

@@ -71,7 +71,7 @@ def public_url(remote: str) -> str:
     return urllib.parse.urlunsplit(("https", host, parts.path.removesuffix(".git"), "", ""))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Context:
     """What one variant's build reads from the shared context folder: each set folder's
     requirements and the wheels beside them, its facts file, the smoke suite, its Dockerfile."""

@@ -36,7 +36,7 @@ from smoke.checks import gpu_checks_not_run
 MAX_SUFFIX = 99
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Candidate:
     """One variant after the gate: what to promote, or why not."""
 

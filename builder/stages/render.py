@@ -132,7 +132,7 @@ def site_packages(variant: Variant) -> str:
 
 def part_step(variant: Variant, part: str, requirements: str, **extra: Any) -> Step:
     nvidia = part == "nvidia"
-    return Step(part, requirements, variant.find_links,
+    return Step(name=part, requirements=requirements, find_links=variant.find_links,
                 target=NVIDIA_SITE if nvidia else site_packages(variant),
                 platform=platforms.get(variant.platform).suffix, **extra)
 
@@ -248,7 +248,8 @@ def render(matrix: Matrix, variant: Variant, lock: Lock, base_lock: Lock | None 
     dockerfile = re.sub(r"\n{3,}", "\n\n", template.render(**context))
     all_steps = (*steps, *(s for row in by_flavor.values() for s in row))
     files, ignore = context_files(variant, lock, facts, all_steps)
-    return Rendered(variant, dockerfile, ignore, lock, all_steps, facts, files)
+    return Rendered(variant=variant, dockerfile=dockerfile, dockerignore=ignore, lock=lock,
+                    steps=all_steps, facts=facts, files=files)
 
 
 def render_locked(matrix: Matrix, variant: Variant, locks_dir: Path) -> Rendered:

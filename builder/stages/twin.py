@@ -36,7 +36,7 @@ def tag_of(tag: str) -> str:
     return tag + SUFFIX
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Report:
     """What making a twin did: sizes before and after, the time it took."""
 

@@ -408,7 +408,7 @@ def test_cli_export_stream_gives_the_same_contents(layered_image, monkeypatch):
 @pytest.mark.docker
 def test_inspect_over_the_socket_is_the_cli_inspect(layered_image):
     from builder.core import engine
-    from sbom.collect import inspect_image
+    from sbom.engine_socket import inspect_image
 
     assert inspect_image(layered_image["Id"]) == engine.inspect_image(layered_image["Id"])
     assert inspect_image(f"sbomtest/absent:{uuid.uuid4().hex[:8]}") is None

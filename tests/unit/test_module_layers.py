@@ -13,6 +13,7 @@ that silently finds nothing cannot pass.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,12 @@ def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES, *,
     return {m: imports_of(m, p, known, runtime=runtime) for m, p in mods.items()}
 
 
+@functools.cache
+def checkout_graph(*, runtime: bool = False) -> dict[str, set[str]]:
+    """The checkout's import graph, parsed once for the tests that read it (none changes it)."""
+    return import_graph(runtime=runtime)
+
+
 def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     seen: set[str] = set()
     todo = [start]
@@ -151,11 +158,11 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycles() -> None:
-    assert cycles(import_graph()) == []
+    assert cycles(checkout_graph()) == []
 
 
 def test_every_module_keeps_to_its_layer() -> None:
-    assert layer_violations(import_graph()) == {}
+    assert layer_violations(checkout_graph()) == {}
 
 
 # What drives the engine, runs processes or talks to a registry.
@@ -167,7 +174,7 @@ ONLINE = {"builder.core.engine", "builder.core.proc", "builder.core.oci", "build
 def test_render_is_pure_and_offline() -> None:
     """`builder render` (README: pure and offline) imports nothing that reaches the engine, a
     process or a registry, through any module it imports at run time."""
-    assert reachable(import_graph(runtime=True), "builder.stages.render") & ONLINE == set()
+    assert reachable(checkout_graph(runtime=True), "builder.stages.render") & ONLINE == set()
 
 
 def test_a_type_checking_import_is_not_a_runtime_one(planted: Path) -> None:
@@ -178,13 +185,13 @@ def test_a_type_checking_import_is_not_a_runtime_one(planted: Path) -> None:
 
 
 def test_every_pending_exception_is_still_imported() -> None:
-    graph = import_graph()
+    graph = checkout_graph()
     assert {m: deps - graph.get(m, set()) for m, deps in PENDING.items()
             if deps - graph.get(m, set())} == {}
 
 
 def test_only_the_entry_point_imports_the_cli() -> None:
-    importers = {m for m, deps in import_graph().items() if "builder.cli" in deps}
+    importers = {m for m, deps in checkout_graph().items() if "builder.cli" in deps}
     assert importers == {"builder.__main__"}
 
 

@@ -54,7 +54,7 @@ def run_of(**options: bool) -> build_flow.Run:
 
 def built(**options: bool) -> build_flow.Outcome:
     """A new build that gave IMAGE_ID, through the steps after BuildKit's."""
-    run, o = run_of(**options), build_flow.Outcome(CPU, "built", IMAGE, image_id=IMAGE_ID)
+    run, o = run_of(**options), build_flow.Outcome(variant_id=CPU, state="built", image=IMAGE, image_id=IMAGE_ID)
     for each in (build_flow.evidence, build_flow.smoke, build_flow.sbom, build_flow.summarize):
         o = each(run, o)
     return o
@@ -103,7 +103,7 @@ def test_without_smoke_nothing_is_reused_or_made(made):
 def test_an_up_to_date_image_is_smoked_again_with_resmoke(made, monkeypatch, capsys):
     store({"status": "pass", "require_gpu": False})
     monkeypatch.setattr(build_flow.engine, "inspect_image", lambda ref: {"Id": IMAGE_ID})
-    found = build_flow.Outcome(CPU, "up-to-date", IMAGE, message="local")
+    found = build_flow.Outcome(variant_id=CPU, state="up-to-date", image=IMAGE, message="local")
     assert build_flow.through_steps(run_of(), found).reused == () and made == []
     assert build_flow.through_steps(run_of(resmoke=True), found).state == "up-to-date"
     assert made == ["smoke", "sbom"]

@@ -35,7 +35,7 @@ def test_a_platform_without_emulation_is_skipped_in_one_line_and_the_others_buil
 
     def build_step(_run, o):
         made.append(f"build {o.planned.variant.platform}")
-        return build_flow.Outcome(o.variant_id, "built")
+        return build_flow.Outcome(variant_id=o.variant_id, state="built")
 
     monkeypatch.setattr(build_flow, "STEPS", (build_step,))
     options = build_flow.BuildOptions(locks=LOCKS, smoke=False, sbom=False)
@@ -89,7 +89,7 @@ def test_an_up_to_date_image_without_evidence_gets_its_smoke_report_and_sbom(mon
     monkeypatch.setattr(smokereport, "report_passed", lambda report, require_gpu: (True, ""))
     monkeypatch.setattr(build_flow, "write_image_sbom", describe)
     run = build_flow.Run(None, build_flow.BuildOptions(locks=LOCKS), None)  # type: ignore[arg-type]
-    found = build_flow.Outcome(CPU, "up-to-date", "127.0.0.1:5000/torch:x", message="local")
+    found = build_flow.Outcome(variant_id=CPU, state="up-to-date", image="127.0.0.1:5000/torch:x", message="local")
     outcome = build_flow.through_steps(run, found)
     assert made == ["smoke", "sbom"]
     assert (outcome.state, outcome.smoke, outcome.sbom_components) == ("up-to-date", "pass", 3)
@@ -135,7 +135,7 @@ def test_an_arm64_build_takes_its_base_by_the_verified_digest_and_is_removed_off
                          {platforms.base_key(v.base.image, v.platform): pin})
 
     def through() -> build_flow.Outcome:
-        return build_flow.buildkit(run, build_flow.Outcome(v.key, "build", p.local_image,
+        return build_flow.buildkit(run, build_flow.Outcome(variant_id=v.key, state="build", image=p.local_image,
                                                            planned=p))
     o = through()
     assert given == [pin]

@@ -160,18 +160,37 @@ def test_apt_token_changes_with_list() -> None:
 # ---- the rebuild loop -------------------------------------------------------------------------
 
 
+def asked(**kw) -> rebuild.RebuildOptions:
+    """A rebuild of CPU; `kw`: its findings, its fake build and publish flows, its switches."""
+    return rebuild.RebuildOptions(matrix=None, variants=[CPU], manifest=Path("p.json"),  # type: ignore[arg-type]
+                                  locks_dir=Path("locks"), **kw)
+
+
+def test_the_default_flows_are_read_when_the_options_are_made(monkeypatch) -> None:
+    """Not when the module was imported: a flow patched before the options are made is used."""
+    def fake_build(*_a):
+        return []
+
+    def fake_publish(*_a, **_k):
+        return []
+
+    monkeypatch.setattr(rebuild.build_flow, "build_images", fake_build)
+    monkeypatch.setattr(rebuild.publish_flow, "publish_variants", fake_publish)
+    made = asked()
+    assert (made.build, made.publish) == (fake_build, fake_publish)
+
+
 def test_nothing_to_do_builds_and_pushes_nothing(clean) -> None:
     def fail(*a, **k):
         raise AssertionError("must not be called")
 
-    actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
-                              findings=[], build=fail, publish_fn=fail)
+    actions = rebuild.rebuild(asked(findings=[], build=fail, publish=fail))
     assert actions == []
 
 
 def test_rebuild_builds_with_apt_refresh_and_publishes(clean, tmp_path: Path) -> None:
-    findings = [checking.Finding(VID, "debian-security", "rebuild", "x", {"token": "20250101-ab"}),
-                checking.Finding("other", "base-moved", "unknown", "err")]
+    findings = [checking.Finding(variant_id=VID, reason="debian-security", status="rebuild", detail="x", data={"token": "20250101-ab"}),
+                checking.Finding(variant_id="other", reason="base-moved", status="unknown", detail="err")]
     built, published = [], []
     new_sbom = tmp_path / "new.json"
     new_sbom.write_text(json.dumps({"components": [
@@ -190,9 +209,8 @@ def test_rebuild_builds_with_apt_refresh_and_publishes(clean, tmp_path: Path) ->
         return [{"id": VID, "status": "published", "tags": ["t-20250101"]}]
 
     clean.setattr(rebuild, "old_sbom", lambda pub: old)
-    actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
-                              findings=findings, build=build,
-                              publish_fn=publish_fn, allow_cpu_smoke=True)
+    actions = rebuild.rebuild(asked(findings=findings, build=build, publish=publish_fn,
+                                    allow_cpu_smoke=True))
     [a] = actions
     assert a.state == "published"
     [(variants, options)] = built
@@ -209,45 +227,43 @@ def test_the_rebuild_takes_the_registry_cache_only_as_publishs_trusted_keys_sign
     """The scheduled path builds with publish's trusted keys: the registry's build cache only
     when one of them signed it (builder.stages.signed_cache), none at all when unsigned."""
     key = keypair.SigningKey(ec.generate_private_key(ec.SECP256R1()))
-    findings = [checking.Finding(VID, "inputs-changed", "rebuild", "x")]
+    findings = [checking.Finding(variant_id=VID, reason="inputs-changed", status="rebuild",
+                                 detail="x")]
     built = []
     for trust in (keypair.Trust(key, (key.public,)), keypair.UNSIGNED):
-        rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
-                        findings=findings, build=lambda m, v, options: built.append(options) or [],
-                        trust=trust)
+        rebuild.rebuild(asked(findings=findings,
+                              build=lambda m, v, options: built.append(options) or [],
+                              trust=trust))
     assert [o.cache_keys for o in built] == [(key.public,), ()]
     assert all(o.registry_cache and o.key is None for o in built)
 
 
 def test_python_vuln_relocks_then_builds(clean) -> None:
-    findings = [checking.Finding(VID, "python-vuln", "rebuild", "x", {"name": "jinja2"})]
+    findings = [checking.Finding(variant_id=VID, reason="python-vuln", status="rebuild", detail="x", data={"name": "jinja2"})]
     upgraded = []
     clean.setattr(rebuild, "upgrade_packages",
                   lambda m, v, d, pkgs: upgraded.append(pkgs) or False)
-    actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
-                              findings=findings,
-                              build=lambda *a: pytest.fail("lock unchanged: no build"),
-                              publish_fn=lambda *a, **k: pytest.fail("no publish"))
+    actions = rebuild.rebuild(asked(findings=findings,
+                                    build=lambda *a: pytest.fail("lock unchanged: no build"),
+                                    publish=lambda *a, **k: pytest.fail("no publish")))
     assert upgraded == [["jinja2"]]
     assert actions[0].state == "unchanged"
 
 
 def test_dry_run_changes_nothing(clean) -> None:
-    findings = [checking.Finding(VID, "inputs-changed", "rebuild", "x")]
-    actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
-                              findings=findings, dry_run=True,
-                              build=lambda *a: pytest.fail("no build"))
+    findings = [checking.Finding(variant_id=VID, reason="inputs-changed", status="rebuild", detail="x")]
+    actions = rebuild.rebuild(asked(findings=findings, dry_run=True,
+                                    build=lambda *a: pytest.fail("no build")))
     assert [a.state for a in actions] == ["would-rebuild"]
 
 
 def test_failed_build_is_reported(clean) -> None:
-    findings = [checking.Finding(VID, "inputs-changed", "rebuild", "x")]
+    findings = [checking.Finding(variant_id=VID, reason="inputs-changed", status="rebuild", detail="x")]
 
     def build(*args):
         raise BuilderError("engine gone")
 
-    actions = rebuild.rebuild(None, [CPU], Path("p.json"), locks_dir=Path("locks"),  # type: ignore[arg-type]
-                              findings=findings, build=build)
+    actions = rebuild.rebuild(asked(findings=findings, build=build))
     assert actions[0].state == "failed" and "engine gone" in actions[0].message
 
 
@@ -256,10 +272,10 @@ def test_failed_build_is_reported(clean) -> None:
 
 @pytest.mark.parametrize(("findings", "code"), [
     ([], 0),
-    ([checking.Finding(VID, "base-moved", "rebuild", "x")], 1),
-    ([checking.Finding(VID, "base-moved", "rebuild", "x"),
-      checking.Finding(VID, "python-vuln", "unknown", "offline")], 1),
-    ([checking.Finding(VID, "python-vuln", "unknown", "offline")], 2),
+    ([checking.Finding(variant_id=VID, reason="base-moved", status="rebuild", detail="x")], 1),
+    ([checking.Finding(variant_id=VID, reason="base-moved", status="rebuild", detail="x"),
+      checking.Finding(variant_id=VID, reason="python-vuln", status="unknown", detail="offline")], 1),
+    ([checking.Finding(variant_id=VID, reason="python-vuln", status="unknown", detail="offline")], 2),
 ])
 def test_cli_check_exit_codes(clean, tmp_path: Path, capsys, findings, code) -> None:
     from builder.cli import main

@@ -14,13 +14,13 @@ from builder.model import matrix
 
 
 def actions() -> list[Action]:
-    relocked = Action(CPU, ["python-vuln"], upgrade=["numpy"], state="published",
+    relocked = Action(variant_id=CPU, reasons=["python-vuln"], upgrade=["numpy"], state="published",
                       new_publication=f"{CPU}-20261206 @ sha256:{'a' * 64}",
                       old_publication=f"{CPU}-20261205 @ sha256:{'b' * 64}",
                       changelog={"old": "a", "new": "b", "added": [], "removed": [],
                                  "changed": [{"type": "pypi", "name": "numpy", "old": "2.4.5",
                                               "new": "2.4.6"}], "unchanged": 3})
-    rebuilt_only = Action("2.13.0-py3.11-cpu-slim", ["debian-security"], state="published")
+    rebuilt_only = Action(variant_id="2.13.0-py3.11-cpu-slim", reasons=["debian-security"], state="published")
     return [relocked, rebuilt_only]
 
 

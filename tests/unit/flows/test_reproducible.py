@@ -118,9 +118,9 @@ def test_reproduce_reads_commit_lock_and_base_from_the_provenance():
     doc = provenance.statement("r/torch", "sha256:" + "0" * 64, image_labels,
                                {"normalised": True})
     rec = reproduce.recorded(doc)
-    assert rec == reproduce.Recorded("2.13.0-py3.11-cpu-runtime", "c0ffee" * 6 + "abcd",
-                                     "locks/2.13.0-py3.11-cpu-runtime.txt", "f" * 64,
-                                     "mmdebstrap:bookworm", "sha256:" + "e" * 64)
+    assert rec == reproduce.Recorded(variant="2.13.0-py3.11-cpu-runtime", revision="c0ffee" * 6 + "abcd",
+                                     lock_path="locks/2.13.0-py3.11-cpu-runtime.txt", lock_sha256="f" * 64,
+                                     base_name="mmdebstrap:bookworm", base_digest="sha256:" + "e" * 64)
     internal = doc["predicate"]["buildDefinition"]["internalParameters"]
     assert internal["reproducible"] == {"normalised": True}
     assert base.registry_tag(rec.base_digest) == "layers-" + "e" * 32

@@ -227,9 +227,9 @@ def test_python_without_a_torch_wheel_is_refused(monkeypatch):
     base = matrix.Base("mmdebstrap:bookworm")
     names = ["torch-2.5.1-cp311-cp311-manylinux1_x86_64.whl",
              "torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl"]
-    ok = matrix.Variant("2.5.1", "3.11", "cuda", "runtime", base)
-    missing = matrix.Variant("2.5.1", "3.14", "cuda", "runtime", base)
-    cpu = matrix.Variant("2.13.0+cpu", "3.11", "cpu", "runtime", base)
+    ok = matrix.Variant(torch="2.5.1", python="3.11", accelerator="cuda", flavor="runtime", base=base)
+    missing = matrix.Variant(torch="2.5.1", python="3.14", accelerator="cuda", flavor="runtime", base=base)
+    cpu = matrix.Variant(torch="2.13.0+cpu", python="3.11", accelerator="cpu", flavor="runtime", base=base)
     monkeypatch.setattr(wheels, "filenames", lambda variant: names)
     monkeypatch.setattr(wheels, "is_cuda_build", lambda variant, name, resolve_cuda: None)
     problems, notes = wheels.missing_wheel_problems([ok, missing, cpu], lambda v: None)

@@ -278,7 +278,7 @@ def promoted(monkeypatch):
 
     def gate(matrix, p, *, allow_cpu_smoke, trust):
         emulated = json.dumps({"runner": {"emulated": p.variant.platform == "linux/arm64"}})
-        return publish.Candidate(p, p.local_tag, "sha256:id" + p.variant.key,
+        return publish.Candidate(planned=p, image=p.local_tag, image_id="sha256:id" + p.variant.key,
                                  reason=refuse.get(p.variant.key, ""),
                                  evidence={"smoke": emulated.encode(), "sbom": b"{}"})
 

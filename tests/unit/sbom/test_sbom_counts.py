@@ -31,7 +31,7 @@ def test_build_verify_and_the_catalog_print_one_number(monkeypatch: pytest.Monke
     doc = nested()
     assert component_total(doc) == 3 and "nested" in COUNTED
     state.atomic_write(state.evidence_path("sbom", IMAGE_ID), json.dumps(doc))
-    built = build_flow.summarized(build_flow.Outcome("v", "built", "i", image_id=IMAGE_ID))
+    built = build_flow.summarized(build_flow.Outcome(variant_id="v", state="built", image="i", image_id=IMAGE_ID))
     monkeypatch.setattr(sbom, "validate", lambda _doc: None)
     assert built.sbom_components == 3
     assert verify.sbom_row(doc).detail.startswith("CycloneDX 1.6: 3 components")

@@ -101,7 +101,7 @@ def test_dropped_follows_the_flavor_table():
 
 
 def test_set_folders_never_collide_with_the_old_wheel_sets():
-    step = Step("rest", "numpy==1 \\\n    --hash=sha256:00\n")
+    step = Step(name="rest", requirements="numpy==1 \\\n    --hash=sha256:00\n")
     assert step.set_id != hashlib.sha256(step.requirements.encode()).hexdigest()[:20]
 
 

@@ -1,10 +1,12 @@
 """Issue #25 case 1: `render --out` under interruption. A forked child writes the new output
 and kills itself at the n-th traced event (deterministic: the same n stops at the same
-instruction); the parent then finds DIR/<id> complete, the old tree or the new one."""
+instruction); the parent then finds DIR/<id> complete, the old tree or the new one. SIGTERM,
+which the tool turns into an exception, is sent to the test's own process the same way."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import random
 import signal
@@ -12,6 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from unittest import mock
 
 import pytest
 
@@ -71,7 +74,13 @@ def count_events(rendered: Rendered, out: Path, only: str = "") -> int:
 def interrupted_write(rendered: Rendered, out: Path, stop_at: int, signum: int,
                       only: str = "") -> int:
     """Fork; the child writes `rendered` into `out` and sends itself `signum` at event
-    `stop_at`. Returns the child's exit status (-9: killed; 143: stopped by SIGTERM)."""
+    `stop_at`. Returns the child's exit status (-9: killed; 143: stopped by SIGTERM).
+
+    SIGINT and SIGTERM need no child: their handler raises Interrupted where the signal lands,
+    so the write stops in this process as it would in the tool's (`interrupted_here`). A fork
+    copies the test session's page tables, 20-50 ms each; SIGKILL needs one to die."""
+    if signum != signal.SIGKILL:
+        return interrupted_here(rendered, out, stop_at, signum, only)
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         code = 0
@@ -88,6 +97,39 @@ def interrupted_write(rendered: Rendered, out: Path, stop_at: int, signum: int,
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status)
+
+
+def interrupted_here(rendered: Rendered, out: Path, stop_at: int, signum: int,
+                     only: str = "") -> int:
+    """`rendered` written into `out` here, the tool's signal handlers installed and `signum`
+    raised in this process at event `stop_at`; the exit status the tool would have (0: the
+    write ended before that event). The tool's process would then end, so the write runs
+    under the pid of one that has ended (a later run treats its leftovers as a dead run's);
+    the test process's own handlers are put back."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    ended = ended_pid()
+    proc.install_signal_handlers()
+    with mock.patch.object(os, "getpid", lambda: ended):
+        sys.settrace(Tracer(stop_at, lambda: signal.raise_signal(signum), only))
+        try:
+            render.write(rendered, out)
+        except proc.Interrupted as exc:
+            return exc.exit_code
+        finally:
+            sys.settrace(None)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+    return 0
+
+
+@functools.cache
+def ended_pid() -> int:
+    """The pid of a process that has ended (a child that exits at once, reaped): one fork."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
 
 
 def assert_old_or_new(out: Path, old: dict[str, str], new: dict[str, str], what: str) -> bool:

@@ -94,8 +94,8 @@ def test_swapped_layer_bytes_are_refused_and_nothing_is_left(pushed, tmp_path) -
 
 
 def layout() -> rootfs_image.Layout:
-    return rootfs_image.Layout("sha256:" + "1" * 64, "sha256:" + "2" * 64, "sha256:" + "3" * 64,
-                               10, "sha256:" + "4" * 64)
+    return rootfs_image.Layout(digest="sha256:" + "1" * 64, config_digest="sha256:" + "2" * 64, layer_digest="sha256:" + "3" * 64,
+                               layer_size=10, diff_id="sha256:" + "4" * 64)
 
 
 def provenance(**changes: str) -> dict:

@@ -166,7 +166,7 @@ def test_the_build_step_gives_buildkit_only_the_chosen_references_and_says_why(
                         lambda ref: {"Id": ref, "Size": 1, "RootFS": {"Layers": []}})
     run = build_flow.Run(M, build_flow.BuildOptions(locks=LOCKS, key=key),
                          build_flow.Wheelhouse())
-    o = build_flow.buildkit(run, build_flow.Outcome(v.key, "build", p.local_image, planned=p))
+    o = build_flow.buildkit(run, build_flow.Outcome(variant_id=v.key, state="build", image=p.local_image, planned=p))
     assert o.state == "built"
     assert asked == [(build.cache_ref(M, p.local_image), (key.public,), True)]
     assert given == [list(chosen.refs)]
