@@ -203,14 +203,3 @@ def publication_of(matrix: Matrix, dated: Dated, digest: str, first: dict[str, A
         min_driver=found.get(labels.MIN_DRIVER) or None, flavor=found.get(labels.FLAVOR, ""),
         sbom=first["sbom"] or empty, smoke_report=first["smoke_report"] or empty,
         provenance=first["provenance"], signed=signed, platforms=entries)
-
-
-def already_published(matrix: Matrix, content_hash: str,
-                      keys: tuple[Any, ...] = ()) -> Publication | None:
-    """The newest signed publication holding this content hash (on any of its platforms)."""
-    for pub in latest(matrix, keys).values():
-        hashes = {pub.content_hash, *(e.content_hash for e in pub.platforms)}
-        if content_hash in hashes and (pub.signed or not keys):
-            return pub
-    return None
-
