@@ -288,10 +288,17 @@ def names_tag(reg: oci.Registry, repository: str, digest: str, tag: str,
     """Whether a signature of `digest` by one of `keys` names `tag` (a tag anyone with push
     rights could have written counts only then)."""
     try:
-        payloads = verified_payloads(reg, repository, digest, list(keys))
+        return tag in tags_signed_by(reg, repository, digest, keys)
     except SignatureError:
         return False
-    return any(tag in signed_tags(p.get("optional")) for p in payloads)
+
+
+def tags_signed_by(reg: oci.Registry, repository: str, digest: str,
+                   keys: Iterable[ec.EllipticCurvePublicKey]) -> set[str]:
+    """The tags that the signatures of `digest` by one of `keys` name (SignatureError when none
+    verifies)."""
+    payloads = verified_payloads(reg, repository, digest, list(keys))
+    return {tag for p in payloads for tag in signed_tags(p.get("optional"))}
 
 
 def attest(reg: oci.Registry, repository: str, digest: str, key: SigningKey,

@@ -306,11 +306,10 @@ def signed_dated(reader: Reader, by_tag: dict[str, str]) -> dict[str, str]:
     signed: dict[str, set[str]] = {}
     for digest in {d for t, d in by_tag.items() if dated_key(t)}:
         try:
-            payloads = sign.verified_payloads(reader.reg, reader.source.repository, digest,
-                                              reader.keys)
+            signed[digest] = sign.tags_signed_by(reader.reg, reader.source.repository, digest,
+                                                 reader.keys)
         except sign.SignatureError:
-            payloads = []
-        signed[digest] = set().union(*(sign.signed_tags(p.get("optional")) for p in payloads))
+            signed[digest] = set()
     return {t: d for t, d in by_tag.items() if not dated_key(t) or t in signed[d]}
 
 

@@ -143,10 +143,9 @@ def signed_tags(reg: oci.Registry, at: Where, digest: str,
                 keys: list[ec.EllipticCurvePublicKey]) -> set[str]:
     """The tags that the signatures of `digest` by `keys` name."""
     try:
-        payloads = sign.verified_payloads(reg, at.repository, digest, keys)
+        return sign.tags_signed_by(reg, at.repository, digest, keys)
     except sign.SignatureError as exc:
         raise Unverified(f"the signature of `{at.reference}` did not verify: {exc}") from None
-    return {tag for p in payloads for tag in sign.signed_tags(p.get("optional"))}
 
 
 def provenance(reg: oci.Registry, at: Where, digest: str,

@@ -55,12 +55,12 @@ def choose(matrix: Matrix, ref: str, keys: Sequence[ec.EllipticCurvePublicKey], 
         found = reg.head(repository, tag)
         if found is None:
             return unused(ref, "absent")
-        payloads = sign.verified_payloads(reg, repository, found.digest, list(keys))
+        signed = sign.tags_signed_by(reg, repository, found.digest, keys)
     except sign.SignatureError as exc:
         return unused(ref, f"its signature did not verify: {exc}")
     except BuilderError as exc:
         return unused(ref, f"it cannot be read: {exc}")
-    if not any(tag in sign.signed_tags(p.get("optional")) for p in payloads):
+    if tag not in signed:
         return unused(ref, f"its signature does not name the tag `{tag}` (the tag was moved "
                       "to another signed digest?)")
     pinned = f"{matrix.staging_registry}/{repository}@{found.digest}"
