@@ -114,6 +114,17 @@ def twin_record(variant: dict[str, Any], tag: str) -> dict[str, Any] | None:
     return next((h.get("zstd") for h in variant.get("history") or [] if h["tag"] == tag), None)
 
 
+def startup_words(startup: dict[str, Any] | None) -> str:
+    """The "bytes needed to start" cell: the measured working set and its share of the
+    unpacked image, or "not measured"."""
+    if not startup:
+        return "not measured"
+    share = f" ({startup['share']:.0%} of {human_bytes(startup['image_bytes'])})" \
+        if startup.get("share") is not None else ""
+    other = "" if startup["same_digest"] else "; measured on another build of this variant"
+    return f"{human_bytes(startup['bytes'])}{share}, {startup['files']} files{other}"
+
+
 # ---- how to run it ----------------------------------------------------------------------------
 
 
