@@ -38,16 +38,6 @@ def _engine(request: pytest.FixtureRequest) -> None:
         missing(problem)
 
 
-# Modules that empty what a fresh engine lacks (BuildKit's layer records): they run after every
-# other test, so that no module builds on a cache pruned under it.
-RUNS_LAST = ("test_reproduce_e2e.py",)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Move the RUNS_LAST modules' tests to the end, keeping every other order."""
-    items.sort(key=lambda item: item.path.name in RUNS_LAST)
-
-
 LOOPBACK_REGISTRY = re.compile(r"127\.0\.0\.1:(\d+)/")
 
 
