@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 from helpers import PRIVATE_REPOSITORIES, free_port, missing
 
-from builder.core import engine, registry
+from builder.core import clock, engine, registry
 
 DOCKER = "/usr/bin/docker"
 
@@ -30,6 +30,12 @@ def engine_problem() -> str | None:
         return "no docker client (tools/setup.sh installs docker.io)"
     result = subprocess.run([docker, "info"], capture_output=True, check=False, timeout=60)
     return None if result.returncode == 0 else "no Docker engine answers (tools/setup.sh starts it)"
+
+
+@pytest.fixture(autouse=True)
+def _clock() -> None:
+    """Each test's in-process commands read the clock again, as each builder command does."""
+    clock.reset()
 
 
 @pytest.fixture(autouse=True)
