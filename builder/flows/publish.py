@@ -210,7 +210,7 @@ def twin_step(run: Run, g: Going) -> Going:
     assert g.top is not None
     return replace(g, twins=promote_twins(run.matrix, g.top, [(p.vetted, p.cand)
                                                              for p in g.promoted],
-                                          g.first.floating_tag))
+                                          [g.dated[0], *g.tags]))
 
 
 def sign_step(run: Run, g: Going) -> Going:
