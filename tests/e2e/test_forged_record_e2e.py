@@ -18,6 +18,8 @@ tags straight into the registry's HTTP API as anyone with push rights could:
       update-the-checkout hint and moves nothing
   (f) a forged `<runtime>-99991231` on the slim's signed digest: `rebuild --check`, `publish`
       and the catalog read the runtime's record as if it were absent
+  (g) the `.sig` of the publication and of its twin overwritten: `verify --key` fails; `publish`
+      of the same content signs both again from their verified evidence, `verify --key` is ok
   and `rebuild --check` reports each tag moved off the newest signed publication as `tag-drift`
   (cases a and d), clean again once `publish` put it back
   and the catalog (`--key`) lists only signed publications as history, the rest as other tags
@@ -350,6 +352,30 @@ def test_f_a_forged_dated_tag_on_the_slims_signed_digest(env, published, saved) 
     print(f"forged `{forged}` on the slim's {slim[:19]}: rebuild --check exit 0 (checks "
           f"{published['digest'][:19]}), publish: already published (dated "
           f"{published['dated_tag']}), catalog history {[h['tag'] for h in entry['history']]}")
+
+
+# ---- (g) an overwritten `.sig`, signed again by publish ---------------------------------------
+
+
+def test_g_publish_signs_again_an_overwritten_sig(env, published, saved) -> None:
+    reg, made = env["reg"], published["zstd"]["digest"]
+    junk = [sign.Layer(sign.SIMPLE_SIGNING, b"{}", {sign.SIGNATURE_ANNOTATION: "AAAA"})]
+    for digest in (published["digest"], made):
+        saved.keep("torch", sign.sig_tag(digest))
+        sign.write_layers(reg, "torch", sign.sig_tag(digest), junk)
+    before = verify(env, CPU)
+    assert before.returncode == 1, before.stdout
+    print("before:", next(x for x in before.stdout.splitlines() if "signature" in x))
+
+    result = publish(env)
+    log = result.stdout + result.stderr
+    line = f"signed {published['digest'][:19]} again as `{published['dated_tag']}`"
+    assert line in log, log
+    print(next(x for x in log.splitlines() if line in x))
+    assert already_published(result, published) == []
+    for tag in (CPU, twin(CPU), published["dated_tag"], twin(published["dated_tag"])):
+        after = verify(env, tag)
+        assert after.returncode == 0, (tag, after.stdout, after.stderr)
 
 
 # ---- the catalog's history: signed publications only (issue 40.2's done-when) -----------------
