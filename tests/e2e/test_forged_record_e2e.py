@@ -30,7 +30,6 @@ Each test puts back the tags it forged (tests/e2e/helpers.Saved).
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -41,15 +40,13 @@ import pytest
 import yaml
 from helpers import (
     Saved,
-    cpu_alias_matrix,
     fake_image,
-    free_port,
     real_labels,
-    remove_images_at,
     run_builder,
+    trusting_registry,
 )
 
-from builder.core import clock, keypair, labels, oci, registry, sign
+from builder.core import clock, keypair, labels, sign
 from builder.model import tags as tag_rules
 
 pytestmark = pytest.mark.docker
@@ -65,21 +62,9 @@ SKIP = ("--skip-source", "python-vuln", "--skip-source", "debian-security")
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A fresh registry, a key pair, a matrix trusting that key (with an alias for the CPU
-    runtime); the registry and its images removed afterwards."""
-    tmp = tmp_path_factory.mktemp("forged-record")
-    addr = f"127.0.0.1:{free_port()}"
-    matrix_path = cpu_alias_matrix(tmp, addr, ALIAS, trust_keys=["ours/cosign.pub"])
-    registry.start(addr, tmp / "registry")
-    environ = {**os.environ, "COSIGN_PASSWORD": PASSWORD, "BUILDER_STATE": str(tmp / "state")}
-    environ.pop("COSIGN_PRIVATE_KEY", None)
-    (tmp / "ours").mkdir()
-    run_builder("keygen", "--out", str(tmp / "ours"), env=environ)
-    yield {"matrix": matrix_path, "addr": addr, "tmp": tmp, "env": environ,
-           "key": tmp / "ours" / "cosign.key", "pub": tmp / "ours" / "cosign.pub",
-           "reg": oci.Registry(addr)}
-    registry.stop(tmp / "registry")
-    remove_images_at(addr)
+    """A fresh registry, a key pair, a matrix trusting that key (helpers.trusting_registry)."""
+    with trusting_registry(tmp_path_factory.mktemp("forged-record"), ALIAS, PASSWORD) as found:
+        yield found
 
 
 def builder(env: dict[str, Any], *args: str, check: bool = False

@@ -15,7 +15,6 @@ is signed with the trusted key (as a publish that trusted a planted twin would h
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from typing import Any
@@ -24,15 +23,13 @@ import pytest
 import zstandard
 from helpers import (
     Saved,
-    cpu_alias_matrix,
     fake_image,
-    free_port,
     real_labels,
-    remove_images_at,
     run_builder,
+    trusting_registry,
 )
 
-from builder.core import keypair, labels, oci, registry, sign, zstd
+from builder.core import keypair, labels, oci, sign, zstd
 from builder.model import tags as tag_rules
 from builder.stages import twin
 
@@ -45,20 +42,9 @@ PASSWORD = "correct horse"
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A fresh registry, a key pair, a matrix trusting that key; all removed afterwards."""
-    tmp = tmp_path_factory.mktemp("planted-twin")
-    addr = f"127.0.0.1:{free_port()}"
-    matrix_path = cpu_alias_matrix(tmp, addr, ALIAS, trust_keys=["ours/cosign.pub"])
-    registry.start(addr, tmp / "registry")
-    environ = {**os.environ, "COSIGN_PASSWORD": PASSWORD, "BUILDER_STATE": str(tmp / "state")}
-    environ.pop("COSIGN_PRIVATE_KEY", None)
-    (tmp / "ours").mkdir()
-    run_builder("keygen", "--out", str(tmp / "ours"), env=environ)
-    yield {"matrix": matrix_path, "addr": addr, "tmp": tmp, "env": environ,
-           "key": tmp / "ours" / "cosign.key", "pub": tmp / "ours" / "cosign.pub",
-           "reg": oci.Registry(addr)}
-    registry.stop(tmp / "registry")
-    remove_images_at(addr)
+    """A fresh registry, a key pair, a matrix trusting that key (helpers.trusting_registry)."""
+    with trusting_registry(tmp_path_factory.mktemp("planted-twin"), ALIAS, PASSWORD) as found:
+        yield found
 
 
 def verify(env: dict[str, Any], tag: str) -> subprocess.CompletedProcess[str]:
