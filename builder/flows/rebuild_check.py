@@ -291,8 +291,8 @@ def ask_drift(s: Subject) -> list[Finding]:
     first = top.platforms[0].platform if top and top.platforms else platforms.DEFAULT
     if top is None or s.variant.platform != first:
         return []
-    moved = tag_repair.drift(oci.Registry(top.registry), top, [top.floating_tag, *top.aliases],
-                             s.keys)
+    moving = [top.floating_tag, *plan.aliases_of(s.matrix, s.variant)]
+    moved = tag_repair.drift(oci.Registry(top.registry), top, moving, s.keys)
     return [Finding(variant_id=s.variant.id, reason="tag-drift", status=REPAIR,
                     detail=f"`{tag}` points at {was[:19] or 'nothing'}, not {want[:19]} "
                     f"(`{top.dated_tag}`): `builder publish` repairs it",

@@ -46,6 +46,7 @@ def clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
         {"name": "numpy", "version": "2.4.5", "purl": "pkg:pypi/numpy@2.4.5"}]})
     monkeypatch.setattr(checking.plan, "smoke_files_hash", lambda: "s")
     monkeypatch.setattr(checking.tag_repair, "drift", lambda *a: [])
+    monkeypatch.setattr(checking.plan, "aliases_of", lambda *a: ["latest"])
     return monkeypatch
 
 
