@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from builder.core import keypair, oci, sign
+from builder.core import clock, keypair, oci, sign
 from builder.core.output import step
 from builder.flows import record, tag_repair
 from builder.model import catalog_doc
@@ -41,7 +41,7 @@ def restore(matrix: Matrix, group: Sequence[PlannedVariant], newest: Publication
     all_tags = reg.tags(matrix.repository)
     floor = (catalog_doc.dated_key(newest.dated_tag) if newest else None) or ("", "", -1)
     for dated in record.dated_tags(all_tags):
-        if dated.floating != group[0].floating_tag or dated.date > record.today() \
+        if dated.floating != group[0].floating_tag or dated.date > clock.stamp() \
                 or dated.order <= floor[1:]:
             continue
         vid, pub = record.read_publication(reg, matrix, dated, all_tags)

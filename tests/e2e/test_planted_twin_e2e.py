@@ -2,9 +2,9 @@
 before `publish` is replaced by the one publish recompresses (and reported), and `verify --key`
 judges a twin by its layers' bytes, not by who signed it.
 
-One CPU runtime image is built and staged with signed evidence (a key from `builder keygen`, a
-matrix trusting its public half, a registry of this module's own). Before `publish --key`, two
-twins claiming to be its twin (their source annotation names its digest) are planted:
+The session's CPU runtime (fixtures_published: built, staged with signed evidence by a key from
+`builder keygen`) is published by the same key into a registry of this module's own, its staging
+only read; nothing is built. Before that `publish --key`, two twins claiming to be its twin (their source annotation names its digest) are planted:
   - under `<floating>-zstd`: an image index of an older publication (a tiny image's twin);
   - under `build-<hash>-zstd`: a manifest with the same config and zstd layers of other bytes.
 Publish replaces both with the twin it made (one line each). Then a twin with one layer swapped
@@ -21,65 +21,74 @@ from typing import Any
 
 import pytest
 import zstandard
-from helpers import (
-    Saved,
-    fake_image,
-    real_labels,
-    run_builder,
-    trusting_registry,
+from fixtures_published import (
+    CPU,
+    PASSWORD,
+    Publication,
+    moved_matrix,
+    own_registry,
+    shared_publication,  # noqa: F401  (a fixture: the session's image)
 )
+from helpers import Saved, fake_image, run_builder
 
-from builder.core import keypair, labels, oci, sign, zstd
-from builder.model import tags as tag_rules
+from builder.core import keypair, oci, sign, zstd
 from builder.stages import twin
 
 pytestmark = pytest.mark.docker
 
-CPU = "2.13.0-py3.11-cpu-runtime"
-ALIAS = "latest-cpu-runtime"
-PASSWORD = "correct horse"
-
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A fresh registry, a key pair, a matrix trusting that key (helpers.trusting_registry)."""
-    with trusting_registry(tmp_path_factory.mktemp("planted-twin"), ALIAS, PASSWORD) as found:
-        yield found
+def env(shared_publication: Publication,  # noqa: F811
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A registry of this module's own, where the session's staged image (fixtures_published,
+    only read) is published by the same key: the twins are planted there, never in the
+    session's registry."""
+    tmp = tmp_path_factory.mktemp("planted-twin")
+    shared = shared_publication
+    with own_registry(tmp) as addr:
+        matrix = moved_matrix(shared, tmp, addr, staging=f"{shared.addr}/{shared.staging}")
+        yield {"matrix": matrix, "addr": addr, "tmp": tmp, "env": shared.env,
+               "key": shared.key, "pub": shared.pub, "reg": oci.Registry(addr),
+               "repo": shared.repository, "shared": shared}
 
 
 def verify(env: dict[str, Any], tag: str) -> subprocess.CompletedProcess[str]:
-    return run_builder("verify", f"{env['addr']}/torch:{tag}", "--key", str(env["pub"]),
-                       env=env["env"], check=False)
+    return run_builder("verify", f"{env['addr']}/{env['repo']}:{tag}", "--key",
+                       str(env["pub"]), env=env["env"], check=False)
 
 
-def zstd_blob(reg: oci.Registry, data: bytes) -> dict[str, Any]:
+def zstd_blob(env: dict[str, Any], data: bytes) -> dict[str, Any]:
     """A tar+zstd layer of `data` pushed into the vetted repository; its descriptor."""
     blob = zstandard.ZstdCompressor().compress(data)
-    return {"mediaType": zstd.MEDIA_TYPE, "size": len(blob), "digest": reg.push_blob("torch", blob)}
+    return {"mediaType": zstd.MEDIA_TYPE, "size": len(blob),
+            "digest": env["reg"].push_blob(env["repo"], blob)}
 
 
-def put(reg: oci.Registry, doc: dict[str, Any]) -> str:
+def put(env: dict[str, Any], doc: dict[str, Any]) -> str:
     body = json.dumps(doc).encode()
-    return reg.put_manifest("torch", oci.sha256(body), body, doc["mediaType"])
+    return env["reg"].put_manifest(env["repo"], oci.sha256(body), body, doc["mediaType"])
 
 
-def older_index(reg: oci.Registry, source: str) -> str:
+def older_index(env: dict[str, Any], source: str) -> str:
     """An image index of an older publication's twin (a tiny image), annotated as `source`'s."""
-    old = fake_image(reg, "torch", {})
-    _, desc = reg.manifest("torch", old)  # type: ignore[misc]
-    return put(reg, {"schemaVersion": 2, "mediaType": oci.OCI_INDEX,
+    old = fake_image(env["reg"], env["repo"], {})
+    _, desc = env["reg"].manifest(env["repo"], old)  # type: ignore[misc]
+    return put(env, {"schemaVersion": 2, "mediaType": oci.OCI_INDEX,
                      "manifests": [{**desc.as_json(),
                                     "platform": {"os": "linux", "architecture": "amd64"}}],
                      "annotations": {twin.SOURCE_ANNOTATION: source}})
 
 
-def same_config_other_layers(reg: oci.Registry, source: str) -> str:
-    """A manifest with `source`'s config and as many zstd layers, of other bytes."""
-    gz = json.loads(reg.manifest("torch-staging", source)[0])  # type: ignore[index]
+def same_config_other_layers(env: dict[str, Any], source: str) -> str:
+    """A manifest with `source`'s config (copied from the session's staging) and as many zstd
+    layers, of other bytes."""
+    shared: Publication = env["shared"]
+    staging = oci.Registry(shared.addr)
+    gz = json.loads(staging.manifest(shared.staging, source)[0])  # type: ignore[index]
     config = gz["config"]
-    reg.push_blob("torch", reg.blob("torch-staging", config["digest"]))
-    layers = [zstd_blob(reg, f"not layer {n}".encode()) for n in range(len(gz["layers"]))]
-    return put(reg, {"schemaVersion": 2, "mediaType": oci.OCI_MANIFEST,
+    env["reg"].push_blob(env["repo"], staging.blob(shared.staging, config["digest"]))
+    layers = [zstd_blob(env, f"not layer {n}".encode()) for n in range(len(gz["layers"]))]
+    return put(env, {"schemaVersion": 2, "mediaType": oci.OCI_MANIFEST,
                      "config": {"mediaType": oci.OCI_CONFIG, "digest": config["digest"],
                                 "size": config["size"]},
                      "layers": layers, "annotations": {twin.SOURCE_ANNOTATION: source}})
@@ -87,17 +96,13 @@ def same_config_other_layers(reg: oci.Registry, source: str) -> str:
 
 @pytest.fixture(scope="module")
 def published(env: dict[str, Any]) -> dict[str, Any]:
-    """The image built and staged (signed evidence), two twins planted, then `publish --key`."""
-    out = run_builder("build", "--select", f"id={CPU}", "--stage", "--key", str(env["key"]),
-                      "--json", matrix=env["matrix"], env=env["env"])
-    staged = json.loads(out.stdout)[0]["message"].rsplit("@", 1)[1]
-    reg = env["reg"]
-    hash_tag = tag_rules.HASH_TAG_PREFIX + real_labels(reg, "torch-staging", staged)[
-        labels.CONTENT_HASH][:20]
-    planted = {twin.tag_of(CPU): older_index(reg, staged),
-               twin.tag_of(hash_tag): same_config_other_layers(reg, staged)}
+    """Two twins of the staged image planted, then `publish --key` (nothing built)."""
+    shared: Publication = env["shared"]
+    staged = shared.staged
+    planted = {twin.tag_of(CPU): older_index(env, staged),
+               twin.tag_of(shared.record["hash_tag"]): same_config_other_layers(env, staged)}
     for tag, digest in planted.items():
-        reg.tag("torch", digest, tag)
+        env["reg"].tag(env["repo"], digest, tag)
     result = run_builder("publish", "--select", f"id={CPU}", "--key", str(env["key"]),
                          "--manifest", str(env["tmp"] / "published.json"),
                          matrix=env["matrix"], env=env["env"], check=False)
@@ -117,7 +122,7 @@ def test_a_planted_twin_is_replaced_at_publish(env, published) -> None:
                f"{published['digest'][:19]}: replacing it"
         assert line in log, log
         print(line)
-        head = env["reg"].head("torch", tag)
+        head = env["reg"].head(env["repo"], tag)
         assert head is not None and head.digest == made
         assert head.digest != digest
     result = verify(env, twin.tag_of(CPU))
@@ -125,16 +130,16 @@ def test_a_planted_twin_is_replaced_at_publish(env, published) -> None:
 
 
 def test_verify_fails_a_signed_twin_whose_layer_is_not_its_diff_id(env, published) -> None:
-    reg, tag = env["reg"], twin.tag_of(CPU)
-    doc = json.loads(reg.manifest("torch", published["zstd"]["digest"])[0])  # type: ignore[index]
-    doc["layers"][0] = {**doc["layers"][0], **zstd_blob(reg, b"a .pth file, say")}
-    forged = put(reg, doc)
+    reg, repo, tag = env["reg"], env["repo"], twin.tag_of(CPU)
+    doc = json.loads(reg.manifest(repo, published["zstd"]["digest"])[0])  # type: ignore[index]
+    doc["layers"][0] = {**doc["layers"][0], **zstd_blob(env, b"a .pth file, say")}
+    forged = put(env, doc)
     signing = keypair.decrypt_private(env["key"].read_bytes(), "ours", PASSWORD.encode())
-    sign.sign_image(reg, "torch", forged, signing, sign.tag_annotations(CPU, [tag]))
+    sign.sign_image(reg, repo, forged, signing, sign.tag_annotations(CPU, [tag]))
     saved = Saved(env["addr"])
-    saved.keep("torch", tag)
+    saved.keep(repo, tag)
     try:
-        reg.tag("torch", forged, tag)
+        reg.tag(repo, forged, tag)
         result = verify(env, tag)
     finally:
         saved.restore()

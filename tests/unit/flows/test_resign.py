@@ -47,7 +47,7 @@ def world(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     w: dict[str, Any] = {"reg": reg, "signed": [], "unsigned": {GOOD, DECOY, TWIN},
                          "attested": {GOOD}}
     monkeypatch.setattr(resign.oci, "Registry", lambda _addr: reg)
-    monkeypatch.setattr(resign.record, "today", lambda: "20261206")
+    monkeypatch.setattr(resign.clock, "stamp", lambda: "20261206")
     monkeypatch.setattr(resign.record, "read_publication", lambda _r, _m, dated, _t: (
         VID, pub(digests[dated.tag], dated.tag)))
     monkeypatch.setattr(resign.record, "signed_for", lambda _r, _repo, digest, _k: (
