@@ -35,7 +35,7 @@ from typing import Any
 from builder.core import clock, engine, keypair, oci, sign
 from builder.core.errors import ConfigError
 from builder.core.output import step
-from builder.flows import publish_gate, record, tag_repair
+from builder.flows import publish_gate, record, resign, tag_repair
 from builder.flows.publish_twin import (
     Twins,
     attach,
@@ -88,6 +88,10 @@ def publish_variants(matrix: Matrix, planned: list[PlannedVariant], *,
         found = record.history(matrix, trust.keys)  # a registry down: the same hint as below
         known = {vid: pubs[0] for vid, pubs in found.items()}
         for group in groups(planned):
+            vid = group[0].variant.id
+            if not dry_run and (again := resign.restore(matrix, group, known.get(vid),
+                                                        tags_of(matrix, group), trust)):
+                known[vid], found[vid] = again, [again, *found.get(vid, [])]
             if held := already_published(known, group):
                 if not dry_run:
                     tag_repair.repair(oci.Registry(matrix.registry), known[held["id"]],
@@ -107,6 +111,12 @@ def publish_variants(matrix: Matrix, planned: list[PlannedVariant], *,
                     "smoke report; run `builder publish` again to finish")
         raise
     return results
+
+
+def tags_of(matrix: Matrix, group: list[PlannedVariant]) -> list[str]:
+    """The tags a variant's manifest or index carries after its dated tag (Going.tags)."""
+    first = group[0]
+    return [*([] if is_multi(matrix, first.variant) else [first.hash_tag]), *first.tags]
 
 
 def report(manifest: Path | None, publications: dict[str, Publication]) -> None:
@@ -210,7 +220,7 @@ def twin_step(run: Run, g: Going) -> Going:
     assert g.top is not None
     return replace(g, twins=promote_twins(run.matrix, g.top, [(p.vetted, p.cand)
                                                              for p in g.promoted],
-                                          g.first.floating_tag))
+                                          [g.dated[0], *g.tags]))
 
 
 def sign_step(run: Run, g: Going) -> Going:

@@ -42,26 +42,35 @@ def refuse_older(pubs: Sequence[Publication], group: Sequence[PlannedVariant]) -
         f"{older.dated_tag}`)")
 
 
-def repair(reg: oci.Registry, pub: Publication, moving: Sequence[str],
-           keys: tuple[Any, ...] = ()) -> list[str]:
-    """Point each of `moving` (floating tag, aliases) and its `-zstd` twin at `pub` (and its
-    twin) where it points elsewhere; with `keys`, only a tag a trusted key signed for that
-    digest is moved. Returns the tags moved."""
+def drift(reg: oci.Registry, pub: Publication, moving: Sequence[str],
+          keys: tuple[Any, ...] = ()) -> list[tuple[str, str, str]]:
+    """Each of `moving` (floating tag, aliases) and its `-zstd` twin that points elsewhere than
+    `pub` (and its twin): (tag, the digest it holds or '', the digest it should hold). With
+    `keys`, only a tag a trusted key signed for that digest counts (the only tags `repair` may
+    move, so a drift reported is a drift `publish` puts right)."""
     repo = pub.repository
     twin_head = reg.head(repo, twin.tag_of(pub.dated_tag))
     targets = [(tag, pub.digest) for tag in moving]
     if twin_head is not None:
         targets += [(twin.tag_of(tag), twin_head.digest) for tag in moving]
-    moved = []
+    found = []
     for tag, digest in targets:
         head = reg.head(repo, tag)
         if head is not None and head.digest == digest:
             continue
         if keys and not sign.names_tag(reg, repo, digest, tag, keys):
             continue
-        reg.tag(repo, digest, tag)
-        was = head.digest[:19] if head else "nothing"
-        step(f"  moved `{tag}` from {was} to {digest[:19]} (the newest signed publication, "
-             f"`{pub.dated_tag}`)")
+        found.append((tag, head.digest if head else "", digest))
+    return found
+
+
+def repair(reg: oci.Registry, pub: Publication, moving: Sequence[str],
+           keys: tuple[Any, ...] = ()) -> list[str]:
+    """Point each tag that drifted from `pub` (`drift`) back at it; the tags moved."""
+    moved = []
+    for tag, was, digest in drift(reg, pub, moving, keys):
+        reg.tag(pub.repository, digest, tag)
+        step(f"  moved `{tag}` from {was[:19] or 'nothing'} to {digest[:19]} (the newest signed "
+             f"publication, `{pub.dated_tag}`)")
         moved.append(tag)
     return moved
