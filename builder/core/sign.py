@@ -73,6 +73,9 @@ def simple_signing_payload(docker_reference: str, digest: str,
 # was promoted under (a map of strings, so Kyverno's `annotations` and `cosign verify -a` can
 # require one tag: `-a tag:2.13.0-py3.11-cpu-runtime=signed`).
 VARIANT_ANNOTATION, TAG_ANNOTATION, TAG_SIGNED = "variant", "tag:", "signed"
+# A signed rollback (builder.flows.rollback): the dated tag taken back to, and the newest
+# publication's dated tag at the time (a newer publication makes the rollback stale).
+ROLLBACK_TO, ROLLBACK_FROM = "dev.torch-images.rollback-to", "dev.torch-images.rollback-from"
 
 
 def tag_annotations(variant: str, tags: Iterable[str]) -> dict[str, str]:
@@ -83,6 +86,12 @@ def signed_tags(optional: dict[str, Any] | None) -> set[str]:
     """The tags a verified payload's `optional` map names."""
     return {k.removeprefix(TAG_ANNOTATION) for k, v in (optional or {}).items()
             if isinstance(k, str) and k.startswith(TAG_ANNOTATION) and v == TAG_SIGNED}
+
+
+def rollbacks(payloads: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(rolled back to, from) for each verified payload that signs a rollback."""
+    return [(str(o[ROLLBACK_TO]), str(o.get(ROLLBACK_FROM) or ""))
+            for p in payloads if ROLLBACK_TO in (o := p.get("optional") or {})]
 
 
 def check_payload(payload: bytes, docker_reference: str, digest: str) -> str:
