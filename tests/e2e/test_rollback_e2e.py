@@ -94,6 +94,7 @@ def day1(env: dict[str, Any]) -> dict[str, Any]:
             day=DAY1, check=True)
     result = builder(env, "publish", "--select", f"id={CPU}", "--key", str(env["key"]),
                      "--json", day=DAY1, check=True)
+    print(result.stderr)  # each step's line, the audit's among them (pytest -rP)
     [pub] = json.loads(result.stdout)
     assert pub["dated_tag"] == OLD, pub
     assert head(env, twin(OLD)) is not None, "the matrix publishes zstd twins"
@@ -121,8 +122,6 @@ def newer_publication(env: dict[str, Any], day1: dict[str, Any], dated: str,
 def rolled(env: dict[str, Any], day1: dict[str, Any]) -> dict[str, Any]:
     """Day 2: a newer publication, then `publish --rollback-to` the day-1 one."""
     newer = newer_publication(env, day1, NEW, "1" * 64)
-    before = verify(env, CPU)
-    assert before.returncode == 0, before.stdout + before.stderr
     result = builder(env, "publish", "--rollback-to", OLD, "--key", str(env["key"]), "--json")
     return {"newer": newer, "run": result}
 
@@ -147,13 +146,52 @@ def test_verify_reports_the_signed_rollback(env, rolled) -> None:
         assert "tag rollback" not in result.stdout, result.stdout
 
 
-def test_the_catalog_shows_the_rollback_by_the_key(env, day1, rolled) -> None:
+@pytest.fixture(scope="module")
+def catalog(env: dict[str, Any], rolled: dict[str, Any]) -> dict[str, Any]:
+    """`builder catalog --key` of the repository after the rollback (day 2)."""
     site = env["tmp"] / "site"
     run_builder("catalog", f"{env['addr']}/torch", "--out", str(site), "--key", str(env["pub"]),
                 env={**env["env"], "TORCH_IMAGES_NOW": DAY2})
-    doc = json.loads((site / "catalog.json").read_text())
-    detail = doc["images"][day1["digest"]]["signature"]["detail"]
+    return json.loads((site / "catalog.json").read_text())
+
+
+def test_the_catalog_shows_the_rollback_by_the_key(env, day1, catalog) -> None:
+    detail = catalog["images"][day1["digest"]]["signature"]["detail"]
     assert f"a signed rollback to `{OLD}` from `{NEW}`, made by that key" in detail, detail
+
+
+def with_key(doc: Any, key: str) -> Iterator[dict[str, Any]]:
+    """Every mapping in `doc` that has `key`."""
+    if isinstance(doc, dict):
+        if key in doc:
+            yield doc
+        for value in doc.values():
+            yield from with_key(value, key)
+    elif isinstance(doc, list):
+        for value in doc:
+            yield from with_key(value, key)
+
+
+def test_a_plain_publish_is_audited_signed_and_the_catalog_shows_it(env, day1, catalog) -> None:
+    """No `audit --attach`: publish attached a report with its signed attestation; Debian rows
+    name CVE ids from changelogs, Python rows are `unknown` where PyPI cannot be asked; the
+    catalog shows the audit on the image and on its dated tag."""
+    reg, digest = env["reg"], day1["digest"]
+    report = json.loads(reg.fetch_artifact("torch", digest, "audit"))
+    attested, _ = sign.verified_attestations(reg, "torch", digest,
+                                             [keypair.load_public(env["pub"])])
+    assert attested["audit"]["predicate"]["scanner"]["result"] == report
+    print(json.dumps(report["sources"], indent=2), len(report["vulnerabilities"]),
+          len(report["unknown"]))
+    debian = [v for v in report["vulnerabilities"] if v["source"] == "debian-security"]
+    assert all(a.startswith(("CVE-", "DSA-", "DLA-")) for v in debian for a in v["aliases"])
+    if report["sources"]["pypi"]["status"] != "ok":
+        assert any(u["reason"].startswith("PyPI's advisory data") for u in report["unknown"])
+        assert not report["ok"]  # never a clean bill
+    [image] = catalog["images"][digest]["platforms"]
+    assert image["audit"]["state"] != "not audited" and image["audit"]["from"] == "audit"
+    dated = [e for e in with_key(catalog, "audit") if e.get("tag") == OLD]
+    assert dated and all(e["audit"] == image["audit"]["state"] for e in dated), dated
 
 
 def test_rollback_to_the_newest_or_an_unsigned_tag_is_refused(env, day1, rolled) -> None:
