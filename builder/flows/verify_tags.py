@@ -2,7 +2,8 @@
 resolves to: that TAG is among the tags signed for that digest (publish signs them in the
 cosign payload's `optional` map), that the image's labels say what TAG says (torch, python,
 accelerator, CUDA, cuDNN, flavor; `build-<hash>` its content hash) on every platform, and that a
-floating tag is not rolled back to an older publication than the latest dated one.
+floating tag is not rolled back to an older publication than the latest dated one, unless a
+trusted key signed that rollback while that one was the newest (builder.flows.rollback).
 """
 
 from __future__ import annotations
