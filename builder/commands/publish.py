@@ -15,7 +15,7 @@ from builder.commands.options import (
     load_selected,
 )
 from builder.core import keypair
-from builder.core.errors import GateRefused
+from builder.core.errors import GateRefused, UsageError
 from builder.core.output import emit_json, step, table
 from builder.flows import bases, rollback
 from builder.flows.publish import publish_variants
@@ -44,6 +44,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
     format: --key or COSIGN_PRIVATE_KEY), then tag `<tag>-YYYYMMDD` (never overwritten),
     `build-<hash>`, the floating tag and aliases. Never builds; a stopped run is completed by
     the next. Exit 1 when any image was refused."""
+    if args.rollback_to and args.dry_run:
+        raise UsageError("--rollback-to moves tags: it has no --dry-run",
+                         hint="`builder verify --key` of the dated tag shows what it names")
     if not args.select:
         args.select = ["default=true"]
     matrix, variants = load_selected(args)
