@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from builder.core import keypair, oci, sign
-from builder.core.errors import ConfigError
+from builder.core.errors import UsageError
 from builder.core.output import step
 from builder.flows import record
 from builder.model import catalog_doc
@@ -29,7 +29,7 @@ def rollback_to(matrix: Matrix, dated_tag: str, trust: keypair.Trust) -> dict[st
     """Point the floating tag, aliases and twins of `dated_tag`'s variant back at it, signed;
     the result row (`status`: rolled-back)."""
     if trust.key is None:
-        raise ConfigError("--rollback-to needs a signing key: a rollback is signed, or it is "
+        raise UsageError("--rollback-to needs a signing key: a rollback is signed, or it is "
                           "tampering", hint="give --key (or COSIGN_PRIVATE_KEY)")
     reg = oci.Registry(matrix.registry)
     vid, target, newest = find(matrix, dated_tag, trust.keys)
@@ -62,18 +62,18 @@ def find(matrix: Matrix, dated_tag: str, keys: tuple[Any, ...]
     """(variant id, the publication of `dated_tag`, the variant's newest), or why not: only a
     signed dated publication older than the newest can be rolled back to."""
     if not catalog_doc.dated_key(dated_tag) or dated_tag.endswith(twin.SUFFIX):
-        raise ConfigError(f"--rollback-to `{dated_tag}`: not a dated tag",
+        raise UsageError(f"--rollback-to `{dated_tag}`: not a dated tag",
                           hint="name a dated publication, `<floating>-YYYYMMDD[.n]` (the "
                           "catalog lists them)")
     for vid, pubs in record.history(matrix, keys).items():
         for pub in pubs:
             if pub.dated_tag == dated_tag:
                 if pub is pubs[0]:
-                    raise ConfigError(f"--rollback-to `{dated_tag}`: it is the newest "
+                    raise UsageError(f"--rollback-to `{dated_tag}`: it is the newest "
                                       f"publication of `{vid}`, nothing to roll back",
                                       hint="name an older dated tag of the variant")
                 return vid, pub, pubs[0]
-    raise ConfigError(f"--rollback-to `{dated_tag}`: no publication signed by a trusted key "
+    raise UsageError(f"--rollback-to `{dated_tag}`: no publication signed by a trusted key "
                       f"in `{matrix.image_name}`",
                       hint="name a dated tag a trusted key signed (`builder verify --key` "
                       "says which do)")

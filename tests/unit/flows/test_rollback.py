@@ -9,7 +9,7 @@ import pytest
 from records import publication  # type: ignore[import-not-found]
 
 from builder.core import keypair, sign
-from builder.core.errors import ConfigError
+from builder.core.errors import UsageError
 from builder.flows import rollback
 
 VID = "2.13.0-py3.11-cpu-runtime"
@@ -75,11 +75,11 @@ def test_rollback_signs_then_moves_the_tags_both_were_signed_for(world) -> None:
     (DATED_NEW, "it is the newest publication"), (f"{VID}-20200101", "no publication signed"),
     ("latest", "not a dated tag")])
 def test_only_an_older_signed_publication_can_be_rolled_back_to(world, dated, why) -> None:
-    with pytest.raises(ConfigError, match=why):
+    with pytest.raises(UsageError, match=why):
         rollback.rollback_to(Matrix(), dated, trust())  # type: ignore[arg-type]
     assert world["made"] == []
 
 
 def test_a_rollback_needs_a_key(world) -> None:
-    with pytest.raises(ConfigError, match="needs a signing key"):
+    with pytest.raises(UsageError, match="needs a signing key"):
         rollback.rollback_to(Matrix(), DATED_OLD, keypair.UNSIGNED)  # type: ignore[arg-type]
