@@ -214,10 +214,10 @@ def test_a_hand_moved_tag_still_fails(env, day1, rolled) -> None:
     signature names that move, so verify reports the rollback."""
     saved = Saved(env["addr"])
     try:
-        older = newer_publication(env, day1, f"{CPU}-20251231", "2" * 64)["gzip"]
-        for tag in MOVING:
+        for tag in MOVING:  # as the rollback left them
             saved.keep("torch", tag)
             saved.keep("torch", twin(tag))
+        older = newer_publication(env, day1, f"{CPU}-20251231", "2" * 64)["gzip"]
         for tag in MOVING:  # newer_publication moved them; the floating tag goes to `older`
             env["reg"].tag("torch", older if tag == CPU else day1["digest"], tag)
         moved = verify(env, CPU)
