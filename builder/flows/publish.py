@@ -9,6 +9,8 @@ order (each idempotent; what users and `builder plan` read comes last):
                --dry-run stops here
   promote      each platform's manifest into the vetted repository by digest, with SBOM, smoke
                report and provenance attached (an index's platforms also signed and content-tagged)
+  audit_step   each platform's signed vulnerability report (builder.flows.vuln_audit); a
+               source that cannot answer is a warning, never a failed publish
   index        several platforms (or one off linux/amd64): an OCI image index of those
                manifests, pushed by digest; a linux/amd64-only variant keeps its plain manifest;
                the dated tag it will take
@@ -35,7 +37,7 @@ from typing import Any
 from builder.core import clock, engine, keypair, oci, sign
 from builder.core.errors import ConfigError
 from builder.core.output import step
-from builder.flows import publish_gate, record, resign, tag_repair
+from builder.flows import publish_gate, record, resign, tag_repair, vuln_audit
 from builder.flows.publish_twin import (
     Twins,
     attach,
@@ -207,6 +209,14 @@ def promote(run: Run, g: Going) -> Going:
     return replace(g, promoted=tuple(promote_platform(run.matrix, c, g.multi) for c in g.cands))
 
 
+def audit_step(run: Run, g: Going) -> Going:
+    """Step `audit`: every promoted image audited by default (builder.flows.vuln_audit)."""
+    for p in g.promoted:
+        vuln_audit.audit_published(p.vetted, p.cand.evidence["sbom"], p.cand.planned.variant.key,
+                                   run.trust.key)
+    return g
+
+
 def index(run: Run, g: Going) -> Going:
     """Step `index`: the image index of several platforms (else the plain manifest), and the
     dated tag it will take."""
@@ -264,8 +274,8 @@ def record_step(run: Run, g: Going) -> Going:
 
 
 # The steps of one variant, in order; the next promotion artifact is one function and one line.
-STEPS: tuple[Step, ...] = (same_tags, gate, promote, index, twin_step, sign_step, tags_step,
-                           record_step)
+STEPS: tuple[Step, ...] = (same_tags, gate, promote, audit_step, index, twin_step, sign_step,
+                           tags_step, record_step)
 
 
 def already_published(known: dict[str, Publication], group: list[PlannedVariant]

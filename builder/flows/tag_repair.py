@@ -3,8 +3,10 @@
 `publish` (and `rebuild`, which publishes through it) reads each variant's signed publications,
 newest first (builder.flows.record.history). Content the newest one holds is already published:
 its floating tag, aliases and their zstd twins are re-pointed at it when an attacker or a
-mistake moved them (each move printed). Content only an *older* signed publication holds is a
-checkout behind the registry: refused in one line, so a stale lock never rolls a tag back.
+mistake moved them (each move printed), unless a trusted key signed that move back as a
+rollback from that newest publication (builder.flows.rollback). Content only an *older*
+signed publication holds is a checkout behind the registry: refused in one line, so a stale
+lock never rolls a tag back.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from builder.core import oci, sign
 from builder.core.errors import GateRefused
 from builder.core.output import step
+from builder.flows import rollback
 from builder.model.planned import PlannedVariant
 from builder.model.publication import Publication
 from builder.stages import twin
@@ -60,6 +63,10 @@ def drift(reg: oci.Registry, pub: Publication, moving: Sequence[str],
             continue
         if keys and not sign.names_tag(reg, repo, digest, tag, keys):
             continue
+        newest = twin.tag_of(pub.dated_tag) if tag.endswith(twin.SUFFIX) else pub.dated_tag
+        if keys and head is not None and kept_rollback(reg, repo, head.digest, tag, newest,
+                                                       keys):
+            continue
         found.append((tag, head.digest if head else "", digest))
     return found
 
@@ -74,3 +81,17 @@ def repair(reg: oci.Registry, pub: Publication, moving: Sequence[str],
              f"publication, `{pub.dated_tag}`)")
         moved.append(tag)
     return moved
+
+
+def kept_rollback(reg: oci.Registry, repo: str, digest: str, tag: str, newest: str,
+                  keys: tuple[Any, ...]) -> bool:
+    """Whether `tag` on `digest` is a signed rollback from the newest publication `newest`
+    (a deliberate act, kept; printed)."""
+    try:
+        payloads = sign.verified_payloads(reg, repo, digest, list(keys))
+    except sign.SignatureError:
+        return False
+    to = rollback.signed_rollback(payloads, tag, newest)
+    if to:
+        step(f"  kept `{tag}` on {digest[:19]}: a signed rollback to `{to}` from `{newest}`")
+    return bool(to)
