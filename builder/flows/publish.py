@@ -9,8 +9,7 @@ order (each idempotent; what users and `builder plan` read comes last):
                --dry-run stops here
   promote      each platform's manifest into the vetted repository by digest, with SBOM, smoke
                report and provenance attached (an index's platforms also signed and content-tagged)
-  audit_step   each platform's signed vulnerability report (builder.flows.vuln_audit); a
-               source that cannot answer is a warning, never a failed publish
+  audit_step   each platform's signed vulnerability report (flows.vuln_audit; no answer: a warning)
   index        several platforms (or one off linux/amd64): an OCI image index of those
                manifests, pushed by digest; a linux/amd64-only variant keeps its plain manifest;
                the dated tag it will take
@@ -21,9 +20,9 @@ order (each idempotent; what users and `builder plan` read comes last):
                floating tag, then the aliases: on the manifest, or on the index; then the same
                tags with `-zstd` on the twin
   record_step  the publication: published.json's entry, as soon as the tags moved
-A step is `(Run, Going) -> Going`; the next promotion artifact (a vulnerability attestation, a
-SOCI index) is one function and one line in STEPS. A run stopped at any step leaves no tag on an
-image without its evidence; run it again to complete it.
+A step is `(Run, Going) -> Going`; the next promotion artifact (a SOCI index) is one function and
+one line in STEPS, as `audit_step` was. A stopped run leaves no tag on an image without its
+evidence; run it again to complete it.
 """
 
 from __future__ import annotations
@@ -159,8 +158,7 @@ class Going:
 
     @property
     def tags(self) -> list[str]:
-        """The variant's tags after the dated one: content tag (plain manifest), floating,
-        aliases."""
+        """The tags after the dated one: content tag (a plain manifest's), floating, aliases."""
         return [*([] if self.multi else [self.first.hash_tag]), *self.first.tags]
 
     @property
@@ -218,8 +216,7 @@ def audit_step(run: Run, g: Going) -> Going:
 
 
 def index(run: Run, g: Going) -> Going:
-    """Step `index`: the image index of several platforms (else the plain manifest), and the
-    dated tag it will take."""
+    """Step `index`: several platforms' image index (else the manifest), and its dated tag."""
     top = push_index(run.matrix, list(g.promoted)) if g.multi else g.promoted[0].vetted
     return replace(g, top=top, dated=publish.next_dated(top, g.first.floating_tag,
                                                              g.cands[0].trust.keys))
