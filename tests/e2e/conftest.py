@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
+from fixtures_published import shared_publication  # noqa: F401  (one per session: here, not in modules)
 from helpers import PRIVATE_REPOSITORIES, free_port, missing
 
 from builder.core import clock, engine, registry

@@ -5,8 +5,8 @@ most of the e2e suite's time).
 `shared_publication` makes a `builder keygen` key pair, then `builder build --stage --key` and
 `builder publish --key` of the CPU runtime into the session registry (conftest's
 `registry_addr`), under a repository of its own, with its zstd twin and an alias, exactly as a
-user does; it returns a frozen record of what was published. Import it into a test module to
-use it (`from fixtures_published import shared_publication`: pytest puts tests/e2e on sys.path).
+user does; it returns a frozen record of what was published. conftest.py imports it, so that a
+test asks for it by name: a module that imported it too would get a copy of its own, built again.
 
 Read it, never change it: a module that forges does so in a registry of its own
 (`own_registry`), which it fills cheaply: a signature binds `registry/repository`, and the

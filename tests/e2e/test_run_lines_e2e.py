@@ -8,7 +8,6 @@ and is typed into, as a person would.
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import subprocess
@@ -16,28 +15,19 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import private_matrix, remove_images_of, run_builder
+from fixtures_published import Publication
 
 from builder.model import catalog_page
 
 pytestmark = pytest.mark.docker
 
-RUNTIME = "2.13.0-py3.11-cpu-runtime"
 TRAIN = "import torch\ntorch.save(torch.ones(2) @ torch.ones(2), 'checkpoint.pt')\nprint('saved')\n"
 
 
 @pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory):
-    """The CPU runtime, built into this module's own repository and removed afterwards."""
-    tmp = tmp_path_factory.mktemp("runlines")
-    matrix = private_matrix(tmp)
-    env = {**os.environ, "BUILDER_STATE": str(tmp / "state")}
-    run_builder("build", "--select", f"id={RUNTIME}", "--no-smoke", "--no-sbom",
-                matrix=matrix, env=env)
-    out = run_builder("plan", "--offline", "--json", "--select", f"id={RUNTIME}",
-                      matrix=matrix, env=env).stdout
-    yield json.loads(out)["include"][0]["image"]
-    remove_images_of(matrix)
+def image(shared_publication: Publication) -> str:
+    """The CPU runtime: the session's local image (fixtures_published), only read."""
+    return shared_publication.image
 
 
 @pytest.fixture

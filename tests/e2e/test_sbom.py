@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from fixtures_base import minbase_image  # noqa: F401  (a fixture)
-from helpers import ROOT, missing, private_matrix, remove_images_of, run_builder
+from fixtures_published import Publication
+from helpers import ROOT, missing
 from packageurl import PackageURL
 
 import sbom
@@ -247,33 +248,11 @@ def test_cli_sbom_and_diff(images, tmp_path, capsys):
 
 # ---- against syft -------------------------------------------------------------------------------
 
-CPU_RUNTIME = "2.13.0-py3.11-cpu-runtime"
-
 
 @pytest.fixture(scope="module")
-def cpu_runtime_image(tmp_path_factory: pytest.TempPathFactory):
-    """A local CPU runtime image: any tag of the user's when there is one (read only), else one
-    built under a repository and state folder of this module's own and removed afterwards."""
-    from builder.core import engine
-
-    def find() -> list[str]:
-        result = engine.docker("images", "-q", "--no-trunc", "--filter",
-                               f"label=io.torch-images.variant={CPU_RUNTIME}")
-        return sorted(set(result.stdout.split()))
-
-    if find():
-        yield find()[0]
-        return
-    tmp = tmp_path_factory.mktemp("cpu-runtime")
-    matrix = private_matrix(tmp)
-    try:
-        run_builder("build", "--select", f"id={CPU_RUNTIME}", "--no-smoke", matrix=matrix,
-                    env={**os.environ, "BUILDER_STATE": str(tmp / "state")})
-        if not find():
-            missing(f"no {CPU_RUNTIME} image after `builder build`")
-        yield find()[0]
-    finally:
-        remove_images_of(matrix)
+def cpu_runtime_image(shared_publication: Publication) -> str:
+    """A local CPU runtime image: the session's (fixtures_published), only read."""
+    return shared_publication.image
 
 
 @pytest.mark.docker

@@ -32,7 +32,6 @@ from fixtures_published import (
     Publication,
     own_registry,
     restage,
-    shared_publication,  # noqa: F401  (a fixture: the session's image)
 )
 from helpers import Saved, fake_image, real_labels, run_builder
 
@@ -47,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def env(shared_publication: Publication,  # noqa: F811
+def env(shared_publication: Publication,
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The session's image (fixtures_published) staged and published by the same key into a
     registry of this module's own (its forgeries stay there), gzip only; someone else's key

@@ -1,6 +1,7 @@
-"""zstd twins, for real: the CPU runtime built and staged once (signed evidence) on a staging
-registry, then `builder publish --key` into two empty registries and, with `compression: [gzip]`,
-into a third. Every tag gets `<tag>-zstd` with only tar+zstd layers and the gzip tag's config;
+"""zstd twins, for real: the CPU runtime built and staged once (signed evidence): the session's
+publication (fixtures_published), published with `builder publish --key` into registry A; the
+same staged image published into an empty registry B and, with `compression: [gzip]`, into a
+registry C. Every tag gets `<tag>-zstd` with only tar+zstd layers and the gzip tag's config;
 `verify --key` passes on both; containerd (dockerd's own, through `ctr`, a fresh namespace)
 pulls and runs the twin; the twin digest is the same in both registries; [gzip] writes none.
 """
@@ -8,7 +9,6 @@ pulls and runs the twin; the twin digest is the same in both registries; [gzip] 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import uuid
@@ -17,82 +17,60 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from helpers import amd64_matrix, free_port, missing, run_builder
+from fixtures_published import (
+    Publication,
+    own_registry,
+    republish,
+)
+from helpers import missing, run_builder
 
-from builder.core import engine, oci, registry, zstd
+from builder.core import oci, zstd
 from builder.stages import twin
 
 pytestmark = pytest.mark.docker
 
-CPU = "2.13.0-py3.11-cpu-runtime"
-PASSWORD = "correct horse"
 SOCK = "/run/docker/containerd/containerd.sock"
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A staging registry and three empty ones (A, B: twins; C: compression [gzip]), a key."""
+def env(shared_publication: Publication,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A: the session's publication (fixtures_published: staged once, published with twins);
+    B and C: empty registries of this module's own, published into from A's staging, C with
+    `compression: [gzip]`."""
     tmp = tmp_path_factory.mktemp("zstd")
-    addrs = {name: f"127.0.0.1:{free_port()}" for name in ("staging", "a", "b", "c")}
-    for name, addr in addrs.items():
-        registry.start(addr, tmp / f"registry-{name}")
-    environ = {**os.environ, "COSIGN_PASSWORD": PASSWORD}
-    environ.pop("COSIGN_PRIVATE_KEY", None)
-    run_builder("keygen", "--out", str(tmp), env=environ)
-    matrices = {}
-    for name in ("a", "b", "c"):
+    for name in ("b", "c"):
         (tmp / name).mkdir()
-        path = amd64_matrix(tmp / name, addrs[name])
-        data = yaml.safe_load(path.read_text())
-        data["staging"] = f"{addrs['staging']}/torch-staging"
-        if name == "c":
-            data["compression"] = ["gzip"]
-        path.write_text(yaml.safe_dump(data, sort_keys=False))
-        matrices[name] = path
-    yield {"tmp": tmp, "addrs": addrs, "matrices": matrices, "env": environ,
-           "key": tmp / "cosign.key", "pub": tmp / "cosign.pub"}
-    for name in addrs:
-        registry.stop(tmp / f"registry-{name}")
-    for addr in addrs.values():
-        refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
-                             "--filter", f"reference={addr}/*").stdout.split()
-        for ref in refs:
-            engine.remove_image(ref)
-
-
-def builder(env: dict[str, Any], name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return run_builder(*args, matrix=env["matrices"][name], env=env["env"])
+    with own_registry(tmp / "b") as addr_b, own_registry(tmp / "c") as addr_c:
+        yield {"tmp": tmp, "shared": shared_publication, "repo": shared_publication.repository,
+               "addrs": {"a": shared_publication.addr, "b": addr_b, "c": addr_c},
+               "env": shared_publication.env, "pub": shared_publication.pub}
 
 
 @pytest.fixture(scope="module")
 def published(env: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Staged once (from matrix A's build, staging shared), published into A, B and C."""
-    builder(env, "a", "build", "--select", f"id={CPU}", "--stage", "--key", str(env["key"]))
-    pubs = {}
-    for name in ("a", "b", "c"):
-        record = env["tmp"] / name / "published.json"
-        builder(env, name, "publish", "--select", f"id={CPU}", "--key", str(env["key"]),
-                "--manifest", str(record))
-        [pubs[name]] = json.loads(record.read_text())["variants"][CPU]["publications"]
-    return pubs
+    """A's publication; the same staged image published into B and (gzip only) into C."""
+    shared: Publication = env["shared"]
+    tmp, addrs = env["tmp"], env["addrs"]
+    return {"a": shared.record, "b": republish(shared, tmp / "b", addrs["b"]).record,
+            "c": republish(shared, tmp / "c", addrs["c"], compression=["gzip"]).record}
 
 
-def manifest(addr: str, ref: str) -> dict[str, Any]:
-    found = oci.Registry(addr).manifest("torch", ref)
+def manifest(addr: str, repository: str, ref: str) -> dict[str, Any]:
+    found = oci.Registry(addr).manifest(repository, ref)
     assert found is not None, ref
     return json.loads(found[0])
 
 
 def test_every_tag_has_a_zstd_twin_with_the_same_config(env, published) -> None:
-    pub, addr = published["a"], env["addrs"]["a"]
+    pub, addr, repo = published["a"], env["addrs"]["a"], env["repo"]
     assert pub["zstd"]["tags"] == [twin.tag_of(t) for t in
                                    [pub["dated_tag"], pub["hash_tag"], *pub["tags"][2:]]]
     assert set(pub["zstd"]["tags"]) == {twin.tag_of(t) for t in pub["tags"]}
-    gz = manifest(addr, pub["digest"])
+    gz = manifest(addr, repo, pub["digest"])
     for tag in pub["zstd"]["tags"]:
-        assert oci.Registry(addr).head("torch", tag).digest == pub["zstd"]["digest"], tag
-    zs = manifest(addr, pub["zstd"]["digest"])
+        assert oci.Registry(addr).head(repo, tag).digest == pub["zstd"]["digest"], tag
+    zs = manifest(addr, repo, pub["zstd"]["digest"])
     assert {layer["mediaType"] for layer in zs["layers"]} == {zstd.MEDIA_TYPE}
     assert zs["config"]["digest"] == gz["config"]["digest"]
     assert len(zs["layers"]) == len(gz["layers"])
@@ -100,9 +78,9 @@ def test_every_tag_has_a_zstd_twin_with_the_same_config(env, published) -> None:
 
 
 def test_verify_key_passes_on_both(env, published) -> None:
-    pub, addr = published["a"], env["addrs"]["a"]
+    pub, addr, repo = published["a"], env["addrs"]["a"], env["repo"]
     for ref in (pub["reference"], pub["zstd"]["reference"],
-                f"{addr}/torch:{twin.tag_of(pub['floating_tag'])}"):
+                f"{addr}/{repo}:{twin.tag_of(pub['floating_tag'])}"):
         result = run_builder("verify", ref, "--key", str(env["pub"]), "--json", env=env["env"],
                              check=False)
         assert result.returncode == 0, result.stdout + result.stderr
@@ -118,7 +96,7 @@ def test_the_twin_digest_is_the_same_in_two_empty_registries(published) -> None:
 
 def test_compression_gzip_writes_no_twin(env, published) -> None:
     assert "zstd" not in published["c"]
-    tags = oci.Registry(env["addrs"]["c"]).tags("torch")
+    tags = oci.Registry(env["addrs"]["c"]).tags(env["repo"])
     assert published["c"]["floating_tag"] in tags
     assert not [t for t in tags if t.endswith(twin.SUFFIX)], tags
 
@@ -126,7 +104,8 @@ def test_compression_gzip_writes_no_twin(env, published) -> None:
 def test_containerd_pulls_and_runs_the_twin(env, published) -> None:
     if shutil.which("ctr") is None or not Path(SOCK).exists():
         missing("no ctr or no dockerd containerd socket")
-    ref = f"{env['addrs']['a']}/torch:{twin.tag_of(published['a']['floating_tag'])}"
+    ref = f"{env['addrs']['a']}/{env['repo']}:" \
+          f"{twin.tag_of(published['a']['floating_tag'])}"
     ns = f"e2e-zstd-{uuid.uuid4().hex[:8]}"
     ctr = ["ctr", "--address", SOCK, "-n", ns]
     try:
