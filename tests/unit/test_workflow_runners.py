@@ -48,3 +48,12 @@ def test_a_quiet_day_with_one_unreachable_source_is_a_warning_not_a_failure() ->
     two = script[script.index("  2) "):script.index("  *) ")]
     assert 'echo "needed=false"' in two and "could check nothing" in two
     assert "::warning title=rebuild source unknown::" in script
+
+
+def test_tag_drift_alone_is_a_warning_and_rebuilds_nothing() -> None:
+    check = next(s for s in jobs("rebuild.yml")["check"]["steps"] if s.get("id") == "check")
+    script = check["run"]
+    one = script[script.index("  1) "):script.index("  2) ")]
+    assert 'jq -e "$rebuilds | length > 0"' in one and 'echo "needed=false"' in one
+    assert 'select(.status == "rebuild" or .status == "matrix-change")' in script
+    assert '. == "repair"' in script and "::warning title=tag drift::" in script
