@@ -160,7 +160,8 @@ def test_nothing_changed_checks_clean_and_pushes_nothing(env, published):
     assert (code, out["findings"]) == (0, []), out
     assert out["skipped"] == ["python-vuln"]
     assert out["sources"] == {"debian-security": "clean", "python-vuln": "skipped",
-                              "base-moved": "clean", "inputs-changed": "clean"}
+                              "base-moved": "clean", "inputs-changed": "clean",
+                              "tag-drift": "clean"}
 
     tags_before = registry_tags(env)
     result = rebuild(env, *SKIP)

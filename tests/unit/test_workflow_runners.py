@@ -42,9 +42,21 @@ def test_only_cuda_rebuilds_wait_for_the_x86_gpu_runner() -> None:
     assert rebuild["rebuild"]["strategy"]["fail-fast"] is False
 
 
+def check_script() -> str:
+    """The rebuild workflow's `check` step (rebuild --check and what its exit code decides)."""
+    return next(s for s in jobs("rebuild.yml")["check"]["steps"] if s.get("id") == "check")["run"]
+
+
 def test_a_quiet_day_with_one_unreachable_source_is_a_warning_not_a_failure() -> None:
-    check = next(s for s in jobs("rebuild.yml")["check"]["steps"] if s.get("id") == "check")
-    script = check["run"]
+    script = check_script()
     two = script[script.index("  2) "):script.index("  *) ")]
     assert 'echo "needed=false"' in two and "could check nothing" in two
     assert "::warning title=rebuild source unknown::" in script
+
+
+def test_tag_drift_alone_is_a_warning_and_rebuilds_nothing() -> None:
+    script = check_script()
+    one = script[script.index("  1) "):script.index("  2) ")]
+    assert 'jq -e "$rebuilds | length > 0"' in one and 'echo "needed=false"' in one
+    assert 'select(.status == "rebuild" or .status == "matrix-change")' in script
+    assert '. == "repair"' in script and "::warning title=tag drift::" in script
