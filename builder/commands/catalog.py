@@ -9,7 +9,7 @@ from pathlib import Path
 from builder.commands.options import add_command
 from builder.core import keypair, state
 from builder.core.output import emit_json, step
-from builder.model import catalog_doc, matrix
+from builder.model import catalog_doc, matrix, startup
 from builder.stages import catalog, catalog_site
 
 
@@ -22,6 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--key", action="append", default=[], type=Path, metavar="COSIGN.PUB",
                    help="verify cosign signatures and attestations with this public key "
                    "(repeatable; without it, pages say what is signed, unverified)")
+    p.add_argument("--startup", type=Path, metavar="RESULTS.JSON",
+                   help="bench results (`python -m bench pull`'s bench/results.json) whose "
+                   "measured startup working sets the pages show as bytes needed to start "
+                   "(without it: not measured)")
     p.add_argument("--cache", type=Path, metavar="FILE",
                    help="the digest cache (default: DIR/.cache/catalog.json)")
 
@@ -44,6 +48,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     cache = args.cache or args.out / ".cache" / "catalog.json"
     keys = [keypair.load_public(path) for path in args.key]
     doc, fetched = catalog.collect(source, args.out, cache, keys=keys, progress=step)
+    startup.add(doc["images"], startup.load(args.startup))
     same = catalog_doc.same_facts(doc, args.out / "catalog.json")
     if not same:
         catalog_doc.validate(doc)  # jsonschema's import alone takes seconds: only for new facts

@@ -15,9 +15,9 @@ from builder.commands.options import (
     load_selected,
 )
 from builder.core import keypair
-from builder.core.errors import GateRefused
+from builder.core.errors import GateRefused, UsageError
 from builder.core.output import emit_json, step, table
-from builder.flows import bases
+from builder.flows import bases, rollback
 from builder.flows.publish import publish_variants
 from builder.stages import plan, render
 
@@ -29,6 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "promote gated images from staging under dated tags (the registry: the record)")
     add_publishing_options(p, "print what would be pushed; push nothing")
     add_ca_bundle_option(p, REGISTRY_CA_HELP)
+    p.add_argument("--rollback-to", metavar="DATED_TAG",
+                   help="point the floating tag, aliases and twins of that signed dated "
+                   "publication's variant back at it, signing the rollback (needs --key); "
+                   "builds, gates and pushes nothing else")
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -40,24 +44,23 @@ def cmd_publish(args: argparse.Namespace) -> int:
     format: --key or COSIGN_PRIVATE_KEY), then tag `<tag>-YYYYMMDD` (never overwritten),
     `build-<hash>`, the floating tag and aliases. Never builds; a stopped run is completed by
     the next. Exit 1 when any image was refused."""
+    if args.rollback_to and args.dry_run:
+        raise UsageError("--rollback-to moves tags: it has no --dry-run",
+                         hint="`builder verify --key` of the dated tag shows what it names")
     if not args.select:
         args.select = ["default=true"]
     matrix, variants = load_selected(args)
     ignore_old_record(args.manifest)
     trust = keypair.trust(args.key, args.trust_key or matrix.trust_keys, args.unsigned)
+    if args.rollback_to:
+        return show([rollback.rollback_to(matrix, args.rollback_to, trust)], args.json)
     rendered = [render.render_locked(matrix, v, args.locks) for v in variants]
     planned = plan.make_plan(matrix, rendered, bases.known_digests(matrix, variants, trust.keys),
                              check_registry=False)
     results = publish_variants(matrix, planned, allow_cpu_smoke=args.allow_cpu_smoke,
                                dry_run=args.dry_run, manifest=args.manifest,
                                locks_dir=args.locks, trust=trust)
-    if args.json:
-        emit_json(results)
-    else:
-        table(["variant", "status", "tags / reason"],
-              [(r["id"], r["status"] + (" UNSIGNED" if r.get("unsigned") else ""),
-                r.get("reason") or ", ".join(r.get("tags", [])))
-               for r in results])
+    show(results, args.json)
     if line := nothing_to_do(results, args.dry_run):
         step(line)
     refused = [r for r in results if r["status"] == "refused"]
@@ -66,6 +69,18 @@ def cmd_publish(args: argparse.Namespace) -> int:
         total = len({re.sub(r"\.linux-\w+$", "", r["id"]) for r in results})  # once each
         raise GateRefused(f"{len(refused)} of {total} variants refused: {reasons}",
                           hint=refusal_hint(args.select, refused), printed=args.json)
+    return 0
+
+
+def show(results: list[dict[str, Any]], as_json: bool) -> int:
+    """The results, as JSON or as a table; 0."""
+    if as_json:
+        emit_json(results)
+    else:
+        table(["variant", "status", "tags / reason"],
+              [(r["id"], r["status"] + (" UNSIGNED" if r.get("unsigned") else ""),
+                r.get("reason") or ", ".join(r.get("tags", [])))
+               for r in results])
     return 0
 
 
