@@ -1,0 +1,319 @@
+"""Keyless signatures: sigstore bundles whose certificate names a workflow identity, attached to
+an image as OCI referrers, as GitHub's artifact attestations and cosign ≥ 2.4 write them.
+
+A trusted key vouches for bytes in `builder.core.sign`; here a *trusted identity* does: the
+bundle's certificate must chain to the trusted root (sigstore's public-good one, pinned in
+builder/trust/, or the rehearsal's mock), its transparency-log entry must verify, and the
+certificate's subject (the workflow `https://github.com/O/R/.github/workflows/F@REF`) and OIDC
+issuer must be the ones the verifier trusts. Anyone with push rights can attach a bundle; only
+one that passes all of this counts.
+
+In the registry (distribution 2.8 has no referrers API: the OCI tag-schema fallback, as
+cosign and oras use it), next to `REPO@sha256:H`:
+  `REPO:sha256-H`  an OCI index listing one artifact manifest per bundle
+                   (`artifactType` = the bundle media type, `subject` = H, the statement's
+                   predicate type in the `dev.sigstore.bundle.predicateType` annotation)
+Each bundle is a DSSE envelope of an in-toto Statement whose subject is H: the image's own
+signature has cosign's predicate type `https://sigstore.dev/cosign/sign/v1`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+
+from builder.core import oci, sign
+from builder.core.errors import BuilderError
+
+BUNDLE_MEDIA = "application/vnd.dev.sigstore.bundle.v0.3+json"
+PREDICATE_ANNOTATION = "dev.sigstore.bundle.predicateType"
+IMAGE_PREDICATE = "https://sigstore.dev/cosign/sign/v1"
+GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
+PUBLIC_GOOD_ROOT = Path(__file__).resolve().parent.parent / "trust" / "sigstore_public_good.json"
+# Fulcio's OIDC issuer extensions: v2 (DER UTF8String) first, then the legacy raw one.
+ISSUER_V2, ISSUER_V1 = "1.3.6.1.4.1.57264.1.8", "1.3.6.1.4.1.57264.1.1"
+PULL_REQUEST_REF = "@refs/pull/"
+
+
+class KeylessError(BuilderError):
+    """A bundle that does not verify, or one by an identity nobody trusts: a finding."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who may sign: an OIDC issuer and the certificate's subject, exact or a full-match
+    regular expression (cosign's --certificate-identity[-regexp] and --certificate-oidc-issuer)."""
+
+    issuer: str
+    identity: str = ""
+    regexp: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.identity) == bool(self.regexp):
+            raise BuilderError("an identity needs exactly one of --certificate-identity and "
+                               "--certificate-identity-regexp",
+                               hint="e.g. --certificate-identity https://github.com/O/R/.github/"
+                               "workflows/build.yml@refs/heads/main")
+        if self.regexp:
+            try:
+                re.compile(self.regexp)
+            except re.error as exc:
+                raise BuilderError(f"--certificate-identity-regexp `{self.regexp}`: {exc}") \
+                    from None
+
+    def matches(self, subject: str) -> bool:
+        return subject == self.identity if self.identity else bool(
+            re.fullmatch(self.regexp, subject))
+
+    def describe(self) -> str:
+        return f"{self.identity or '~' + self.regexp} ({self.issuer})"
+
+
+@dataclass(frozen=True)
+class Signer:
+    """Who a verified bundle's certificate names."""
+
+    subject: str
+    issuer: str
+
+    def describe(self) -> str:
+        return f"{self.subject} ({self.issuer})"
+
+
+@dataclass(frozen=True)
+class KeylessPolicy:
+    """The identities a verifier trusts and the root their certificates must chain to."""
+
+    identities: tuple[Identity, ...] = ()
+    trusted_root: Path = PUBLIC_GOOD_ROOT
+
+
+def identities_of(identity: Iterable[str], regexp: Iterable[str], issuer: str | None
+                  ) -> tuple[Identity, ...]:
+    """The command line's identities, each under the one --certificate-oidc-issuer."""
+    found = [("identity", x) for x in identity] + [("regexp", x) for x in regexp]
+    if found and not issuer:
+        raise BuilderError("--certificate-identity needs --certificate-oidc-issuer",
+                           hint=f"GitHub Actions' issuer is {GITHUB_ISSUER}")
+    return tuple(Identity(issuer or "", **{field: value}) for field, value in found)
+
+
+# ---- the registry: the referrers tag-schema fallback -------------------------------------------
+
+
+def referrers_tag(digest: str) -> str:
+    return digest.replace(":", "-")
+
+
+def attach(reg: oci.Registry, repository: str, digest: str, bundle: bytes,
+           predicate_type: str) -> str:
+    """Push `bundle` as an artifact manifest whose subject is `digest` and list it in the
+    fallback index (kept, not replaced: other referrers stay). Returns the artifact digest."""
+    subject = reg.head(repository, digest)
+    if subject is None:
+        raise BuilderError(f"`{reg.registry}/{repository}` has no manifest `{digest}` to attest")
+    empty = reg.push_blob(repository, oci.EMPTY_JSON)
+    annotations = {PREDICATE_ANNOTATION: predicate_type}
+    manifest = {"schemaVersion": 2, "mediaType": oci.OCI_MANIFEST, "artifactType": BUNDLE_MEDIA,
+                "config": {"mediaType": oci.EMPTY_CONFIG, "size": len(oci.EMPTY_JSON),
+                           "digest": empty},
+                "layers": [{"mediaType": BUNDLE_MEDIA, "size": len(bundle),
+                            "digest": reg.push_blob(repository, bundle)}],
+                "subject": {"mediaType": subject.media_type, "size": subject.size,
+                            "digest": digest},
+                "annotations": annotations}
+    body = json.dumps(manifest, separators=(",", ":")).encode()
+    artifact = reg.put_manifest(repository, oci.sha256(body), body, oci.OCI_MANIFEST)
+    listed = [x for x in _listed(reg, repository, digest) if x.get("digest") != artifact]
+    listed.append({"mediaType": oci.OCI_MANIFEST, "artifactType": BUNDLE_MEDIA,
+                   "size": len(body), "digest": artifact, "annotations": annotations})
+    index = json.dumps({"schemaVersion": 2, "mediaType": oci.OCI_INDEX, "manifests": listed},
+                       separators=(",", ":")).encode()
+    reg.put_manifest(repository, referrers_tag(digest), index, oci.OCI_INDEX)
+    return artifact
+
+
+def _listed(reg: oci.Registry, repository: str, digest: str) -> list[dict[str, Any]]:
+    found = reg.manifest(repository, referrers_tag(digest))
+    try:
+        listed = json.loads(found[0]).get("manifests") if found else []
+    except ValueError:
+        return []
+    return [x for x in listed or [] if isinstance(x, dict)]
+
+
+def bundles(reg: oci.Registry, repository: str, digest: str) -> list[bytes]:
+    """The bytes of every sigstore bundle listed for `digest`, by the referrers API where the
+    registry has one (GitHub's attestations are pushed there), else by the fallback index
+    (unchecked: whoever can push can list one; verify() decides what counts)."""
+    listed = reg.referrers(repository, digest, BUNDLE_MEDIA)
+    found = []
+    for item in _listed(reg, repository, digest) if listed is None else listed:
+        if item.get("artifactType") != BUNDLE_MEDIA:
+            continue
+        manifest = reg.manifest(repository, oci.check_digest(item["digest"], "a referrer"))
+        layers = json.loads(manifest[0]).get("layers") or [] if manifest else []
+        found += [reg.blob(repository, x["digest"]) for x in layers
+                  if isinstance(x, dict) and x.get("mediaType") == BUNDLE_MEDIA]
+    return found
+
+
+# ---- verification -------------------------------------------------------------------------------
+
+
+@cache
+def _verifier(root: Path) -> Any:
+    from sigstore.models import TrustedRoot
+    from sigstore.verify import Verifier
+
+    try:
+        return Verifier(trusted_root=TrustedRoot.from_file(str(root)))
+    except (OSError, ValueError) as exc:
+        raise BuilderError(f"{root}: not a sigstore trusted root ({exc})",
+                           hint="give --trusted-root a trusted_root.json") from None
+
+
+def signer_of(certificate: x509.Certificate) -> Signer:
+    """The certificate's subject (its SAN: a URI for a workflow, an email for a person) and the
+    OIDC issuer Fulcio recorded."""
+    try:
+        san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        names = [*san.get_values_for_type(x509.UniformResourceIdentifier),
+                 *san.get_values_for_type(x509.RFC822Name)]
+    except x509.ExtensionNotFound:
+        names = []
+    return Signer(names[0] if names else "", _issuer(certificate))
+
+
+def _issuer(certificate: x509.Certificate) -> str:
+    for oid, der in ((ISSUER_V2, True), (ISSUER_V1, False)):
+        try:
+            raw = certificate.extensions.get_extension_for_oid(x509.ObjectIdentifier(oid))
+        except x509.ExtensionNotFound:
+            continue
+        value = raw.value.value  # an UnrecognizedExtension's bytes
+        return (value[2:] if der else value).decode(errors="replace")
+    return ""
+
+
+def verify(data: bytes, digest: str, policy: KeylessPolicy) -> tuple[dict[str, Any], Signer]:
+    """The in-toto statement of one bundle and who signed it, when it verifies against the
+    trusted root (chain, log entry, signature), a trusted identity signed it and its subject is
+    `digest`; KeylessError with one line naming why not otherwise."""
+    from sigstore.errors import Error as SigstoreError
+    from sigstore.models import Bundle
+    from sigstore.verify.policy import UnsafeNoOp
+
+    try:
+        bundle = Bundle.from_json(data)
+        payload_type, payload = _verifier(policy.trusted_root).verify_dsse(bundle, UnsafeNoOp())
+    except (SigstoreError, ValueError) as exc:
+        raise KeylessError(f"the bundle does not verify against the trusted root: "
+                           f"{_one_line(exc)}") from None
+    signer = signer_of(bundle.signing_certificate)
+    _check_identity(signer, policy.identities)
+    try:
+        statement = json.loads(payload)
+    except ValueError:
+        raise KeylessError(f"its payload ({payload_type}) is not JSON") from None
+    subjects = [x.get("digest", {}).get("sha256") for x in statement.get("subject") or []
+                if isinstance(x, dict)]
+    if digest.removeprefix("sha256:") not in subjects:
+        raise KeylessError(f"a bundle for another digest (subject "
+                           f"{', '.join(f'sha256:{s}'[:19] for s in subjects)}), "
+                           f"not {digest[:19]}")
+    return statement, signer
+
+
+def _check_identity(signer: Signer, identities: tuple[Identity, ...]) -> None:
+    if any(x.issuer == signer.issuer and x.matches(signer.subject) for x in identities):
+        return
+    trusted = "; ".join(x.describe() for x in identities) or "none given"
+    if not any(x.issuer == signer.issuer for x in identities):
+        raise KeylessError(f"another issuer: signed through {signer.issuer or 'no issuer'}, "
+                           f"trusted: {trusted}")
+    why = "a pull-request ref identity" if PULL_REQUEST_REF in signer.subject \
+        else "another identity"
+    raise KeylessError(f"{why}: signed by {signer.subject}, trusted: {trusted}")
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+def verified_statements(reg: oci.Registry, repository: str, digest: str, policy: KeylessPolicy
+                        ) -> tuple[dict[str, tuple[dict[str, Any], Signer]], list[str]]:
+    """predicate type → (statement, signer) of every bundle attached to `digest` that verifies,
+    and one reason per bundle that does not."""
+    good: dict[str, tuple[dict[str, Any], Signer]] = {}
+    refused = []
+    for data in bundles(reg, repository, digest):
+        try:
+            statement, signer = verify(data, digest, policy)
+        except KeylessError as exc:
+            refused.append(str(exc))
+            continue
+        good.setdefault(str(statement.get("predicateType")), (statement, signer))
+    return good, refused
+
+
+# ---- signing -------------------------------------------------------------------------------------
+
+
+def identity_token(path: Path | None, environ: dict[str, str]) -> str | None:
+    """The OIDC token to sign with: --identity-token FILE, else SIGSTORE_ID_TOKEN (what a CI
+    job exports from its OIDC provider), else None (no keyless signing)."""
+    if path is not None:
+        try:
+            return path.read_text().strip()
+        except OSError as exc:
+            raise BuilderError(f"--identity-token {path}: {exc.strerror}") from None
+    return environ.get("SIGSTORE_ID_TOKEN") or None
+
+
+def sign_statements(token: str, trust_config: Path | None, statements: list[dict[str, Any]]
+                    ) -> list[bytes]:
+    """One sigstore bundle per in-toto statement, all under one short-lived Fulcio certificate
+    for the token's identity, each logged in Rekor. `trust_config` is sigstore's client trust
+    config (trusted root + signing config: which Fulcio, Rekor, TSA); None: public good."""
+    from sigstore import dsse
+    from sigstore.errors import Error as SigstoreError
+    from sigstore.models import ClientTrustConfig
+    from sigstore.oidc import IdentityToken
+    from sigstore.sign import SigningContext
+
+    try:
+        config = (ClientTrustConfig.from_json(trust_config.read_text()) if trust_config
+                  else ClientTrustConfig.production())
+        context = SigningContext.from_trust_config(config)
+        with context.signer(IdentityToken(token)) as signer:
+            return [signer.sign_dsse(dsse.Statement(json.dumps(x).encode())).to_json().encode()
+                    for x in statements]
+    except (SigstoreError, OSError, ValueError) as exc:
+        raise BuilderError(f"keyless signing failed: {_one_line(exc)}",
+                           hint="check the identity token (not expired, audience `sigstore`) "
+                           "and --sigstore-config") from None
+
+
+def sign_and_attach(reg: oci.Registry, repository: str, digest: str, token: str,
+                    trust_config: Path | None, statements: list[dict[str, Any]]) -> Signer:
+    """Sign the image and `statements` (its attestations) keylessly and attach each bundle as a
+    referrer of `digest`; who the certificate names."""
+    from sigstore.models import Bundle
+
+    # cosign 3's image signature in the bundle format: a statement of the digest, no claims.
+    docs = [sign.statement(f"{reg.registry}/{repository}", digest, IMAGE_PREDICATE, {}),
+            *statements]
+    made = sign_statements(token, trust_config, docs)
+    for doc, data in zip(docs, made, strict=True):
+        attach(reg, repository, digest, data, doc["predicateType"])
+    return signer_of(Bundle.from_json(made[0]).signing_certificate)
