@@ -211,16 +211,14 @@ def verify(data: bytes, digest: str, policy: KeylessPolicy) -> tuple[dict[str, A
     `digest`; KeylessError with one line naming why not otherwise."""
     from sigstore.errors import Error as SigstoreError
     from sigstore.models import Bundle
-    from sigstore.verify.policy import UnsafeNoOp
 
     try:
         bundle = Bundle.from_json(data)
-        payload_type, payload = _verifier(policy.trusted_root).verify_dsse(bundle, UnsafeNoOp())
+        payload_type, payload = _verifier(policy.trusted_root).verify_dsse(
+            bundle, _TrustedSigner(policy.identities))
     except (SigstoreError, ValueError) as exc:
         raise KeylessError(f"the bundle does not verify against the trusted root: "
                            f"{_one_line(exc)}") from None
-    signer = signer_of(bundle.signing_certificate)
-    _check_identity(signer, policy.identities)
     try:
         statement = json.loads(payload)
     except ValueError:
@@ -231,7 +229,18 @@ def verify(data: bytes, digest: str, policy: KeylessPolicy) -> tuple[dict[str, A
         raise KeylessError(f"a bundle for another digest (subject "
                            f"{', '.join(f'sha256:{s}'[:19] for s in subjects)}), "
                            f"not {digest[:19]}")
-    return statement, signer
+    return statement, signer_of(bundle.signing_certificate)
+
+
+@dataclass(frozen=True)
+class _TrustedSigner:
+    """sigstore-python's verification policy (called once the chain verified): the
+    certificate must name a trusted identity; KeylessError says which part does not."""
+
+    identities: tuple[Identity, ...]
+
+    def verify(self, certificate: x509.Certificate) -> None:
+        _check_identity(signer_of(certificate), self.identities)
 
 
 def _check_identity(signer: Signer, identities: tuple[Identity, ...]) -> None:

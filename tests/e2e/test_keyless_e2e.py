@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -50,8 +51,8 @@ def token(subject: str, issuer: str = ISSUER) -> str:
 
 @pytest.fixture(scope="module")
 def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The mock services on a free loopback port; the folder holding their trusted root and
-    client trust config. `npm ci` installs the pinned packages when they are not there yet."""
+    """The mock services on a free loopback port; the folder holding their trusted root, client
+    trust config and `url`. `npm ci` installs the pinned packages when they are not there yet."""
     if shutil.which("node") is None or shutil.which("npm") is None:
         missing("Node.js and npm (the mock sigstore services run on Node)")
     if not (MOCK / "node_modules" / "@sigstore" / "mock").is_dir():
@@ -62,7 +63,7 @@ def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
-        assert json.loads(proc.stdout.readline())["url"].startswith("http://127.0.0.1:")
+        (folder / "url").write_text(json.loads(proc.stdout.readline())["url"])
         yield folder
     finally:
         proc.terminate()
@@ -155,3 +156,18 @@ def test_a_bundle_builder_writes_verifies_with_sigstore_python(reg: oci.Registry
          str(tmp_path / "image.sigstore.json"), "--cert-identity", MAIN, "--cert-oidc-issuer",
          ISSUER, digest], capture_output=True, text=True, check=False, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_bundle_from_actions_attest_verifies_with_builder(reg: oci.Registry, mock: Path) -> None:
+    """Interoperability: a bundle made by @actions/attest (the library behind GitHub's
+    actions/attest-build-provenance), attached as a referrer, verifies by identity."""
+    digest = fake_image(reg, REPOSITORY, {"org.opencontainers.image.title": "actions-attest"})
+    made = subprocess.run(
+        ["node", "attest.mjs", (mock / "url").read_text(), digest, f"{reg.registry}/{REPOSITORY}",
+         keyless.IMAGE_PREDICATE], cwd=MOCK, env={**os.environ, "SIGSTORE_ID_TOKEN": token(MAIN)},
+        capture_output=True, text=True, check=False, timeout=120)
+    assert made.returncode == 0, made.stderr
+    keyless.attach(reg, REPOSITORY, digest, made.stdout.strip().encode(), keyless.IMAGE_PREDICATE)
+    rows, _ = verify(reg, digest, *by(), root=mock / "trusted_root.json")
+    assert rows["signature"]["status"] == "ok", rows["signature"]
+    assert MAIN in rows["signature"]["detail"]

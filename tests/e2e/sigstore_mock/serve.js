@@ -49,18 +49,20 @@ function asFulcioV2(text, headers) {
 }
 
 // Rekor stores a DSSE entry as hashes and signatures, not as proposed (the envelope and its
-// verifiers); the mock logs what it is sent, so the proposal is turned into the stored form here.
+// verifiers), and its verifier PEM re-encoded (64 columns: sigstore-js wraps at another width);
+// the mock logs what it is sent, so the proposal is turned into the stored form here.
 function asStoredDsse(text) {
   const doc = JSON.parse(text);
   const proposed = doc.kind === "dsse" && doc.spec && doc.spec.proposedContent;
   if (!proposed) return text;
   const envelope = JSON.parse(proposed.envelope);
   const sha256 = (data) => crypto.createHash("sha256").update(data).digest("hex");
+  const pem = new crypto.X509Certificate(Buffer.from(proposed.verifiers[0], "base64")).toString();
   return JSON.stringify({ kind: "dsse", apiVersion: doc.apiVersion, spec: {
     envelopeHash: { algorithm: "sha256", value: sha256(proposed.envelope) },
     payloadHash: { algorithm: "sha256", value: sha256(Buffer.from(envelope.payload, "base64")) },
     signatures: envelope.signatures.map((x) => ({ signature: x.sig,
-                                                  verifier: proposed.verifiers[0] })) } });
+                                                  verifier: Buffer.from(pem).toString("base64") })) } });
 }
 
 function trustConfig(url, root) {
@@ -73,14 +75,39 @@ function trustConfig(url, root) {
                      rekorTlogConfig: { selector: "ANY" }, tsaConfig: { selector: "ANY" } } };
 }
 
+// The mock proves each entry as the only leaf of a one-leaf tree: index 0, which protobuf JSON
+// omits, and sigstore-python then refuses a bundle from sigstore-js as lacking `logIndex`. Real
+// logs are never that small: the entry is re-proved here as the second leaf of a two-leaf tree
+// (the first a fixed stand-in), the checkpoint re-signed with the log's key.
+function asSecondLeaf(text, logKey) {
+  const sha256 = (...parts) => crypto.createHash("sha256").update(Buffer.concat(parts)).digest();
+  const doc = JSON.parse(text);
+  for (const entry of Object.values(doc)) {
+    const proof = entry.verification.inclusionProof;
+    const first = sha256(Buffer.from([0]), Buffer.from("a stand-in first leaf"));
+    const leaf = sha256(Buffer.from([0]), Buffer.from(entry.body, "base64"));
+    const root = sha256(Buffer.from([1]), first, leaf);
+    const [origin, , , stamp] = proof.checkpoint.split("\n");
+    const note = [origin, "2", root.toString("base64"), stamp, ""].join("\n");
+    const logID = sha256(logKey.publicKey.export({ format: "der", type: "spki" }));
+    const sig = Buffer.concat([logID.subarray(0, 4),
+                               crypto.sign("sha256", Buffer.from(note), logKey.privateKey)]);
+    Object.assign(proof, {
+      logIndex: 1, treeSize: 2, rootHash: root.toString("hex"), hashes: [first.toString("hex")],
+      checkpoint: [note, `\u2014 ${origin.split(" ")[0]} ${sig.toString("base64")}`, ""].join("\n") });
+  }
+  return JSON.stringify(doc);
+}
+
 async function main(folder) {
   const clock = process.env.MOCK_CLOCK ? new Date(process.env.MOCK_CLOCK) : undefined;
   const server = http.createServer();
   await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
   const url = `http://127.0.0.1:${server.address().port}`;
   const ctlog = await mock.initializeCTLog(ec());
+  const logKey = ec();
   const parts = { ctlog, ca: await mock.initializeCA(ec(), ctlog, clock),
-                  tlog: await mock.initializeTLog(url, ec()), tsa: await mock.initializeTSA(ec()) };
+                  tlog: await mock.initializeTLog(url, logKey), tsa: await mock.initializeTSA(ec()) };
   const handlers = [mock.fulcioHandler(parts.ca, { subjectClaim: "mock_san" }),
                     mock.rekorHandler(parts.tlog), mock.tsaHandler(parts.tsa)];
   const routes = new Map(handlers.map((h) => [h.path, h.fn]));
@@ -93,6 +120,9 @@ async function main(folder) {
       const body = Buffer.concat(chunks);
       const isJson = (req.headers["content-type"] || "").includes("json");
       const out = await fn(isJson ? asStoredDsse(asFulcioV2(body.toString(), req.headers)) : body);
+      if (req.url.startsWith("/api/v1/log/entries") && out.statusCode < 300) {
+        out.response = asSecondLeaf(out.response, logKey);
+      }
       res.writeHead(out.statusCode, { "Content-Type": out.contentType || "text/plain" });
       res.end(typeof out.response === "string" ? out.response : Buffer.from(
         out.response.buffer, out.response.byteOffset, out.response.byteLength));
