@@ -1,0 +1,112 @@
+"""builder.core.keyless and flows.verify_keyless: identities, the reasons a bundle is refused
+(one line each), and a bundle @actions/attest made against the mock sigstore services
+(tests/fixtures/sigstore_mock) verified offline, attached to and read back from an in-memory
+registry by the referrers tag fallback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from memregistry import MemoryRegistry
+
+from builder.core import keyless, oci
+from builder.core.errors import BuilderError
+from builder.flows import verify_keyless
+
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "sigstore_mock"
+BUNDLE = (FIXTURE / "actions_attest.sigstore.json").read_bytes()
+ROOT = FIXTURE / "trusted_root.json"
+DIGEST = "sha256:" + "ab" * 32
+WORKFLOW = "https://github.com/torch-images/torch-images/.github/workflows/build.yml"
+MAIN = f"{WORKFLOW}@refs/heads/main"
+ISSUER = keyless.GITHUB_ISSUER
+
+
+def policy(*identities: keyless.Identity, root: Path = ROOT) -> keyless.KeylessPolicy:
+    return keyless.KeylessPolicy(identities, root)
+
+
+def test_the_genuine_bundle_verifies_by_identity_and_by_regexp() -> None:
+    statement, signer = keyless.verify(BUNDLE, DIGEST, policy(keyless.Identity(ISSUER, MAIN)))
+    assert statement["predicateType"] == "https://slsa.dev/provenance/v1"
+    assert signer == keyless.Signer(MAIN, ISSUER)
+    regexp = keyless.Identity(ISSUER, regexp=r"https://github\.com/torch-images/.*@refs/heads/.*")
+    assert keyless.verify(BUNDLE, DIGEST, policy(regexp))[1] == signer
+
+
+@pytest.mark.parametrize(("trusted", "digest", "reason"), [
+    (keyless.Identity(ISSUER, f"{WORKFLOW}@refs/heads/dev"), DIGEST,
+     f"another identity: signed by {MAIN}, trusted: {WORKFLOW}@refs/heads/dev"),
+    (keyless.Identity("https://gitlab.com", MAIN), DIGEST,
+     f"another issuer: signed through {ISSUER}"),
+    (keyless.Identity(ISSUER, regexp=r".*@refs/tags/.*"), DIGEST, "another identity"),
+    (keyless.Identity(ISSUER, MAIN), "sha256:" + "cd" * 32, "a bundle for another digest"),
+])
+def test_a_bundle_is_refused_with_one_line_naming_why(trusted, digest, reason) -> None:
+    with pytest.raises(keyless.KeylessError) as refused:
+        keyless.verify(BUNDLE, digest, policy(trusted))
+    assert reason in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_bundle_chained_to_another_root_is_refused() -> None:
+    with pytest.raises(keyless.KeylessError, match="does not verify against the trusted root"):
+        keyless.verify(BUNDLE, DIGEST, policy(keyless.Identity(ISSUER, MAIN),
+                                              root=keyless.PUBLIC_GOOD_ROOT))
+
+
+def test_a_tampered_bundle_is_refused() -> None:
+    doc = json.loads(BUNDLE)
+    doc["dsseEnvelope"]["payload"] = doc["dsseEnvelope"]["payload"][:-8] + "AAAAAAA="
+    with pytest.raises(keyless.KeylessError, match="does not verify"):
+        keyless.verify(json.dumps(doc).encode(), DIGEST, policy(keyless.Identity(ISSUER, MAIN)))
+
+
+def test_a_pull_request_identity_is_named_as_such() -> None:
+    pull = keyless.Signer(f"{WORKFLOW}@refs/pull/7/merge", ISSUER)
+    with pytest.raises(keyless.KeylessError, match=r"^a pull-request ref identity: signed by"):
+        keyless._check_identity(pull, (keyless.Identity(ISSUER, MAIN),))
+
+
+def test_an_identity_needs_exactly_one_subject_and_an_issuer() -> None:
+    with pytest.raises(BuilderError, match="exactly one"):
+        keyless.Identity(ISSUER)
+    with pytest.raises(BuilderError, match="exactly one"):
+        keyless.Identity(ISSUER, MAIN, regexp=".*")
+    with pytest.raises(BuilderError, match="--certificate-identity-regexp"):
+        keyless.Identity(ISSUER, regexp="(")
+    with pytest.raises(BuilderError, match="needs --certificate-oidc-issuer"):
+        keyless.identities_of([MAIN], [], None)
+    assert keyless.identities_of([MAIN], ["x.*"], ISSUER) == (
+        keyless.Identity(ISSUER, MAIN), keyless.Identity(ISSUER, regexp="x.*"))
+
+
+class ReferrerlessRegistry(MemoryRegistry):
+    """distribution 2.8: no referrers API, so the `sha256-<hex>` fallback index."""
+
+    def referrers(self, repository: str, digest: str, artifact_type: str | None = None) -> None:
+        return None
+
+
+def test_bundles_attach_as_referrers_and_verify_from_the_registry() -> None:
+    reg = ReferrerlessRegistry()
+    image = json.dumps({"schemaVersion": 2, "mediaType": oci.OCI_MANIFEST}).encode()
+    digest = reg.put_manifest("torch", oci.sha256(image), image, oci.OCI_MANIFEST)
+    other = keyless.attach(reg, "torch", digest, b'{"not": "a bundle"}', "https://x/v1")
+    keyless.attach(reg, "torch", digest, BUNDLE, "https://slsa.dev/provenance/v1")
+    index = json.loads(reg.manifest("torch", keyless.referrers_tag(digest))[0])
+    assert [x["artifactType"] for x in index["manifests"]] == [keyless.BUNDLE_MEDIA] * 2
+    assert json.loads(reg.manifest("torch", other)[0])["subject"]["digest"] == digest
+    good, refused = keyless.verified_statements(reg, "torch", digest,
+                                                policy(keyless.Identity(ISSUER, MAIN)))
+    assert good == {} and len(refused) == 2  # the fixture's subject is another digest
+    assert "a bundle for another digest" in refused[1]
+
+
+def test_keys_and_identities_either_suffices_unless_all_are_required() -> None:
+    ok, bad = ("doc", "by key"), (None, "keyless: another identity")
+    assert verify_keyless.pick([bad, ok], require_all=False) == ("doc", "by key")
+    assert verify_keyless.pick([bad, ok], require_all=True) == (None, "keyless: another identity")
+    assert verify_keyless.pick([ok, ok], require_all=True) == ("doc", "by key; by key")
+    assert verify_keyless.pick([bad], require_all=False)[0] is None
