@@ -326,3 +326,32 @@ def sign_and_attach(reg: oci.Registry, repository: str, digest: str, token: str,
     for doc, data in zip(docs, made, strict=True):
         attach(reg, repository, digest, data, doc["predicateType"])
     return signer_of(Bundle.from_json(made[0]).signing_certificate)
+
+
+def evidence_statements(reg: oci.Registry, repository: str, digest: str
+                        ) -> list[dict[str, Any]]:
+    """An in-toto statement for each piece of evidence attached to `digest` (SBOM, smoke
+    report, provenance; the provenance is a statement already: its predicate is taken)."""
+    name = f"{reg.registry}/{repository}"
+    found = []
+    for kind, predicate_type in sign.PREDICATES.items():
+        data = reg.fetch_artifact(repository, digest, kind)
+        try:
+            doc = None if data is None else json.loads(data)
+        except ValueError:
+            continue
+        if doc is not None:
+            predicate = doc.get("predicate") if kind == "provenance" and isinstance(doc, dict) \
+                else doc
+            found.append(sign.statement(name, digest, predicate_type, predicate))
+    return found
+
+
+def attest_digest(reg: oci.Registry, repository: str, digest: str, token: str,
+                  trust_config: Path | None) -> tuple[Signer, list[str]]:
+    """Sign `digest` and the evidence attached to it keylessly (`builder attest`, and
+    `builder publish --identity-token` for each digest it published): who signed, and the
+    predicate types of the evidence attested."""
+    statements = evidence_statements(reg, repository, digest)
+    signer = sign_and_attach(reg, repository, digest, token, trust_config, statements)
+    return signer, [x["predicateType"] for x in statements]
