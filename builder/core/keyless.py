@@ -19,10 +19,12 @@ signature has cosign's predicate type `https://sigstore.dev/cosign/sign/v1`.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -217,8 +219,7 @@ def verify(data: bytes, digest: str, policy: KeylessPolicy) -> tuple[dict[str, A
         payload_type, payload = _verifier(policy.trusted_root).verify_dsse(
             bundle, _TrustedSigner(policy.identities))
     except (SigstoreError, ValueError) as exc:
-        raise KeylessError(f"the bundle does not verify against the trusted root: "
-                           f"{_one_line(exc)}") from None
+        raise KeylessError(_unverified(data, exc)) from None
     try:
         statement = json.loads(payload)
     except ValueError:
@@ -230,6 +231,32 @@ def verify(data: bytes, digest: str, policy: KeylessPolicy) -> tuple[dict[str, A
                            f"{', '.join(f'sha256:{s}'[:19] for s in subjects)}), "
                            f"not {digest[:19]}")
     return statement, signer_of(bundle.signing_certificate)
+
+
+def _unverified(data: bytes, exc: Exception) -> str:
+    """Why a bundle failed sigstore's checks, in the words a platform team needs where the
+    bundle itself shows it (read only to word a refusal, never to accept anything): a
+    certificate that was not valid when the log recorded the signature, a log entry of another
+    signature; else sigstore's own reason."""
+    try:
+        material = json.loads(data)["verificationMaterial"]
+        entry = material["tlogEntries"][0]
+        logged = datetime.fromtimestamp(int(entry["integratedTime"]), UTC)
+        cert = x509.load_der_x509_certificate(base64.b64decode(
+            material["certificate"]["rawBytes"]))
+        body = json.loads(base64.b64decode(entry["canonicalizedBody"]))
+        envelope_sigs = [x["sig"] for x in json.loads(data)["dsseEnvelope"]["signatures"]]
+    except (KeyError, IndexError, TypeError, ValueError):
+        envelope_sigs, body = [], {}
+    else:
+        if not cert.not_valid_before_utc <= logged <= cert.not_valid_after_utc:
+            return (f"a certificate outside its validity at signing time (valid "
+                    f"{cert.not_valid_before_utc:%H:%M:%S}–{cert.not_valid_after_utc:%H:%M:%S} "
+                    f"UTC {cert.not_valid_after_utc:%Y-%m-%d}, logged {logged:%Y-%m-%d %H:%M:%S})")
+    logged_sigs = [x.get("signature") for x in (body.get("spec") or {}).get("signatures") or []]
+    if logged_sigs and envelope_sigs and not set(envelope_sigs) & set(logged_sigs):
+        return "a log entry that does not include the signature (it logs another one)"
+    return f"the bundle does not verify against the trusted root: {_one_line(exc)}"
 
 
 @dataclass(frozen=True)
@@ -298,7 +325,7 @@ def sign_statements(token: str, trust_config: Path | None, statements: list[dict
     from sigstore.errors import Error as SigstoreError
     from sigstore.models import ClientTrustConfig
     from sigstore.oidc import IdentityToken
-    from sigstore.sign import SigningContext
+    from sigstore.sign import ExpiredCertificate, ExpiredIdentity, SigningContext
 
     try:
         config = (ClientTrustConfig.from_json(trust_config.read_text()) if trust_config
@@ -307,7 +334,10 @@ def sign_statements(token: str, trust_config: Path | None, statements: list[dict
         with context.signer(IdentityToken(token)) as signer:
             return [signer.sign_dsse(dsse.Statement(json.dumps(x).encode())).to_json().encode()
                     for x in statements]
-    except (SigstoreError, OSError, ValueError) as exc:
+    except ExpiredCertificate:
+        raise BuilderError("keyless signing failed: Fulcio's certificate is not valid now",
+                           hint="check this machine's clock against Fulcio's") from None
+    except (SigstoreError, ExpiredIdentity, OSError, ValueError) as exc:
         raise BuilderError(f"keyless signing failed: {_one_line(exc)}",
                            hint="check the identity token (not expired, audience `sigstore`) "
                            "and --sigstore-config") from None

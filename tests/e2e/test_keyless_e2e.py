@@ -8,6 +8,7 @@ Pushes tiny images (helpers.fake_image): builds nothing."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -49,17 +50,18 @@ def token(subject: str, issuer: str = ISSUER) -> str:
     return f"{part({'alg': 'RS256', 'typ': 'JWT'})}.{part(claims)}.{part({'sig': 'none'})}"
 
 
-@pytest.fixture(scope="module")
-def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The mock services on a free loopback port; the folder holding their trusted root, client
-    trust config and `url`. `npm ci` installs the pinned packages when they are not there yet."""
+@contextlib.contextmanager
+def serving(folder: Path, clock: str | None = None) -> Iterator[Path]:
+    """The mock services on a free loopback port (their CA's clock at `clock`, an ISO time);
+    `folder` holds their trusted root, client trust config and `url`. `npm ci` installs the
+    pinned packages when they are not there yet."""
     if shutil.which("node") is None or shutil.which("npm") is None:
         missing("Node.js and npm (the mock sigstore services run on Node)")
     if not (MOCK / "node_modules" / "@sigstore" / "mock").is_dir():
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--prefer-offline"], cwd=MOCK,
                        check=True, capture_output=True, timeout=600)
-    folder = tmp_path_factory.mktemp("sigstore-mock")
-    proc = subprocess.Popen(["node", "serve.js", str(folder)], cwd=MOCK,
+    env = {**os.environ, **({"MOCK_CLOCK": clock} if clock else {})}
+    proc = subprocess.Popen(["node", "serve.js", str(folder)], cwd=MOCK, env=env,
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -68,6 +70,21 @@ def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with serving(tmp_path_factory.mktemp("sigstore-mock")) as folder:
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def backdated_mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A mock whose CA runs two hours behind its log: its certificates (ten minutes long) have
+    expired when the log records a signature."""
+    clock = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 7200))
+    with serving(tmp_path_factory.mktemp("sigstore-mock-backdated"), clock) as folder:
+        yield folder
 
 
 @pytest.fixture(scope="module")
@@ -138,11 +155,42 @@ def test_forgeries_are_refused_with_their_reason(reg: oci.Registry, mock: Path, 
         bundle = keyless.bundles(reg, REPOSITORY, digest)[0]
         digest = fake_image(reg, REPOSITORY, {"org.opencontainers.image.title": "other"})
         keyless.attach(reg, REPOSITORY, digest, bundle, keyless.IMAGE_PREDICATE)
+    assert_refused(reg, digest, trusted, root, reason)
+
+
+def assert_refused(reg: oci.Registry, digest: str, trusted: tuple[str, ...], root: Path,
+                   reason: str) -> None:
+    """The signature row fails naming `reason`, and so does the one `error:` line."""
     rows, stderr = verify(reg, digest, *trusted, root=root)
     assert rows["signature"]["status"] == "fail"
     assert reason in rows["signature"]["detail"], rows["signature"]
     error = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and reason in error[0], stderr
+
+
+def test_a_certificate_expired_at_signing_time_is_refused(reg: oci.Registry,
+                                                          backdated_mock: Path) -> None:
+    """builder's signer (sigstore-python) refuses such a certificate; @actions/attest does
+    not, so it makes the bundle."""
+    digest = fake_image(reg, REPOSITORY, {"org.opencontainers.image.title": "expired"})
+    actions_attest(reg, backdated_mock, digest)
+    assert_refused(reg, digest, by(), backdated_mock / "trusted_root.json",
+                   "a certificate outside its validity at signing time")
+
+
+def test_a_log_entry_of_another_signature_is_refused(reg: oci.Registry, mock: Path,
+                                                     tmp_path: Path) -> None:
+    """A genuine entry of the same log, spliced from another image's bundle into this one's
+    (the only bundle left listed for the digest)."""
+    digest, other = attest(reg, mock, MAIN, tmp_path), attest(reg, mock, MAIN, tmp_path)
+    doc = json.loads(keyless.bundles(reg, REPOSITORY, digest)[0])
+    doc["verificationMaterial"]["tlogEntries"] = json.loads(
+        keyless.bundles(reg, REPOSITORY, other)[0])["verificationMaterial"]["tlogEntries"]
+    empty = json.dumps({"schemaVersion": 2, "mediaType": oci.OCI_INDEX, "manifests": []})
+    reg.put_manifest(REPOSITORY, keyless.referrers_tag(digest), empty.encode(), oci.OCI_INDEX)
+    keyless.attach(reg, REPOSITORY, digest, json.dumps(doc).encode(), keyless.IMAGE_PREDICATE)
+    assert_refused(reg, digest, by(), mock / "trusted_root.json",
+                   "a log entry that does not include the signature")
 
 
 def test_a_bundle_builder_writes_verifies_with_sigstore_python(reg: oci.Registry, mock: Path,
@@ -162,12 +210,18 @@ def test_a_bundle_from_actions_attest_verifies_with_builder(reg: oci.Registry, m
     """Interoperability: a bundle made by @actions/attest (the library behind GitHub's
     actions/attest-build-provenance), attached as a referrer, verifies by identity."""
     digest = fake_image(reg, REPOSITORY, {"org.opencontainers.image.title": "actions-attest"})
+    actions_attest(reg, mock, digest)
+    rows, _ = verify(reg, digest, *by(), root=mock / "trusted_root.json")
+    assert rows["signature"]["status"] == "ok", rows["signature"]
+    assert MAIN in rows["signature"]["detail"]
+
+
+def actions_attest(reg: oci.Registry, mock: Path, digest: str) -> None:
+    """@actions/attest signs the image statement of `digest` as MAIN against `mock`; the
+    bundle is attached as a referrer (as attest-build-provenance's push-to-registry does)."""
     made = subprocess.run(
         ["node", "attest.mjs", (mock / "url").read_text(), digest, f"{reg.registry}/{REPOSITORY}",
          keyless.IMAGE_PREDICATE], cwd=MOCK, env={**os.environ, "SIGSTORE_ID_TOKEN": token(MAIN)},
         capture_output=True, text=True, check=False, timeout=120)
     assert made.returncode == 0, made.stderr
     keyless.attach(reg, REPOSITORY, digest, made.stdout.strip().encode(), keyless.IMAGE_PREDICATE)
-    rows, _ = verify(reg, digest, *by(), root=mock / "trusted_root.json")
-    assert rows["signature"]["status"] == "ok", rows["signature"]
-    assert MAIN in rows["signature"]["detail"]

@@ -56,6 +56,28 @@ def test_a_bundle_chained_to_another_root_is_refused() -> None:
                                               root=keyless.PUBLIC_GOOD_ROOT))
 
 
+def test_a_certificate_expired_when_logged_is_refused_naming_it() -> None:
+    """The mock CA backdated two hours: its certificate had expired when Rekor logged the
+    signature, so the log's time proves nothing about the key's use within the validity."""
+    expired = (FIXTURE / "expired_certificate.sigstore.json").read_bytes()
+    with pytest.raises(keyless.KeylessError,
+                       match=r"^a certificate outside its validity at signing time"):
+        keyless.verify(expired, DIGEST, policy(keyless.Identity(ISSUER, MAIN),
+                                               root=FIXTURE / "expired_trusted_root.json"))
+
+
+def test_a_log_entry_of_another_signature_is_refused_naming_it() -> None:
+    """A genuine log entry, from the same log, of another bundle's signature."""
+    other = json.loads((FIXTURE / "actions_attest_other.sigstore.json").read_bytes())
+    assert keyless.verify(json.dumps(other).encode(), "sha256:" + "cd" * 32,
+                          policy(keyless.Identity(ISSUER, MAIN)))[1].subject == MAIN
+    doc = json.loads(BUNDLE)
+    doc["verificationMaterial"]["tlogEntries"] = other["verificationMaterial"]["tlogEntries"]
+    with pytest.raises(keyless.KeylessError,
+                       match=r"^a log entry that does not include the signature"):
+        keyless.verify(json.dumps(doc).encode(), DIGEST, policy(keyless.Identity(ISSUER, MAIN)))
+
+
 def test_a_tampered_bundle_is_refused() -> None:
     doc = json.loads(BUNDLE)
     doc["dsseEnvelope"]["payload"] = doc["dsseEnvelope"]["payload"][:-8] + "AAAAAAA="
