@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from builder.commands.options import add_command
-from builder.core import keypair, state
+from builder.core import keyless, keypair, state
 from builder.core.output import emit_json, step
 from builder.model import catalog_doc, matrix
 from builder.stages import catalog, catalog_site
@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--key", action="append", default=[], type=Path, metavar="COSIGN.PUB",
                    help="verify cosign signatures and attestations with this public key "
                    "(repeatable; without it, pages say what is signed, unverified)")
+    p.add_argument("--trusted-root", type=Path, default=keyless.PUBLIC_GOOD_ROOT, metavar="FILE",
+                   help="sigstore trusted_root.json a keyless bundle must chain to for its "
+                   "signer to be shown (default: sigstore's public good, pinned in builder/trust/)")
     p.add_argument("--cache", type=Path, metavar="FILE",
                    help="the digest cache (default: DIR/.cache/catalog.json)")
 
@@ -43,7 +46,8 @@ def cmd_catalog(args: argparse.Namespace) -> int:
                                hint="pass --out a folder this user can write") from exc
     cache = args.cache or args.out / ".cache" / "catalog.json"
     keys = [keypair.load_public(path) for path in args.key]
-    doc, fetched = catalog.collect(source, args.out, cache, keys=keys, progress=step)
+    doc, fetched = catalog.collect(source, args.out, cache, keys=keys, progress=step,
+                                   trusted_root=args.trusted_root)
     same = catalog_doc.same_facts(doc, args.out / "catalog.json")
     if not same:
         catalog_doc.validate(doc)  # jsonschema's import alone takes seconds: only for new facts

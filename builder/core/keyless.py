@@ -93,10 +93,12 @@ class Signer:
 
 @dataclass(frozen=True)
 class KeylessPolicy:
-    """The identities a verifier trusts and the root their certificates must chain to."""
+    """The identities a verifier trusts and the root their certificates must chain to
+    (any_identity: whoever the root's CA certified, to show who signed, never to trust)."""
 
     identities: tuple[Identity, ...] = ()
     trusted_root: Path = PUBLIC_GOOD_ROOT
+    any_identity: bool = False
 
 
 def identities_of(identity: Iterable[str], regexp: Iterable[str], issuer: str | None
@@ -217,7 +219,7 @@ def verify(data: bytes, digest: str, policy: KeylessPolicy) -> tuple[dict[str, A
     try:
         bundle = Bundle.from_json(data)
         payload_type, payload = _verifier(policy.trusted_root).verify_dsse(
-            bundle, _TrustedSigner(policy.identities))
+            bundle, _TrustedSigner(policy.identities, policy.any_identity))
     except (SigstoreError, ValueError) as exc:
         raise KeylessError(_unverified(data, exc)) from None
     try:
@@ -265,9 +267,11 @@ class _TrustedSigner:
     certificate must name a trusted identity; KeylessError says which part does not."""
 
     identities: tuple[Identity, ...]
+    any_identity: bool
 
     def verify(self, certificate: x509.Certificate) -> None:
-        _check_identity(signer_of(certificate), self.identities)
+        if not self.any_identity:
+            _check_identity(signer_of(certificate), self.identities)
 
 
 def _check_identity(signer: Signer, identities: tuple[Identity, ...]) -> None:

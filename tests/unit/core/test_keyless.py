@@ -132,3 +132,27 @@ def test_keys_and_identities_either_suffices_unless_all_are_required() -> None:
     assert verify_keyless.pick([bad, ok], require_all=True) == (None, "keyless: another identity")
     assert verify_keyless.pick([ok, ok], require_all=True) == ("doc", "by key; by key")
     assert verify_keyless.pick([bad], require_all=False)[0] is None
+
+
+def test_the_catalog_shows_who_signed_a_verified_image_bundle(tmp_path: Path) -> None:
+    """Any identity the root's CA certified is shown (the page's commands then pin it); a
+    bundle of evidence (not the image's own predicate) or one that does not chain to the root
+    shows no one."""
+    from builder.stages import catalog
+
+    digest = "sha256:" + "cd" * 32
+
+    def signers(root: Path, *names: str) -> list[dict[str, str]]:
+        reg = ReferrerlessRegistry()
+        reg.manifests[("torch", digest)] = b"{}"  # the subject attach() looks up
+        for name in names:
+            keyless.attach(reg, "torch", digest, (FIXTURE / name).read_bytes(), "x")
+        reader = catalog.Reader(catalog.Source("r.example:5000", "torch"),
+                                catalog.Cache(None), tmp_path, [], root)
+        reader.reg = reg
+        return catalog.keyless_signers(reader, digest)
+
+    image, evidence = "actions_attest_image.sigstore.json", "actions_attest_other.sigstore.json"
+    assert signers(ROOT, image, evidence, image) == [{"subject": MAIN, "issuer": ISSUER}]
+    assert signers(ROOT, evidence) == []
+    assert signers(keyless.PUBLIC_GOOD_ROOT, image) == []
