@@ -31,6 +31,7 @@ from typing import Any
 
 import grpc
 
+from bench import workingset
 from builder.core import proc
 
 PULL = "/runtime.v1.ImageService/PullImage"
@@ -167,6 +168,10 @@ class PrivateContainerd:
         return {"s": round(time.monotonic() - start, 2),
                 "cpu_s": round(self.cpu_seconds() - cpu, 2), "image": image_id}
 
+    def snapshots(self) -> Path:
+        """Where the overlayfs snapshotter keeps the unpacked layers (`<n>/fs`)."""
+        return self.home / "root" / "io.containerd.snapshotter.v1.overlayfs" / "snapshots"
+
     def ctr(self, *args: str, timeout: float = 600) -> str:
         argv = ["ctr", "--address", str(self.sock), "-n", NAMESPACE, *args]
         return proc.run(argv, timeout=timeout).stdout
@@ -227,21 +232,27 @@ FIRST_STEP = ("import time; t = time.monotonic(); import torch; "
               "print(round(time.monotonic() - t, 2))")
 
 
-def cold_start(registry: str, ref: str) -> dict[str, Any]:
+def cold_start(registry: str, ref: str, argv: tuple[str, ...] = ("python", "-c", FIRST_STEP)
+               ) -> dict[str, Any]:
     """On a fresh private containerd (an empty content store and snapshotter): the CRI pull,
-    then `ctr run` of a container that imports torch and runs a 2048² matmul. Seconds of each,
-    containerd's CPU-seconds over the pull, the bytes it fetched, the load before."""
+    then `ctr run` of a container that imports torch and runs a 2048² matmul, started cold
+    (the image's files evicted from the page cache, as on a node whose cache the pull did not
+    fill: bench/workingset.py). Seconds of each, containerd's CPU-seconds over the pull, the
+    bytes it fetched, the load before, and the working set the start read."""
     load = round(os.getloadavg()[0], 2)
     with PrivateContainerd([registry]) as node:
         proc.run(["sync"])
         pulled = node.pull(ref)
         fetched = folder_bytes(node.home / "root" / "io.containerd.content.v1.content")
+        cold = workingset.Measure(node.snapshots())
         start = time.monotonic()
         out = node.ctr("run", "--rm", ref, f"bench-{os.getpid()}-{time.monotonic_ns()}",
-                       "python", "-c", FIRST_STEP, timeout=1800)
+                       *argv, timeout=1800)
         started = round(time.monotonic() - start, 2)
+        touched = cold.done()
     return {**pulled, "start_s": started, "in_container_s": float(out.split()[-1]),
-            "to_matmul_s": round(pulled["s"] + started, 2), "bytes": fetched, "load": load}
+            "to_matmul_s": round(pulled["s"] + started, 2), "bytes": fetched, "load": load,
+            "working_set": touched}
 
 
 def folder_bytes(folder: Path) -> int:

@@ -265,7 +265,8 @@ def variant(variant_id: str, source: str, vetted: str, work: Path, runs: int,
     ran = check_runs(zs_ref, run_check) if run_check else ""
     return {"id": variant_id, "local_image": local, "gzip_digest": digest, "twin": made,
             "pull": {k: best(v) for k, v in timings.items()}, "split": split,
-            "parts": alone, "twin_runs": ran, "cri": by_cri}
+            "parts": alone, "twin_runs": ran, "cri": by_cri,
+            "working_set": by_cri["zstd"].get("working_set")}
 
 
 def image_of(variant_id: str) -> str:

@@ -48,7 +48,22 @@ def cri_figures(v: dict[str, Any]) -> list[Figure]:
                f"/proc/<pid>/stat utime+stime (+ waited children); bytes fetched "
                f"{zs['bytes'] / 1e6:.1f} / {gz['bytes'] / 1e6:.1f} MB"
                + (f"; goal ≤ {GOALS['cri_cpu']}" if goal else "")),
+        *working_set_figures(name, zs.get("working_set")),
     ]
+
+
+def working_set_figures(name: str, ws: dict[str, Any] | None) -> list[Figure]:
+    """The startup working set (bench/workingset.py): the bytes a cold `import torch` + first
+    matmul read, against the image's unpacked bytes: what a lazy-pulling format must fetch
+    before the first step."""
+    if not ws:
+        return []
+    top = ", ".join(f"{path} {n / 1e6:.0f} MB" for path, n in ws["top"][:3])
+    return [Figure(f"startup working set: bytes a cold start read ({name})",
+                   round(ws["bytes"] / 1e6, 1), "MB", round(ws["image_bytes"] / 1e6, 1),
+                   ws["share"], f"files {ws['files']} of {ws['image_files']} "
+                   f"({ws['files_share']:.0%}); page-cache residency (fincore) after "
+                   f"evicting the image's files; most: {top}")]
 
 
 def figures(v: dict[str, Any]) -> list[Figure]:

@@ -2,13 +2,43 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 from pathlib import Path
 
 import pytest
 
+from builder.core import clock
 from builder.model import matrix
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--clock-start", metavar="HH:MM", help="run the session on a clock that "
+                     "starts at HH:MM UTC (the last one, today's or yesterday's) and ticks: "
+                     "`--clock-start 23:45` crosses midnight 15 minutes in (builder.core.clock)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """`--clock-start` (or `TORCH_IMAGES_CLOCK_START` alone): every builder command of the
+    session, and the tests' own reads of the clock, see START plus the time elapsed since the
+    session began (the builder's processes inherit both variables). Here, not in tests/e2e's
+    conftest: an option must be known before pytest collects `tests`."""
+    real = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    if wanted := config.getoption("--clock-start", None):
+        os.environ[clock.START_ENV] = clock_start(wanted, real).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if os.environ.get(clock.START_ENV) and not os.environ.get(clock.ORIGIN_ENV):
+        os.environ[clock.ORIGIN_ENV] = real.strftime("%Y-%m-%dT%H:%M:%SZ")
+    clock.reset()
+
+
+def clock_start(wanted: str, real: dt.datetime) -> dt.datetime:
+    """The last HH:MM UTC not after `real` (never ahead of the real clock: a tag dated after
+    the real today is no publication for a reader without the option)."""
+    hour, _, minute = wanted.partition(":")
+    start = real.replace(hour=int(hour), minute=int(minute or 0), second=0)
+    return start if start <= real else start - dt.timedelta(days=1)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from pathlib import Path
 from builder.commands.options import add_command
 from builder.core import keyless, keypair, state
 from builder.core.output import emit_json, step
-from builder.model import catalog_doc, matrix
+from builder.model import catalog_doc, matrix, startup
 from builder.stages import catalog, catalog_site
 
 
@@ -25,6 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trusted-root", type=Path, default=keyless.PUBLIC_GOOD_ROOT, metavar="FILE",
                    help="sigstore trusted_root.json a keyless bundle must chain to for its "
                    "signer to be shown (default: sigstore's public good, pinned in builder/trust/)")
+    p.add_argument("--startup", type=Path, metavar="RESULTS.JSON",
+                   help="bench results (`python -m bench pull`'s bench/results.json) whose "
+                   "measured startup working sets the pages show as bytes needed to start "
+                   "(without it: not measured)")
     p.add_argument("--cache", type=Path, metavar="FILE",
                    help="the digest cache (default: DIR/.cache/catalog.json)")
 
@@ -48,6 +52,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     keys = [keypair.load_public(path) for path in args.key]
     doc, fetched = catalog.collect(source, args.out, cache, keys=keys, progress=step,
                                    trusted_root=args.trusted_root)
+    startup.add(doc["images"], startup.load(args.startup))
     same = catalog_doc.same_facts(doc, args.out / "catalog.json")
     if not same:
         catalog_doc.validate(doc)  # jsonschema's import alone takes seconds: only for new facts

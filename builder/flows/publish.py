@@ -414,7 +414,7 @@ def publication_of(matrix: Matrix, cand: Candidate, digest: str, dated: str,
                 signed: dict[str, Any] | None = None) -> Publication:
     """The published.json record of one image (a manifest, or an index)."""
     p = cand.planned
-    date = publish.today()
+    date = clock.stamp()
     facts = p.rendered.facts
     return Publication(
         date=f"{date[:4]}-{date[4:6]}-{date[6:]}",

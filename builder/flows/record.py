@@ -71,15 +71,10 @@ def history(matrix: Matrix, keys: tuple[Any, ...] = ()) -> dict[str, list[Public
     return dict(sorted(out.items()))
 
 
-def today() -> str:
-    """The command's day (one clock, read once at its start)."""
-    return clock.stamp()
-
-
 def current(found: list[Dated]) -> list[Dated]:
     """The dated tags not after today (UTC), with a warning for each later one: a tag dated
     in the future would otherwise stay "newest" for years."""
-    now = today()
+    now = clock.stamp()  # the command's day (one clock, read once at its start)
     for dated in found:
         if dated.date > now:
             step(f"warning: `{dated.tag}` is dated after today ({now}, UTC): ignored")

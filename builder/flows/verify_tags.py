@@ -10,8 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from builder.core import labels, oci, sign
-from builder.flows import record
+from builder.core import clock, labels, oci, sign
 from builder.model import tags as tag_rules
 
 # A floating tag, maybe dated, maybe a zstd twin (builder.stages.twin: `<tag>-zstd`):
@@ -100,7 +99,7 @@ def rollback(reg: oci.Registry, repository: str, tag: str, digest: str,
     twin = "-zstd" if floating.endswith("-zstd") else ""  # a twin's dated tags are twins too
     dated = re.compile(re.escape(floating.removesuffix(twin))
                        + r"-(?P<date>[0-9]{8})(?:\.(?P<n>[0-9]+))?" + re.escape(twin))
-    now = record.today()  # a tag dated later is no publication (builder.flows.record)
+    now = clock.stamp()  # a tag dated later is no publication (builder.flows.record)
     found = sorted(((m["date"], int(m["n"] or 0), t) for t in reg.tags(repository)
                     if (m := dated.fullmatch(t)) and m["date"] <= now), reverse=True)
     latest, head = newest_signed(reg, repository, [t for *_, t in found], keys)

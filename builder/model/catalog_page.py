@@ -97,15 +97,33 @@ def relation_words(relation: str, image: dict[str, Any], other: dict[str, Any]) 
 def pull_choices(doc: dict[str, Any], variant: dict[str, Any], tag: str
                  ) -> list[tuple[str, str]]:
     """(who should pull it, how) for a tag and its `-zstd` twin (a pod's `image:`, since
-    Docker 20.10 cannot pull it); [] without a twin."""
-    twin = variant.get("zstd")
+    Docker 20.10 cannot pull it); [] when this tag has no twin."""
+    twin = twin_record(variant, tag)
     if not twin:
         return []
     name = f"{doc['registry']}/{doc['repository']}"
-    sizes = ((f", {human_bytes(twin['gzip_size'])}", f", {human_bytes(twin['size'])}")
-             if tag == variant["tag"] else ("", ""))
-    return [(f"gzip layers{sizes[0]}: {GZIP_RUNTIMES}", f"docker pull {name}:{tag}"),
-            (f"zstd layers{sizes[1]}: {TWIN_RUNTIMES}", f"image: {name}:{tag}-zstd")]
+    return [(f"gzip layers, {human_bytes(twin['gzip_size'])}: {GZIP_RUNTIMES}",
+             f"docker pull {name}:{tag}"),
+            (f"zstd layers, {human_bytes(twin['size'])}: {TWIN_RUNTIMES}",
+             f"image: {name}:{twin['tag']}")]
+
+
+def twin_record(variant: dict[str, Any], tag: str) -> dict[str, Any] | None:
+    """The catalog's twin record of the floating tag or of one of its dated tags."""
+    if tag == variant["tag"]:
+        return variant.get("zstd")
+    return next((h.get("zstd") for h in variant.get("history") or [] if h["tag"] == tag), None)
+
+
+def startup_words(startup: dict[str, Any] | None) -> str:
+    """The "bytes needed to start" cell: the measured working set and its share of the
+    unpacked image, or "not measured"."""
+    if not startup:
+        return "not measured"
+    share = f" ({startup['share']:.0%} of {human_bytes(startup['image_bytes'])})" \
+        if startup.get("share") is not None else ""
+    other = "" if startup["same_digest"] else "; measured on another build of this variant"
+    return f"{human_bytes(startup['bytes'])}{share}, {startup['files']} files{other}"
 
 
 # ---- how to run it ----------------------------------------------------------------------------

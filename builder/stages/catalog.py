@@ -107,19 +107,23 @@ class Cache:
 
 def add_twins(reader: Reader, out: list[dict[str, Any]], images: dict[str, dict[str, Any]],
               twins: dict[str, str]) -> None:
-    """Each variant whose tag has a `<tag>-zstd` twin names it, with both sizes (what a node
-    downloads: the first platform's layers and config)."""
-    for entry in out:
+    """Each variant and each dated build whose tag has a `<tag>-zstd` twin names it, with both
+    sizes (what a node downloads: the first platform's layers and config): every page's pod
+    pins its own twin, an older dated page's too."""
+    for entry in [*out, *(h for v in out for h in v["history"])]:
         digest = twins.get(entry["tag"] + TWIN_SUFFIX)
         image = images.get(entry["digest"] or "")
-        if digest is None or image is None or not image["platforms"]:
-            continue
-        top = reader.manifest(digest)
-        first = (top.get("children") or [{"digest": digest}])[0]["digest"]
-        facts = reader.manifest(first)
-        entry["zstd"] = {"tag": entry["tag"] + TWIN_SUFFIX, "digest": digest,
-                         "size": sum(x["size"] for x in facts["layers"]) + facts["config_size"],
-                         "gzip_size": image["platforms"][0]["size"]}
+        if digest is not None and image is not None and image["platforms"]:
+            entry["zstd"] = twin_facts(reader, entry["tag"], digest, image)
+
+
+def twin_facts(reader: Reader, tag: str, digest: str, image: dict[str, Any]) -> dict[str, Any]:
+    top = reader.manifest(digest)
+    first = (top.get("children") or [{"digest": digest}])[0]["digest"]
+    facts = reader.manifest(first)
+    return {"tag": tag + TWIN_SUFFIX, "digest": digest,
+            "size": sum(x["size"] for x in facts["layers"]) + facts["config_size"],
+            "gzip_size": image["platforms"][0]["size"]}
 
 
 def twin_layers(reader: Reader, by_tag: dict[str, str],

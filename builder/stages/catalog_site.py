@@ -284,7 +284,7 @@ def tag_pages(env: jinja2.Environment, doc: dict[str, Any],
                                group_sizes(other["platforms"][0]))
                               for _, other in family if other["platforms"]])
         reference = f"{doc['registry']}/{doc['repository']}@{digest}"
-        twin = twin_of(doc, variant, digest)
+        twin = twin_of(doc, variant, digest, entry)
         pages[page_name(tag)] = template.render(
             doc=doc, variant=variant, tag=tag, image=image, entry=entry, root="../",
             reference=reference, **usage(doc, image, reference, twin),
@@ -295,10 +295,12 @@ def tag_pages(env: jinja2.Environment, doc: dict[str, Any],
     return pages
 
 
-def twin_of(doc: dict[str, Any], variant: dict[str, Any], digest: str) -> str | None:
-    """The `-zstd` twin of the variant's current digest, by digest (what a pod should pin);
-    None for an older dated build or an image without a twin."""
-    twin = variant.get("zstd") if digest == variant.get("digest") else None
+def twin_of(doc: dict[str, Any], variant: dict[str, Any], digest: str,
+            entry: dict[str, Any] | None = None) -> str | None:
+    """The `-zstd` twin of the page's digest, by digest (what a pod should pin): a dated
+    build's own twin, else the variant's for its current digest; None without a twin."""
+    twin = (entry or {}).get("zstd") or (
+        variant.get("zstd") if digest == variant.get("digest") else None)
     return f"{doc['registry']}/{doc['repository']}@{twin['digest']}" if twin else None
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import tempfile
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,7 +60,11 @@ def resolve(variant: Variant, reqs: list[str], *, upgrade: bool = False,
         out = Path(tmp) / "lock.txt"
         if current is not None:
             out.write_text(current)  # uv prefers the pins of an existing output file
+        # The target python is only a marker environment (`--python-version`): uv runs on this
+        # interpreter, never searching PATH (seconds of shims) nor downloading a managed python
+        # (a minute per resolve, under one machine-wide lock, where it cannot be reached).
         argv = ["uv", "pip", "compile", "--no-config", "--native-tls", "--quiet",
+                "--python", sys.executable, "--no-python-downloads",
                 "--python-version", variant.python,
                 "--python-platform", platforms.get(variant.platform).uv,
                 "--generate-hashes", "--no-header", "--no-annotate", "--emit-find-links",
@@ -88,9 +94,8 @@ def with_page_hashes(text: str, pages: Sequence[str]) -> str:
         return text
     listed: dict[tuple[str, str], set[str]] = {}
     for page in pages:
-        for file in simple_index.project_files(page):
-            if file.pin and file.sha256:
-                listed.setdefault(file.pin, set()).add(file.sha256)
+        for pin, hashes in page_hashes(page).items():
+            listed.setdefault(pin, set()).update(hashes)
     lines = text.splitlines()
     for i, line in enumerate(lines):
         match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", line)
@@ -101,6 +106,23 @@ def with_page_hashes(text: str, pages: Sequence[str]) -> str:
                                   hint="a find-links page must give `#sha256=` with each file")
             lines[i] = " \\\n".join([line, *(f"    --hash=sha256:{h}" for h in hashes)])
     return "\n".join(lines) + "\n"
+
+
+_PAGES: dict[str, dict[tuple[str, str], frozenset[str]]] = {}
+_PAGES_LOCK = threading.Lock()
+
+
+def page_hashes(page: str) -> dict[tuple[str, str], frozenset[str]]:
+    """The sha256 of each (name, version) a `find_links` page lists, fetched once per run: the
+    variants resolved at once (`lock --check`'s threads) share the page (it is megabytes)."""
+    with _PAGES_LOCK:
+        if page not in _PAGES:
+            listed: dict[tuple[str, str], set[str]] = {}
+            for file in simple_index.project_files(page):
+                if file.pin and file.sha256:
+                    listed.setdefault(file.pin, set()).add(file.sha256)
+            _PAGES[page] = {pin: frozenset(h) for pin, h in listed.items()}
+        return _PAGES[page]
 
 
 def declared_find_links(text: str, find_links: Sequence[str]) -> str:

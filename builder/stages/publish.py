@@ -159,16 +159,11 @@ def sign_digest(vetted: Staged, trust: keypair.Trust,
 # ---- one variant ------------------------------------------------------------------------------
 
 
-def today() -> str:
-    """The dated tag's day: the command's (one clock, read once at its start)."""
-    return clock.stamp()
-
-
 def dry_run_entry(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
     p = cand.planned
     return {"id": p.variant.id, "status": "would-publish", "image_id": cand.image_id,
             "staged": cand.staged.reference if cand.staged else None,
-            "tags": [f"{p.floating_tag}-{today()}[.n]", p.hash_tag, *p.tags],
+            "tags": [f"{p.floating_tag}-{clock.stamp()}[.n]", p.hash_tag, *p.tags],
             "artifacts": ["sha256-<digest>.sbom", "sha256-<digest>.smoke",
                           "sha256-<digest>.provenance"],
             "registry": matrix.registry, "repository": matrix.repository}
@@ -178,7 +173,7 @@ def next_dated(vetted: Staged, floating: str, keys: tuple[Any, ...] = ()) -> tup
     """The dated tag this publication takes (signed before it is written), and whether it
     already holds the digest; with `keys`, unsigned dated tags are free (dated_tag)."""
     reg = oci.Registry(vetted.registry)
-    return dated_tag(reg, vetted.repository, floating, today(), vetted.digest, keys)
+    return dated_tag(reg, vetted.repository, floating, clock.stamp(), vetted.digest, keys)
 
 
 def write_tags(vetted: Staged, floating: str, tags: list[str],

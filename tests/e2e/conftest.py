@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 from helpers import PRIVATE_REPOSITORIES, free_port, missing
 
-from builder.core import engine, registry
+from builder.core import clock, engine, registry
 
 DOCKER = "/usr/bin/docker"
 
@@ -33,19 +33,15 @@ def engine_problem() -> str | None:
 
 
 @pytest.fixture(autouse=True)
+def _clock() -> None:
+    """Each test's in-process commands read the clock again, as each builder command does."""
+    clock.reset()
+
+
+@pytest.fixture(autouse=True)
 def _engine(request: pytest.FixtureRequest) -> None:
     if request.node.get_closest_marker("docker") and (problem := engine_problem()):
         missing(problem)
-
-
-# Modules that empty what a fresh engine lacks (BuildKit's layer records): they run after every
-# other test, so that no module builds on a cache pruned under it.
-RUNS_LAST = ("test_reproduce_e2e.py",)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Move the RUNS_LAST modules' tests to the end, keeping every other order."""
-    items.sort(key=lambda item: item.path.name in RUNS_LAST)
 
 
 LOOPBACK_REGISTRY = re.compile(r"127\.0\.0\.1:(\d+)/")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -25,8 +26,9 @@ FILES = ["/bin/bash", "/lib/x86_64-linux-gnu/libtinfo.so.6", "/lib/x86_64-linux-
          "/lib64/ld-linux-x86-64.so.2"]
 
 
-def small_image(registry: str, tmp: Path) -> str:
-    """bash and its libraries as a one-layer image in `registry`; its reference."""
+def small_image(registry: str, tmp: Path, extra: dict[str, bytes] | None = None) -> str:
+    """bash and its libraries (and `extra` files) as a one-layer image in `registry`; its
+    reference."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for path in FILES:
@@ -34,6 +36,10 @@ def small_image(registry: str, tmp: Path) -> str:
             info.mtime = 0
             with open(path, "rb") as fh:
                 tar.addfile(info, fh)
+        for name, data in (extra or {}).items():
+            info = tarfile.TarInfo(name.lstrip("/"))
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
     layer = tmp / "rootfs.tar"
     layer.write_bytes(buf.getvalue())
     config = json.dumps({"architecture": "amd64", "os": "linux",
@@ -65,6 +71,24 @@ def test_a_cri_pull_then_a_run_leaves_nothing_behind(registry_addr, tmp_path):
         assert out.strip() == "ran"
         home, state, pid = node.home, node.state, node.child.pid
     assert left_behind(home, state, pid) == []
+
+
+def test_the_working_set_is_what_the_start_read_of_the_evicted_image(registry_addr, tmp_path):
+    """cold_start's whole path on a small image: pull, evict, run, residency. The start reads
+    bash, its libraries and one data file (bash's `$(< file)`: the image has no `cat`); the
+    8 MB it never opens is not in the working set."""
+    read, unread = os.urandom(3 << 20), os.urandom(8 << 20)
+    ref = small_image(registry_addr, tmp_path, {"/data/read": read, "/data/unread": unread})
+    run = cri.cold_start(registry_addr, ref,
+                         ("/bin/bash", "-c", ': "$(< /data/read)" 2>/dev/null; echo 0.25'))
+    ws = run["working_set"]
+    touched = dict(map(tuple, ws["top"]))
+    assert run["in_container_s"] == 0.25
+    assert touched["/data/read"] == len(read) and "/data/unread" not in touched
+    assert "/bin/bash" in touched and ws["files"] >= 2
+    assert ws["image_files"] == len(FILES) + 2 and ws["left_after_eviction"] == 0
+    assert len(read) <= ws["bytes"] < ws["image_bytes"] - len(unread) // 2
+    assert 0 < ws["share"] < 1
 
 
 INTERRUPTED = """

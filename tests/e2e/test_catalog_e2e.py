@@ -298,6 +298,20 @@ def test_an_image_page_says_how_to_run_and_verify_it_and_what_it_runs_as(
     assert "Download the linux/amd64 SBOM" in arm and "Download the linux/arm64 SBOM" in arm
 
 
+def test_an_older_dated_page_pins_its_own_zstd_twin_and_says_not_measured(site: Site) -> None:
+    """Issue 42: every page's pod pins the twin of its own digest (here the first dated build,
+    no longer floating), names the gzip digest for Docker 20.10; no --startup: not measured."""
+    dated = f"{CPU_OLD.floating}-20261201"
+    reg = oci.Registry(site.source.split("/")[0])
+    gzip, twin = (reg.head(REPO, tag).digest for tag in (dated, f"{dated}-zstd"))
+    page = html.unescape((site.out / "tags" / f"{dated}.html").read_text())
+    pod = yaml.safe_load(re.search(r'<pre id="pod">(.*?)</pre>', page, re.S)[1])
+    assert pod["spec"]["containers"][0]["image"] == f"{site.source}@{twin}"
+    assert f"on Docker 20.10 use the gzip digest:\n      #   {site.source}@{gzip}" in page
+    assert f"image: {site.source}:{dated}-zstd" in page
+    assert '<td class="startup">not measured</td>' in page
+
+
 class Links(html.parser.HTMLParser):
     def __init__(self) -> None:
         super().__init__()

@@ -27,9 +27,10 @@ pytestmark = pytest.mark.docker
 
 CPU = "2.13.0-py3.11-cpu-runtime"
 PASSWORD = "midnight-e2e"
-# The build day ends at 23:59:59; the next day is today's real date (dates after today are not
-# publications), so the build day is yesterday.
-NEXT_DAY = dt.datetime.now(dt.UTC).date()
+# The build day ends at 23:59:59; the next day is the session's day by the one clock (dates after
+# today are not publications; under `--clock-start` it is the ticking clock's), so the build day
+# is the day before.
+NEXT_DAY = clock.start().date()
 BUILD_DAY = NEXT_DAY - dt.timedelta(days=1)
 
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from test_publish import SBOM_DOC, smoke_report, tags
 
-from builder.core import engine, labels, oci, state
+from builder.core import clock, engine, labels, oci, state
 from builder.flows import publish as publish_flow
 from builder.flows import verify
 from builder.model import matrix, platforms
 from builder.model.planned import PlannedVariant
-from builder.stages import plan, publish, render, smoketest, staging
+from builder.stages import plan, render, smoketest, staging
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +88,8 @@ def scratch_variant(tmp_path: Path, m: matrix.Matrix, variant: matrix.Variant,
 def test_publish_joins_a_variants_platforms_under_its_tags(tmp_path: Path, registry_addr: str, made,
                                                            monkeypatch) -> None:
     monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "state"))
-    monkeypatch.setattr(publish, "today", lambda: "20260102")
+    monkeypatch.setenv(clock.ENV, "2026-01-02T12:00:00Z")  # the one clock, read as commands do
+    clock.reset()
     base = matrix.load(ROOT / "matrix.yaml")
     m = dataclasses.replace(base, registry=registry_addr, repository=f"multi-{uuid.uuid4().hex[:8]}")
     planned = []

@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 from helpers import free_port
 
-from builder.core import engine, labels, media, oci, proc, registry, state
+from builder.core import clock, engine, labels, media, oci, proc, registry, state
 from builder.core.oci import RegistryError
 from builder.flows import publish as publish_flow
 from builder.model import matrix, publication
@@ -92,7 +92,8 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     state_dir = tmp_path / "state"
     monkeypatch.setenv("BUILDER_STATE", str(state_dir))
     monkeypatch.setattr(oci, "BACKOFF_S", (0.05, 0.05, 0.05))
-    monkeypatch.setattr(publish, "today", lambda: DATE)
+    monkeypatch.setenv(clock.ENV, f"{DATE[:4]}-{DATE[4:6]}-{DATE[6:]}T12:00:00Z")  # one clock
+    clock.reset()
     return state_dir
 
 

@@ -3,10 +3,11 @@ BuildKit's layer cache; rebuild from the provenance and get the same image. A pl
 non-determinism (a test-only template that writes the build's time into a file) makes it exit 1
 and name that file.
 
-Prunes BuildKit's layer records of the engine (`--filter type=regular`: the wheel cache mount
-stays, so nothing is downloaded again), so it runs after every other test of the session
-(conftest.RUNS_LAST); CI runs alone on its engine. Needs the worktree to be
-committed: the rebuild checks out the commit the image names.
+Forgetting prunes BuildKit's layer records (`--filter type=regular`), so the module runs on an
+engine of its own (private_engine: a second dockerd, its own data root and bridge, removed
+afterwards) with the shared engine's bootstrapped base loaded into it: the shared build cache
+stays whole under every other test, in any order. Needs the worktree to be committed: the
+rebuild checks out the commit the image names.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from helpers import free_port, run_builder
+from private_engine import private_engine
 
 from builder.core import engine, registry
 
@@ -30,9 +33,26 @@ ROOT = Path(__file__).resolve().parents[2]
 PLANTED = "/home/user/built-at"  # the image user may write there
 
 
+def base_tags() -> tuple[str, ...]:
+    """The shared engine's bootstrapped bases (each suite's tag and its day's keyed tags), so the
+    private engine builds on them rather than bootstrapping again; none on a fresh machine."""
+    listed = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
+                           "--filter", "reference=torch-images-base:*").stdout.split()
+    return tuple(sorted(listed))
+
+
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    """A matrix with a fresh registry on a free port; the images it names removed afterwards."""
+def own_engine() -> Iterator[str]:
+    """The module's own dockerd, with DOCKER_HOST pointing at it (the builder's commands, and
+    engine.docker here); gone afterwards, on failure too."""
+    with private_engine(base_tags()) as private, pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DOCKER_HOST", private.host)
+        yield private.host
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, own_engine):
+    """A matrix with a fresh registry on a free port, built on the module's own engine."""
     tmp = tmp_path_factory.mktemp("reproduce")
     addr = f"127.0.0.1:{free_port()}"
     data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
@@ -40,11 +60,8 @@ def env(tmp_path_factory):
     data.setdefault("exclude", []).append({"platform": "linux/arm64"})
     (tmp / "matrix.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     registry.start(addr, tmp / "registry")
-    yield {"matrix": tmp / "matrix.yaml", "addr": addr, "tmp": tmp}
+    yield {"matrix": tmp / "matrix.yaml", "addr": addr, "tmp": tmp, "engine": own_engine}
     registry.stop(tmp / "registry")
-    for ref in engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
-                             "--filter", f"reference={addr}/*").stdout.split():
-        engine.remove_image(ref)
 
 
 def builder(env, *args: str, extra_env: dict[str, str] | None = None,
@@ -66,6 +83,7 @@ def publish(env, extra_env: dict[str, str] | None = None) -> str:
 def forget(env) -> None:
     """What a fresh engine lacks: the image and every cached layer of every build."""
     plan = json.loads(builder(env, "plan", "--select", f"id={CPU}", "--json").stdout)
+    assert engine.engine_address() == env["engine"]  # never the shared engine's cache
     engine.remove_image(plan["include"][0]["image"])
     engine.docker("builder", "prune", "-af", "--filter", "type=regular", timeout=600)
 

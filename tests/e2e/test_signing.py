@@ -4,8 +4,10 @@
 with push rights to the registry could try is refused (exit 1, one line, no traceback, no tag
 moved).
 
-Uses the shipped matrix with the registry moved to a private port; the forgeries are written
-straight into that registry with the project's own registry client, as an attacker would.
+The image is the session's (fixtures_published: built, smoked and SBOM'd once), staged and
+published again by the same key into a registry of this module's own (fixtures_published.restage),
+where the forgeries are written straight into the registry with the project's own registry
+client, as an attacker would.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -24,47 +25,41 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import (
-    Saved,
-    cpu_alias_matrix,
-    fake_image,
-    free_port,
-    real_labels,
-    remove_images_at,
-    run_builder,
+from fixtures_published import (
+    ALIAS,
+    CPU,
+    PASSWORD,
+    Publication,
+    own_registry,
+    restage,
+    shared_publication,  # noqa: F401  (a fixture: the session's image)
 )
+from helpers import Saved, fake_image, real_labels, run_builder
 
-from builder.core import keypair, labels, oci, registry, sign
+from builder.core import keypair, labels, oci, sign
 
 pytestmark = pytest.mark.docker
 
-CPU = "2.13.0-py3.11-cpu-runtime"
-ALIAS = "latest-cpu-runtime"
 ROOT = Path(__file__).resolve().parents[2]
-PASSWORD = "correct horse"
 
 
 # ---- the published image -----------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A matrix on a fresh registry, two key pairs (ours and someone else's), images removed
-    afterwards."""
+def env(shared_publication: Publication,  # noqa: F811
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The session's image (fixtures_published) staged and published by the same key into a
+    registry of this module's own (its forgeries stay there), gzip only; someone else's key
+    pair."""
     tmp = tmp_path_factory.mktemp("signing")
-    addr = f"127.0.0.1:{free_port()}"
-    matrix_path = cpu_alias_matrix(tmp, addr, ALIAS)
-    registry.start(addr, tmp / "registry")
-    environ = {**os.environ, "COSIGN_PASSWORD": PASSWORD}
-    environ.pop("COSIGN_PRIVATE_KEY", None)
-    for who in ("ours", "other"):
-        (tmp / who).mkdir()
-        run_builder("keygen", "--out", str(tmp / who), env=environ)
-    yield {"matrix": matrix_path, "addr": addr, "tmp": tmp, "env": environ,
-           "key": tmp / "ours" / "cosign.key", "pub": tmp / "ours" / "cosign.pub",
-           "other_key": tmp / "other" / "cosign.key"}
-    registry.stop(tmp / "registry")
-    remove_images_at(addr)
+    with own_registry(tmp) as addr:
+        own = restage(shared_publication, tmp, addr, compression=["gzip"])
+        (tmp / "other").mkdir()
+        run_builder("keygen", "--out", str(tmp / "other"), env=own.env)
+        yield {"matrix": own.matrix, "addr": addr, "tmp": tmp, "env": own.env, "key": own.key,
+               "pub": own.pub, "other_key": tmp / "other" / "cosign.key", "own": own,
+               "repo": own.repository, "staging": own.staging}
 
 
 def builder(env: dict[str, Any], *args: str, check: bool = True
@@ -85,17 +80,12 @@ def publish(env: dict[str, Any], *extra: str, check: bool = True
 
 @pytest.fixture(scope="module")
 def published(env: dict[str, Any]) -> dict[str, Any]:
-    """Build and stage (signed evidence), then publish (signed digest): the publication."""
-    outcomes = json.loads(builder(env, "build", "--select", f"id={CPU}", "--stage", "--key",
-                                  str(env["key"]), "--json").stdout)
-    staged_ref = outcomes[0]["message"]
-    assert re.fullmatch(rf"{env['addr']}/torch-staging@sha256:[0-9a-f]{{64}}", staged_ref)
-    publish(env)
-    [pub] = json.loads((env["tmp"] / "published.json").read_text())["variants"][CPU][
-        "publications"]
-    assert pub["digest"] == staged_ref.rsplit("@", 1)[1]
-    assert pub["signed"] is True and pub["unsigned"] is False
-    return {**pub, "staged": staged_ref.rsplit("@", 1)[1]}
+    """The publication (signed digest) of what `build --stage --key` staged (signed evidence)."""
+    own = env["own"]
+    assert re.fullmatch(rf"{env['addr']}/{env['staging']}@sha256:[0-9a-f]{{64}}",
+                        own.built["message"])
+    assert own.record["digest"] == own.staged
+    return {**own.record, "staged": own.staged}
 
 
 def refused(result: subprocess.CompletedProcess[str], reason: str) -> str:
@@ -120,7 +110,7 @@ def not_promoted(result: subprocess.CompletedProcess[str], reason: str) -> str:
 
 def tag_digests(env: dict[str, Any], pub: dict[str, Any]) -> dict[str, str | None]:
     reg = oci.Registry(env["addr"])
-    return {tag: (d.digest if (d := reg.head("torch", tag)) else None) for tag in pub["tags"]}
+    return {tag: (d.digest if (d := reg.head(env["repo"], tag)) else None) for tag in pub["tags"]}
 
 
 @pytest.fixture
@@ -134,7 +124,8 @@ def saved(env: dict[str, Any]) -> Iterator[Saved]:
 
 
 def test_verify_key_on_the_published_tag_and_digest(env, published) -> None:
-    for ref in (published["reference"], f"{env['addr']}/torch:{published['floating_tag']}"):
+    floating = f"{env['addr']}/{env['repo']}:{published['floating_tag']}"
+    for ref in (published["reference"], floating):
         result = verify(env, ref, "--json")
         assert result.returncode == 0, result.stdout + result.stderr
         checks = {c["what"]: c for c in json.loads(result.stdout)["checks"]}
@@ -159,16 +150,16 @@ def test_the_signature_is_cosigns_layout(env, published) -> None:
     """What `cosign verify --key` reads: `sha256-<hex>.sig`, a simple-signing layer with its
     signature annotation, over the exact digest, for the vetted repository."""
     reg = oci.Registry(env["addr"])
-    body, _ = reg.manifest("torch", sign.sig_tag(published["digest"]))
+    body, _ = reg.manifest(env["repo"], sign.sig_tag(published["digest"]))
     [layer] = json.loads(body)["layers"]
     assert layer["mediaType"] == "application/vnd.dev.cosign.simplesigning.v1+json"
-    payload = json.loads(reg.blob("torch", layer["digest"]))
+    payload = json.loads(reg.blob(env["repo"], layer["digest"]))
     assert payload["critical"] == {
-        "identity": {"docker-reference": f"{env['addr']}/torch"},
+        "identity": {"docker-reference": f"{env['addr']}/{env['repo']}"},
         "image": {"docker-manifest-digest": published["digest"]},
         "type": "cosign container image signature"}
     assert set(layer["annotations"]) == {"dev.cosignproject.cosign/signature"}
-    body, _ = reg.manifest("torch", sign.att_tag(published["digest"]))
+    body, _ = reg.manifest(env["repo"], sign.att_tag(published["digest"]))
     types = {x["annotations"]["predicateType"] for x in json.loads(body)["layers"]}
     assert types == set(sign.PREDICATES.values())
 
@@ -179,7 +170,7 @@ def test_the_signature_is_cosigns_layout(env, published) -> None:
 def test_forged_staged_image_with_copied_evidence_is_refused(env, published, saved) -> None:
     reg = oci.Registry(env["addr"])
     before = tag_digests(env, published)
-    staging, real = "torch-staging", published["staged"]
+    staging, real = env["staging"], published["staged"]
     forged = fake_image(reg, staging, real_labels(reg, staging, real))
     for kind in ("sbom", "smoke"):  # the evidence, copied beside it
         reg.push_artifact(staging, oci.Descriptor(forged, oci.OCI_MANIFEST, 1),
@@ -204,15 +195,15 @@ def test_evidence_re_signed_with_another_key_is_refused(env, published, saved) -
     other = keypair.decrypt_private(env["other_key"].read_bytes(), "other", PASSWORD.encode())
     before = tag_digests(env, published)
     # At staging: publish trusts only our key.
-    saved.keep("torch-staging", sign.att_tag(published["staged"]))
-    report = json.loads(reg.fetch_artifact("torch-staging", published["staged"], "smoke"))
-    sign.attest(reg, "torch-staging", published["staged"], other, "smoke", report)
+    saved.keep(env["staging"], sign.att_tag(published["staged"]))
+    report = json.loads(reg.fetch_artifact(env["staging"], published["staged"], "smoke"))
+    sign.attest(reg, env["staging"], published["staged"], other, "smoke", report)
     print(not_promoted(publish(env, check=False), "does not verify against the trusted key"))
     assert tag_digests(env, published) == before
     # In the vetted repository: verify trusts only our key.
-    saved.keep("torch", sign.att_tag(published["digest"]))
-    doc = json.loads(reg.fetch_artifact("torch", published["digest"], "sbom"))
-    sign.attest(reg, "torch", published["digest"], other, "sbom", doc)
+    saved.keep(env["repo"], sign.att_tag(published["digest"]))
+    doc = json.loads(reg.fetch_artifact(env["repo"], published["digest"], "sbom"))
+    sign.attest(reg, env["repo"], published["digest"], other, "sbom", doc)
     print(refused(verify(env, published["reference"]), "attestation sbom: its signature does "
                   "not verify"))
 
@@ -221,14 +212,14 @@ def test_a_smoke_report_with_no_checks_is_refused_even_when_signed(env, publishe
     reg = oci.Registry(env["addr"])
     ours = keypair.decrypt_private(env["key"].read_bytes(), "ours", PASSWORD.encode())
     before = tag_digests(env, published)
-    report = json.loads(reg.fetch_artifact("torch-staging", published["staged"], "smoke"))
+    report = json.loads(reg.fetch_artifact(env["staging"], published["staged"], "smoke"))
     empty = {**report, "checks": []}
-    saved.keep("torch-staging", sign.att_tag(published["staged"]))
-    saved.keep("torch-staging", oci.artifact_tag(published["staged"], "smoke"))
+    saved.keep(env["staging"], sign.att_tag(published["staged"]))
+    saved.keep(env["staging"], oci.artifact_tag(published["staged"], "smoke"))
     staged = oci.Descriptor(published["staged"], oci.OCI_MANIFEST, 1)
-    reg.push_artifact("torch-staging", staged, "application/json", json.dumps(empty).encode(),
+    reg.push_artifact(env["staging"], staged, "application/json", json.dumps(empty).encode(),
                       kind="smoke", title="smoke")
-    sign.attest(reg, "torch-staging", published["staged"], ours, "smoke", empty)
+    sign.attest(reg, env["staging"], published["staged"], ours, "smoke", empty)
     print(not_promoted(publish(env, check=False), "lacks required checks: env, cuda"))
     assert tag_digests(env, published) == before
 
@@ -238,32 +229,32 @@ def test_a_smoke_report_with_no_checks_is_refused_even_when_signed(env, publishe
 
 def test_unvetted_image_wearing_the_vetted_signature_is_refused(env, published) -> None:
     reg = oci.Registry(env["addr"])
-    fake = fake_image(reg, "torch", real_labels(reg, "torch", published["digest"]))
+    fake = fake_image(reg, env["repo"], real_labels(reg, env["repo"], published["digest"]))
     for suffix in ("sig", "att"):
-        body, _ = reg.manifest("torch", oci.artifact_tag(published["digest"], suffix))
-        reg.put_manifest("torch", oci.artifact_tag(fake, suffix), body, oci.OCI_MANIFEST)
-    line = refused(verify(env, f"{env['addr']}/torch@{fake}"),
+        body, _ = reg.manifest(env["repo"], oci.artifact_tag(published["digest"], suffix))
+        reg.put_manifest(env["repo"], oci.artifact_tag(fake, suffix), body, oci.OCI_MANIFEST)
+    line = refused(verify(env, f"{env['addr']}/{env['repo']}@{fake}"),
                    f"it signs {published['digest']}, not {fake}")
     print(line)
 
 
 def test_floating_tag_moved_to_another_digest_is_refused(env, published, saved) -> None:
     reg = oci.Registry(env["addr"])
-    fake = fake_image(reg, "torch", real_labels(reg, "torch", published["digest"]))
+    fake = fake_image(reg, env["repo"], real_labels(reg, env["repo"], published["digest"]))
     floating = published["floating_tag"]
-    saved.keep("torch", floating)
-    reg.tag("torch", fake, floating)
-    print(refused(verify(env, f"{env['addr']}/torch:{floating}"),
+    saved.keep(env["repo"], floating)
+    reg.tag(env["repo"], fake, floating)
+    print(refused(verify(env, f"{env['addr']}/{env['repo']}:{floating}"),
                   "signature: published unsigned: no signature"))
 
 
 def test_sbom_replaced_after_signing_is_refused(env, published, saved) -> None:
     reg = oci.Registry(env["addr"])
     digest = published["digest"]
-    doc = json.loads(reg.fetch_artifact("torch", digest, "sbom"))
+    doc = json.loads(reg.fetch_artifact(env["repo"], digest, "sbom"))
     doc["components"] = doc["components"][:1]
-    saved.keep("torch", oci.artifact_tag(digest, "sbom"))
-    reg.push_artifact("torch", reg.head("torch", digest), "application/vnd.cyclonedx+json",
+    saved.keep(env["repo"], oci.artifact_tag(digest, "sbom"))
+    reg.push_artifact(env["repo"], reg.head(env["repo"], digest), "application/vnd.cyclonedx+json",
                       json.dumps(doc).encode(), kind="sbom", title="sbom.cdx.json")
     print(refused(verify(env, published["reference"]),
                   "the attached sbom differs from its signed attestation"))
@@ -306,14 +297,14 @@ class LyingRegistry(http.server.BaseHTTPRequestHandler):
 
 def test_a_registry_answering_a_digest_with_other_bytes_is_refused(env, published) -> None:
     reg = oci.Registry(env["addr"])
-    fake = fake_image(reg, "torch", real_labels(reg, "torch", published["digest"]))
+    fake = fake_image(reg, env["repo"], real_labels(reg, env["repo"], published["digest"]))
     LyingRegistry.upstream = f"http://{env['addr']}"
-    LyingRegistry.lie = (published["digest"], reg.manifest("torch", fake)[0])
+    LyingRegistry.lie = (published["digest"], reg.manifest(env["repo"], fake)[0])
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), LyingRegistry)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         proxy = f"127.0.0.1:{server.server_address[1]}"
-        line = refused(verify(env, f"{proxy}/torch@{published['digest']}"),
+        line = refused(verify(env, f"{proxy}/{env['repo']}@{published['digest']}"),
                        rf"hash to {fake}, not {published['digest']}: refused")
         print(line)
     finally:
@@ -351,12 +342,12 @@ def other_variant(env: dict[str, Any], published: dict[str, Any], *, dated: str 
     signed by the pipeline's key with that variant's tags, as publish would): its digest and
     its signed tags. `flavor` = runtime and a `dated` tag: an older publication of this one."""
     reg = oci.Registry(env["addr"])
-    found = real_labels(reg, "torch", published["digest"])
+    found = real_labels(reg, env["repo"], published["digest"])
     floating = published["floating_tag"].replace("-runtime", f"-{flavor}")
     found[labels.FLAVOR] = flavor
-    digest = fake_image(reg, "torch", found)
+    digest = fake_image(reg, env["repo"], found)
     tags = [dated or f"{floating}-20260101", "build-" + digest[7:27], floating]
-    sign.sign_image(reg, "torch", digest, ours(env),
+    sign.sign_image(reg, env["repo"], digest, ours(env),
                     sign.tag_annotations(found.get(labels.VARIANT, floating), tags))
     return digest, tags
 
@@ -364,12 +355,12 @@ def other_variant(env: dict[str, Any], published: dict[str, Any], *, dated: str 
 def test_the_genuine_image_verifies_by_floating_dated_build_and_alias_tag(env, published) -> None:
     assert ALIAS in published["tags"]
     reg = oci.Registry(env["addr"])
-    body, _ = reg.manifest("torch", sign.sig_tag(published["digest"]))
-    payload = json.loads(reg.blob("torch", json.loads(body)["layers"][0]["digest"]))
+    body, _ = reg.manifest(env["repo"], sign.sig_tag(published["digest"]))
+    payload = json.loads(reg.blob(env["repo"], json.loads(body)["layers"][0]["digest"]))
     assert sign.signed_tags(payload["optional"]) == set(published["tags"])
     assert payload["optional"]["variant"] == CPU
     for tag in (published["floating_tag"], published["dated_tag"], published["hash_tag"], ALIAS):
-        result = verify(env, f"{env['addr']}/torch:{tag}", "--json")
+        result = verify(env, f"{env['addr']}/{env['repo']}:{tag}", "--json")
         assert result.returncode == 0, result.stdout + result.stderr
         checks = {c["what"]: c for c in json.loads(result.stdout)["checks"]}
         assert checks["tag signed"]["status"] == "ok", checks
@@ -379,17 +370,17 @@ def test_the_genuine_image_verifies_by_floating_dated_build_and_alias_tag(env, p
 def test_build_tag_moved_to_another_signed_digest_is_refused(env, published, saved) -> None:
     reg = oci.Registry(env["addr"])
     digest, _ = other_variant(env, published)
-    saved.keep("torch", published["hash_tag"])
-    reg.tag("torch", digest, published["hash_tag"])
-    print(refused(verify(env, f"{env['addr']}/torch:{published['hash_tag']}"),
+    saved.keep(env["repo"], published["hash_tag"])
+    reg.tag(env["repo"], digest, published["hash_tag"])
+    print(refused(verify(env, f"{env['addr']}/{env['repo']}:{published['hash_tag']}"),
                   rf"tag signed: `{published['hash_tag']}` is not among the tags signed"))
 
 
 def test_a_cuda_named_tag_on_the_cpu_image_is_refused(env, published) -> None:
     reg = oci.Registry(env["addr"])
     cuda_named = "2.13.0-py3.11-cuda12.8-cudnn9-runtime"
-    reg.tag("torch", published["digest"], cuda_named)
-    result = verify(env, f"{env['addr']}/torch:{cuda_named}", "--json")
+    reg.tag(env["repo"], published["digest"], cuda_named)
+    result = verify(env, f"{env['addr']}/{env['repo']}:{cuda_named}", "--json")
     print(refused(result, f"`{cuda_named}` is not among the tags signed"))
     checks = {c["what"]: c for c in json.loads(result.stdout)["checks"]}
     assert "accelerator cuda ≠ label 'cpu'; cuda 12.8 ≠ label ''" in checks["tag"]["detail"]
@@ -402,17 +393,17 @@ def test_a_floating_tag_on_a_signed_index_of_another_variant_is_refused(env, pub
     from builder.model import platforms
 
     reg = oci.Registry(env["addr"])
-    desc = reg.head("torch", published["digest"])
+    desc = reg.head(env["repo"], published["digest"])
     doc = platforms.index_document([platforms.PlatformManifest(platforms.get("linux/amd64"),
                                                                desc)], {})
-    index = reg.push_index("torch", doc).digest
+    index = reg.push_index(env["repo"], doc).digest
     slim = published["floating_tag"].replace("-runtime", "-slim")
-    sign.sign_image(reg, "torch", index, ours(env),
+    sign.sign_image(reg, env["repo"], index, ours(env),
                     sign.tag_annotations(slim, [slim, f"{slim}-20260101"]))
     floating = published["floating_tag"]
-    saved.keep("torch", floating)
-    reg.tag("torch", index, floating)
-    result = verify(env, f"{env['addr']}/torch:{floating}")
+    saved.keep(env["repo"], floating)
+    reg.tag(env["repo"], index, floating)
+    result = verify(env, f"{env['addr']}/{env['repo']}:{floating}")
     print(refused(result, f"`{floating}` is not among the tags signed for {index[:19]}"))
     assert re.search(r"signature\s+ok", result.stdout)  # a valid signature, of other tags
 
@@ -420,9 +411,9 @@ def test_a_floating_tag_on_a_signed_index_of_another_variant_is_refused(env, pub
 def test_an_alias_moved_to_another_variant_is_refused(env, published, saved) -> None:
     reg = oci.Registry(env["addr"])
     digest, _ = other_variant(env, published)
-    saved.keep("torch", ALIAS)
-    reg.tag("torch", digest, ALIAS)
-    print(refused(verify(env, f"{env['addr']}/torch:{ALIAS}"),
+    saved.keep(env["repo"], ALIAS)
+    reg.tag(env["repo"], digest, ALIAS)
+    print(refused(verify(env, f"{env['addr']}/{env['repo']}:{ALIAS}"),
                   f"`{ALIAS}` is not among the tags signed"))
 
 
@@ -432,14 +423,14 @@ def test_the_floating_tag_rolled_back_to_the_previous_signed_publication_is_repo
     floating = published["floating_tag"]
     older = f"{floating}-20200101"
     previous, _ = other_variant(env, published, dated=older, flavor="runtime")
-    reg.tag("torch", previous, older)  # the previous publication, as it was tagged then
+    reg.tag(env["repo"], previous, older)  # the previous publication, as it was tagged then
     for tag in (floating, ALIAS):
-        saved.keep("torch", tag)
-    sign.sign_image(reg, "torch", previous, ours(env), sign.tag_annotations(
+        saved.keep(env["repo"], tag)
+    sign.sign_image(reg, env["repo"], previous, ours(env), sign.tag_annotations(
         CPU, [older, floating, ALIAS]))
     for tag in (floating, ALIAS):
-        reg.tag("torch", previous, tag)
-        print(refused(verify(env, f"{env['addr']}/torch:{tag}"),
+        reg.tag(env["repo"], previous, tag)
+        print(refused(verify(env, f"{env['addr']}/{env['repo']}:{tag}"),
                       rf"tag rollback: `{tag}` is rolled back: it points at the publication of "
                       rf"`{older}`, older than the latest dated publication "
                       rf"`{published['dated_tag']}`"))
@@ -453,7 +444,7 @@ def test_forged_staging_published_unsigned_is_never_signed(env, published, saved
     without a signature fails `verify --key` as `published unsigned`
     (test_floating_tag_moved_to_another_digest_is_refused)."""
     reg = oci.Registry(env["addr"])
-    staging, real = "torch-staging", published["staged"]
+    staging, real = env["staging"], published["staged"]
     forged = fake_image(reg, staging, real_labels(reg, staging, real))
     config = json.loads(reg.manifest(staging, forged)[0])["config"]["digest"]
     report = json.loads(reg.fetch_artifact(staging, real, "smoke"))
@@ -472,12 +463,12 @@ def test_forged_staging_published_unsigned_is_never_signed(env, published, saved
     print(both.stderr.splitlines()[0])
     assert both.stderr.startswith("error: --unsigned with a signing key")
     assert tag_digests(env, published) == before
-    assert reg.head("torch", sign.sig_tag(forged)) is None
+    assert reg.head(env["repo"], sign.sig_tag(forged)) is None
     alone = builder(env, "publish", "--select", f"id={CPU}", "--unsigned",
                     "--manifest", str(env["tmp"] / "forged.json"), check=False)
     # its content hash is published (the registry is the record): never promoted, nothing signed
     assert alone.returncode == 0 and "already-published" in alone.stdout, alone.stdout
     print(next(x for x in alone.stdout.splitlines() if "already" in x))
     assert tag_digests(env, published) == before
-    assert reg.head("torch", sign.sig_tag(forged)) is None
-    assert reg.head("torch", forged) is None
+    assert reg.head(env["repo"], sign.sig_tag(forged)) is None
+    assert reg.head(env["repo"], forged) is None

@@ -8,7 +8,7 @@ import pytest
 
 from builder.core import clock
 from builder.core.errors import ConfigError
-from builder.stages import base, publish
+from builder.stages import base
 
 
 def test_fixed_clock_names_the_day_in_every_form(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -16,7 +16,6 @@ def test_fixed_clock_names_the_day_in_every_form(monkeypatch: pytest.MonkeyPatch
     assert clock.stamp() == "20261205"
     assert clock.iso() == "2026-12-05T23:59:59Z"
     assert clock.day() == dt.date(2026, 12, 5)
-    assert publish.today() == "20261205"
 
 
 def test_the_clock_is_read_once_per_command(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,3 +73,21 @@ def test_a_foreign_base_is_always_made(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(build, "registry_served", lambda v: "bookworm")
     assert build.already_built(None, ["v"], ["r"]) is None
+
+
+def test_a_ticking_clock_reads_its_start_plus_the_real_time_elapsed() -> None:
+    """`--clock-start 23:45`: the session's commands cross midnight 15 minutes in."""
+    origin = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=10)
+    start = dt.datetime(2026, 12, 5, 23, 45, tzinfo=dt.UTC)
+    environ = {clock.START_ENV: "2026-12-05T23:45:00Z", clock.ORIGIN_ENV: origin.isoformat()}
+    assert abs((clock.start(environ) - start).total_seconds() - 600) < 3
+    after = clock.ticking(start, origin, origin + dt.timedelta(minutes=16))
+    assert after.strftime("%Y%m%d %H:%M") == "20261206 00:01"
+    assert clock.ticking(start, origin, origin - dt.timedelta(hours=1)) == start
+
+
+def test_a_fixed_clock_wins_over_a_ticking_one_and_a_start_needs_its_origin() -> None:
+    fixed = {clock.ENV: "2026-12-05T23:59:59Z", clock.START_ENV: "2026-12-01T00:00:00Z"}
+    assert clock.start(fixed).day == 5
+    with pytest.raises(ConfigError, match=clock.ORIGIN_ENV):
+        clock.start({clock.START_ENV: "2026-12-05T23:45:00Z"})

@@ -5,6 +5,8 @@ difference."""
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,21 @@ def test_check_all_reports_every_variant(setup) -> None:
                                 progress=said.append) == []
     assert said == [f"  matches   {variant.key}"]
     assert lockfile.lock_paths(folder, variant)[0].exists()
+
+
+def test_check_all_resolves_at_once_and_reports_in_matrix_order(setup) -> None:
+    """The variants wait on the index together (a barrier only all of them can pass), and the
+    last to finish is still reported in its matrix place."""
+    _, folder, _ = setup
+    shipped = matrix.load(ROOT / "matrix.yaml").variants
+    chosen = [v for v in shipped if v.flavor != "devel"][:4]
+    together = threading.Barrier(len(chosen), timeout=10)
+
+    def resolve(v: matrix.Variant, reqs: list[str], preferred: str) -> str:
+        together.wait()  # BrokenBarrierError unless every variant is being resolved at once
+        time.sleep(0.05 if v is chosen[0] else 0)  # the first finishes last
+        return lockfile.lock_paths(folder, v)[0].read_text()  # what the index answers
+
+    said: list[str] = []
+    assert lock_check.check_all(chosen, folder, resolve, progress=said.append) == []
+    assert said == [f"  matches   {v.key}" for v in chosen]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from builder.core import labels, oci, sign
+from builder.core import clock, labels, oci, sign
 from builder.flows import publish as publish_flow
 from builder.flows import record
 from builder.model import matrix
@@ -155,7 +155,7 @@ def test_dates_after_today_are_ignored_with_a_warning(
     reg.tag(f"{VID}-20261201", now)
     reg.tag(f"{VID}-99991231", later)
     signed(monkeypatch, {now: (VID, [f"{VID}-20261201"]), later: (VID, [f"{VID}-99991231"])})
-    monkeypatch.setattr(record, "today", lambda: "20261206")
+    monkeypatch.setenv(clock.ENV, "2026-12-06T12:00:00Z")  # the one clock
     assert record.latest(shipped(), keys=("trusted",))[VID].digest == now
     assert record.latest(shipped())[VID].digest == now
     assert f"`{VID}-99991231` is dated after today (20261206, UTC): ignored" in \

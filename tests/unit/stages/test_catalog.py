@@ -346,3 +346,42 @@ def test_with_keys_a_dated_tag_is_history_only_when_a_trusted_signature_names_it
     assert catalog.signed_dated(reader, by_tag) == {floating: D1, f"{floating}-20260101": D1}
     reader.keys = []
     assert catalog.signed_dated(reader, by_tag) == by_tag
+
+
+class TwinReader:
+    """`Reader.manifest` for twins: one platform manifest each, 70 bytes of layers + 5."""
+
+    def manifest(self, digest: str) -> dict[str, Any]:
+        return {"layers": [{"digest": digest, "size": 70}], "config_size": 5}
+
+
+def test_every_dated_page_pins_its_own_zstd_twin_and_names_gzip_for_docker(
+        tmp_path: Path) -> None:
+    images = paged({D1: image(D1, {"numpy": "2.3.5"}), D2: image(D2, {"numpy": "2.3.6"}),
+                    D4: image(D4, {"numpy": "2.3.4"})})
+    doc = document(images, {"t": D2, "t-20261120": D4, "t-20261201": D1, "t-20261204": D2})
+    twins = {"t-zstd": D6, "t-20261204-zstd": D6, "t-20261201-zstd": D5}  # 1120: none
+    catalog.add_twins(TwinReader(), doc["variants"], images, twins)  # type: ignore[arg-type]
+    jsonschema.Draft202012Validator(json.loads(catalog_doc.SCHEMA_PATH.read_text())).validate(doc)
+    catalog_site.write_site(doc, tmp_path)
+    older = (tmp_path / "tags" / "t-20261201.html").read_text()
+    assert f"image: r:5000/torch@{D5}" in older  # the pod pins the older build's own twin
+    assert f"use the gzip digest:\n      #   r:5000/torch@{D1}" in older
+    assert "image: r:5000/torch:t-20261201-zstd" in older and "75 B" in older
+    oldest = (tmp_path / "tags" / "t-20261120.html").read_text()
+    assert f"image: r:5000/torch@{D4}" in oldest and "-zstd" not in oldest  # no twin: gzip
+    for page in ("t.html", "t-20261204.html"):
+        assert f"image: r:5000/torch@{D6}" in (tmp_path / "tags" / page).read_text()
+
+
+def test_a_page_shows_the_bytes_needed_to_start_beside_the_pull_size(tmp_path: Path) -> None:
+    images = paged({D1: image(D1, {"numpy": "2.3.5"}), D2: image(D2, {"numpy": "2.3.6"})})
+    images[D2]["startup"] = {"bytes": 25, "image_bytes": 100, "share": 0.25, "files": 3,
+                             "image_files": 9, "same_digest": True, "measured_on": D2,
+                             "measured": "2026-12-06T04:10:00Z"}
+    doc = document(images, {"t": D2, "t-20261201": D1, "t-20261204": D2})
+    jsonschema.Draft202012Validator(json.loads(catalog_doc.SCHEMA_PATH.read_text())).validate(doc)
+    catalog_site.write_site(doc, tmp_path)
+    cell = re.compile(r'<td class="startup">(.*?)</td>')
+    assert cell.findall((tmp_path / "tags" / "t.html").read_text()) == ["25 B (25% of 100 B), 3 files"]
+    assert cell.findall((tmp_path / "tags" / "t-20261201.html").read_text()) == ["not measured"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,38 @@ def test_a_page_naming_a_path_instead_of_a_file_is_refused(tmp_path: Path) -> No
     planted = simple_index.IndexFile("../../etc/evil.whl", (tmp_path / "x").as_uri(), None)
     with pytest.raises(BuilderError, match="not a plain file name: refused"):
         simple_index.download(planted, tmp_path, {"0" * 64})
+
+
+def test_a_find_links_page_is_fetched_once_per_run_by_every_variant(page, monkeypatch) -> None:
+    """`lock --check` resolves variants on threads; the CPU torch page (megabytes) is read once."""
+    url, files = page
+    fetched: list[str] = []
+    real = simple_index.project_files
+    monkeypatch.setattr(simple_index, "project_files", lambda u: fetched.append(u) or real(u))
+    made_by_uv = f"--find-links {url}\n\ntorch==2.13.0+cpu\n"
+    texts: list[str] = []
+    threads = [threading.Thread(target=lambda: texts.append(locks.with_page_hashes(made_by_uv,
+                                                                                   [url])))
+               for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert fetched == [url] and len(texts) == 6 and len(set(texts)) == 1
+    assert sha(files[TORCH]) in texts[0]
+
+
+def test_uv_resolves_for_the_variants_python_without_downloading_one(monkeypatch) -> None:
+    """The target python is a marker environment: uv must not fetch a managed interpreter (a
+    minute per resolve, under one machine-wide lock, on a machine that cannot reach it)."""
+    seen: list[list[str]] = []
+
+    def run(argv: list[str], **kwargs: object) -> None:
+        seen.append(argv)
+        Path(argv[argv.index("-o") + 1]).write_text("numpy==2.4.6\n")
+
+    monkeypatch.setattr(locks.proc, "run", run)
+    monkeypatch.setattr(locks.proc, "host_ca_bundle", lambda: None)
+    locks.resolve(cpu_variant(()), ["numpy"])
+    assert "--no-python-downloads" in seen[0] and "--python-version" in seen[0]
+    assert seen[0][seen[0].index("--python") + 1] == sys.executable

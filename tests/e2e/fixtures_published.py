@@ -1,0 +1,169 @@
+"""One published CPU runtime for the whole session, which the modules that read a publication
+share (issue 39: building, smoking, SBOM-ing, staging and publishing it again in each module was
+most of the e2e suite's time).
+
+`shared_publication` makes a `builder keygen` key pair, then `builder build --stage --key` and
+`builder publish --key` of the CPU runtime into the session registry (conftest's
+`registry_addr`), under a repository of its own, with its zstd twin and an alias, exactly as a
+user does; it returns a frozen record of what was published. Import it into a test module to
+use it (`from fixtures_published import shared_publication`: pytest puts tests/e2e on sys.path).
+
+Read it, never change it: a module that forges does so in a registry of its own
+(`own_registry`), which it fills cheaply: a signature binds `registry/repository`, and the
+repository name is in the image (its title label, hence its content hash and image id), so the
+copy keeps the repository name and moves the registry. `republish` publishes the shared staged
+image there (nothing built; blobs copied registry to registry); `restage` also stages it there,
+for a module that forges its staging: the build is the build cache's and the smoke report and
+SBOM the shared state folder's (evidence by image id), so only the push is paid again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from helpers import (
+    cosign_env,
+    cpu_alias_matrix,
+    free_port,
+    remove_images_at,
+    remove_images_of,
+    run_builder,
+)
+
+from builder.core import registry
+
+CPU = "2.13.0-py3.11-cpu-runtime"
+ALIAS = "latest-cpu-runtime"
+PASSWORD = "correct horse"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Publication:
+    """A published CPU runtime, as `builder publish --manifest` recorded it."""
+
+    addr: str  # the registry
+    matrix: Path  # its matrix (registry moved to `addr`, amd64 only, the alias)
+    repository: str  # the vetted repository; staging is `staging`
+    staging: str  # the staging repository (`republish`: still the shared registry's)
+    key: Path  # cosign.key of `builder keygen` (password PASSWORD)
+    pub: Path  # cosign.pub
+    env: dict[str, str]  # the environment to run `builder` with (password, state folder)
+    state: Path  # BUILDER_STATE of the build (its smoke report and SBOM by image id)
+    built: dict[str, Any]  # `build --json`'s outcome (local image, image id, smoke, SBOM…)
+    staged: str  # the staged digest
+    record: dict[str, Any]  # the publication in published.json (tags, twin, reference…)
+
+    @property
+    def image(self) -> str:
+        """The local image the build made (kept until the session ends)."""
+        return self.built["image"]
+
+    @property
+    def digest(self) -> str:
+        return self.record["digest"]
+
+    @property
+    def reference(self) -> str:
+        return self.record["reference"]
+
+    @property
+    def tags(self) -> list[str]:
+        return self.record["tags"]
+
+    @property
+    def twin(self) -> str:
+        """The zstd twin's digest ("" when the matrix asks for gzip only)."""
+        return self.record.get("zstd", {}).get("digest", "")
+
+
+def publish(matrix: Path, key: Path, env: dict[str, str], out: Path) -> dict[str, Any]:
+    """`builder publish --key` of the CPU runtime; its publication from `out` (published.json)."""
+    run_builder("publish", "--select", f"id={CPU}", "--key", str(key), "--manifest", str(out),
+                matrix=matrix, env=env)
+    [pub] = json.loads(out.read_text())["variants"][CPU]["publications"]
+    assert pub["signed"] is True and pub["unsigned"] is False, pub
+    return pub
+
+
+@pytest.fixture(scope="session")
+def shared_publication(registry_addr: str, tmp_path_factory: pytest.TempPathFactory
+                       ) -> Iterator[Publication]:
+    """The session's CPU runtime: built, staged with signed evidence, published and signed (with
+    its zstd twin and ALIAS). Its local images outlive every module (conftest removes only
+    images of private repositories or of stopped registries) and are removed at the session's
+    end."""
+    tmp = tmp_path_factory.mktemp("published")
+    repository = f"e2e-shared-{uuid.uuid4().hex[:8]}-torch"
+    matrix = cpu_alias_matrix(tmp, registry_addr, ALIAS, repository=repository)
+    env = {**cosign_env(PASSWORD), "BUILDER_STATE": str(tmp / "state")}
+    run_builder("keygen", "--out", str(tmp), env=env)
+    outcomes = json.loads(run_builder("build", "--select", f"id={CPU}", "--stage", "--key",
+                                      str(tmp / "cosign.key"), "--json", matrix=matrix,
+                                      env=env).stdout)
+    [built] = outcomes
+    staged_ref = built["message"]
+    staging = f"{repository}-staging"
+    assert re.fullmatch(rf"{registry_addr}/{staging}@sha256:[0-9a-f]{{64}}", staged_ref)
+    record = publish(matrix, tmp / "cosign.key", env, tmp / "published.json")
+    assert record["digest"] == staged_ref.rsplit("@", 1)[1]
+    yield Publication(addr=registry_addr, matrix=matrix, repository=repository, staging=staging,
+                      key=tmp / "cosign.key", pub=tmp / "cosign.pub", env=env,
+                      state=tmp / "state", built=built, staged=record["digest"], record=record)
+    remove_images_of(matrix)
+
+
+@contextlib.contextmanager
+def own_registry(folder: Path) -> Iterator[str]:
+    """A registry of the caller's own on a free port (its storage in `folder`); stopped, and
+    the local names of its images removed, afterwards."""
+    addr = f"127.0.0.1:{free_port()}"
+    registry.start(addr, folder / "registry")
+    try:
+        yield addr
+    finally:
+        registry.stop(folder / "registry")
+        remove_images_at(addr)
+
+
+def moved_matrix(shared: Publication, folder: Path, addr: str, **changes: object) -> Path:
+    """The shared matrix with its registry moved to `addr` (and `changes`), in `folder`."""
+    data = yaml.safe_load(shared.matrix.read_text()) | {"registry": addr, **changes}
+    matrix = folder / "matrix.yaml"
+    matrix.write_text(yaml.safe_dump(data, sort_keys=False))
+    return matrix
+
+
+def republish(shared: Publication, folder: Path, addr: str, **changes: object) -> Publication:
+    """The shared staged image published and signed by the same key into the registry at
+    `addr` (matrix `changes` applied, e.g. `compression: [gzip]`); staging stays the shared one,
+    which is only read."""
+    staging = f"{shared.addr}/{shared.staging}"
+    matrix = moved_matrix(shared, folder, addr, staging=staging, **changes)
+    record = publish(matrix, shared.key, shared.env, folder / "published.json")
+    assert record["digest"] == shared.staged
+    return replace(shared, addr=addr, matrix=matrix, record=record)
+
+
+def restage(shared: Publication, folder: Path, addr: str, **changes: object) -> Publication:
+    """The shared image built (the build cache's: the same image id), staged with signed
+    evidence (the shared state's smoke report and SBOM, by image id) and published by the same
+    key into the registry at `addr`: its staging too is the caller's to forge in."""
+    matrix = moved_matrix(shared, folder, addr, **changes)
+    [built] = json.loads(run_builder("build", "--select", f"id={CPU}", "--stage", "--key",
+                                     str(shared.key), "--json", matrix=matrix,
+                                     env=shared.env).stdout)
+    assert built["image_id"] == shared.built["image_id"], (built, shared.built)
+    assert built["reused"] == ["smoke", "sbom"], built
+    staged = built["message"].rsplit("@", 1)[1]
+    record = publish(matrix, shared.key, shared.env, folder / "published.json")
+    assert record["digest"] == staged
+    return replace(shared, addr=addr, matrix=matrix, built=built, staged=staged, record=record)
