@@ -290,20 +290,27 @@ def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
-def verified_statements(reg: oci.Registry, repository: str, digest: str, policy: KeylessPolicy
-                        ) -> tuple[dict[str, tuple[dict[str, Any], Signer]], list[str]]:
-    """predicate type → (statement, signer) of every bundle attached to `digest` that verifies,
-    and one reason per bundle that does not."""
-    good: dict[str, tuple[dict[str, Any], Signer]] = {}
-    refused = []
+def checked(reg: oci.Registry, repository: str, digest: str, policy: KeylessPolicy
+            ) -> tuple[list[tuple[dict[str, Any], Signer]], list[str]]:
+    """(statement, signer) of every bundle attached to `digest` that verifies, and one reason
+    per bundle that does not."""
+    good, refused = [], []
     for data in bundles(reg, repository, digest):
         try:
-            statement, signer = verify(data, digest, policy)
+            good.append(verify(data, digest, policy))
         except KeylessError as exc:
             refused.append(str(exc))
-            continue
-        good.setdefault(str(statement.get("predicateType")), (statement, signer))
     return good, refused
+
+
+def verified_statements(reg: oci.Registry, repository: str, digest: str, policy: KeylessPolicy
+                        ) -> tuple[dict[str, tuple[dict[str, Any], Signer]], list[str]]:
+    """predicate type → (statement, signer): the first verified bundle of each; the refusals."""
+    good, refused = checked(reg, repository, digest, policy)
+    first: dict[str, tuple[dict[str, Any], Signer]] = {}
+    for statement, signer in good:
+        first.setdefault(str(statement.get("predicateType")), (statement, signer))
+    return first, refused
 
 
 # ---- signing -------------------------------------------------------------------------------------
@@ -389,3 +396,12 @@ def attest_digest(reg: oci.Registry, repository: str, digest: str, token: str,
     statements = evidence_statements(reg, repository, digest)
     signer = sign_and_attach(reg, repository, digest, token, trust_config, statements)
     return signer, [x["predicateType"] for x in statements]
+
+
+
+def verified_signers(reg: oci.Registry, repository: str, digest: str, policy: KeylessPolicy
+                     ) -> list[Signer]:
+    """Who signed the image's own verified bundles (cosign's image predicate), each once."""
+    found = [signer for statement, signer in checked(reg, repository, digest, policy)[0]
+             if statement.get("predicateType") == IMAGE_PREDICATE]
+    return list(dict.fromkeys(found))

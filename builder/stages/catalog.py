@@ -302,15 +302,8 @@ def keyless_signers(reader: Reader, digest: str) -> list[dict[str, str]]:
 
     def read() -> list[dict[str, str]]:
         anyone = keyless.KeylessPolicy(trusted_root=reader.trusted_root, any_identity=True)
-        found = []
-        for data in keyless.bundles(reader.reg, reader.source.repository, digest):
-            try:
-                statement, signer = keyless.verify(data, digest, anyone)
-            except keyless.KeylessError:
-                continue
-            if statement.get("predicateType") == keyless.IMAGE_PREDICATE:
-                found.append({"subject": signer.subject, "issuer": signer.issuer})
-        return [dict(x) for x in {tuple(sorted(x.items())): x for x in found}.values()]
+        return [{"subject": x.subject, "issuer": x.issuer} for x in keyless.verified_signers(
+            reader.reg, reader.source.repository, digest, anyone)]
 
     return reader.cache.get("keyless", f"{digest}|{index.digest}|{reader.trusted_root}", read)
 
