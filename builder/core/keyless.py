@@ -42,6 +42,7 @@ PUBLIC_GOOD_ROOT = Path(__file__).resolve().parent.parent / "trust" / "sigstore_
 # Fulcio's OIDC issuer extensions: v2 (DER UTF8String) first, then the legacy raw one.
 ISSUER_V2, ISSUER_V1 = "1.3.6.1.4.1.57264.1.8", "1.3.6.1.4.1.57264.1.1"
 PULL_REQUEST_REF = "@refs/pull/"
+MAX_BUNDLES = 32  # more than any publication attaches; a longer listing is not read further
 
 
 class KeylessError(BuilderError):
@@ -149,26 +150,46 @@ def attach(reg: oci.Registry, repository: str, digest: str, bundle: bytes,
 def _listed(reg: oci.Registry, repository: str, digest: str) -> list[dict[str, Any]]:
     found = reg.manifest(repository, referrers_tag(digest))
     try:
-        listed = json.loads(found[0]).get("manifests") if found else []
+        doc = json.loads(found[0]) if found else {}
     except ValueError:
         return []
-    return [x for x in listed or [] if isinstance(x, dict)]
+    listed = doc.get("manifests") if isinstance(doc, dict) else []
+    return [x for x in listed if isinstance(x, dict)] if isinstance(listed, list) else []
 
 
 def bundles(reg: oci.Registry, repository: str, digest: str) -> list[bytes]:
     """The bytes of every sigstore bundle listed for `digest`, by the referrers API where the
     registry has one (GitHub's attestations are pushed there), else by the fallback index
-    (unchecked: whoever can push can list one; verify() decides what counts)."""
+    (unchecked: whoever can push can list one; verify() decides what counts). A malformed
+    entry is skipped; at most MAX_BUNDLES are read, each at most oci.EVIDENCE_CAP bytes."""
     listed = reg.referrers(repository, digest, BUNDLE_MEDIA)
-    found = []
+    found: list[bytes] = []
     for item in _listed(reg, repository, digest) if listed is None else listed:
-        if item.get("artifactType") != BUNDLE_MEDIA:
-            continue
-        manifest = reg.manifest(repository, oci.check_digest(item["digest"], "a referrer"))
-        layers = json.loads(manifest[0]).get("layers") or [] if manifest else []
-        found += [reg.blob(repository, x["digest"]) for x in layers
-                  if isinstance(x, dict) and x.get("mediaType") == BUNDLE_MEDIA]
-    return found
+        if item.get("artifactType") == BUNDLE_MEDIA and len(found) < MAX_BUNDLES:
+            found += _bundle_layers(reg, repository, item.get("digest"))
+    return found[:MAX_BUNDLES]
+
+
+def _bundle_layers(reg: oci.Registry, repository: str, ref: Any) -> list[bytes]:
+    """The bundle layers of one listed artifact ([] when it is malformed: nothing to verify; a
+    registry that does not answer is still an error)."""
+    if not _is_digest(ref) or (manifest := reg.manifest(repository, ref)) is None:
+        return []
+    try:
+        layers = json.loads(manifest[0]).get("layers") or []
+    except (ValueError, AttributeError):
+        return []
+    return [reg.blob(repository, x["digest"], oci.EVIDENCE_CAP) for x in layers
+            if isinstance(x, dict) and x.get("mediaType") == BUNDLE_MEDIA
+            and _is_digest(x.get("digest"))]
+
+
+def _is_digest(ref: Any) -> bool:
+    try:
+        oci.check_digest(ref, "a referrer")
+    except oci.RegistryError:
+        return False
+    return True
 
 
 # ---- verification -------------------------------------------------------------------------------
@@ -205,8 +226,18 @@ def _issuer(certificate: x509.Certificate) -> str:
         except x509.ExtensionNotFound:
             continue
         value = raw.value.value  # an UnrecognizedExtension's bytes
-        return (value[2:] if der else value).decode(errors="replace")
+        return (_der_utf8(value) if der else value).decode(errors="replace")
     return ""
+
+
+def _der_utf8(value: bytes) -> bytes:
+    """The contents of a DER UTF8String (short or long length form)."""
+    if len(value) < 2 or value[0] != 0x0C:
+        return b""
+    if value[1] < 0x80:
+        return value[2:2 + value[1]]
+    width = value[1] & 0x7F
+    return value[2 + width:2 + width + int.from_bytes(value[2:2 + width], "big")]
 
 
 def verify(data: bytes, digest: str, policy: KeylessPolicy) -> tuple[dict[str, Any], Signer]:
@@ -220,7 +251,7 @@ def verify(data: bytes, digest: str, policy: KeylessPolicy) -> tuple[dict[str, A
         bundle = Bundle.from_json(data)
         payload_type, payload = _verifier(policy.trusted_root).verify_dsse(
             bundle, _TrustedSigner(policy.identities, policy.any_identity))
-    except (SigstoreError, ValueError) as exc:
+    except (SigstoreError, ValueError, KeyError, TypeError) as exc:
         raise KeylessError(_unverified(data, exc)) from None
     try:
         statement = json.loads(payload)

@@ -156,3 +156,26 @@ def test_the_catalog_shows_who_signed_a_verified_image_bundle(tmp_path: Path) ->
     assert signers(ROOT, image, evidence, image) == [{"subject": MAIN, "issuer": ISSUER}]
     assert signers(ROOT, evidence) == []
     assert signers(keyless.PUBLIC_GOOD_ROOT, image) == []
+
+
+def test_malformed_referrers_are_skipped_not_fatal() -> None:
+    """Anyone with push rights can list anything: entries without a digest, with a bad one,
+    or pointing at a manifest that is not JSON are read as no bundle."""
+    reg = ReferrerlessRegistry()
+    digest = "sha256:" + "ab" * 32
+    reg.put_manifest("torch", keyless.referrers_tag(digest), b"[]", oci.OCI_INDEX)
+    assert keyless.bundles(reg, "torch", digest) == []
+    junk = reg.put_manifest("torch", "junk", b"not json", oci.OCI_MANIFEST)
+    listing = {"manifests": [{"artifactType": keyless.BUNDLE_MEDIA},
+                             {"artifactType": keyless.BUNDLE_MEDIA, "digest": "sha256:../x"},
+                             {"artifactType": keyless.BUNDLE_MEDIA, "digest": junk}, "x"]}
+    reg.put_manifest("torch", keyless.referrers_tag(digest), json.dumps(listing).encode(),
+                     oci.OCI_INDEX)
+    assert keyless.bundles(reg, "torch", digest) == []
+
+
+def test_the_issuer_extension_is_read_in_both_der_length_forms() -> None:
+    assert keyless._der_utf8(b"\x0c\x03abc") == b"abc"
+    long = b"x" * 200
+    assert keyless._der_utf8(b"\x0c\x81\xc8" + long) == long
+    assert keyless._der_utf8(b"\x04\x01a") == b""
