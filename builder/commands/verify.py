@@ -55,9 +55,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     TAG must be among the tags signed for the digest, agree with the labels of every platform
     (torch, python, accelerator, CUDA, cuDNN, flavor; `build-<hash>`: the content hash), and a
     floating tag or alias must not point at an older publication than its latest dated tag.
-    Without --key it exits 1 (`signature not checked`) unless --contents-only asks for the
-    contents alone. Needs no checkout (a bare TAG takes registry and repository from --matrix).
-    Exit 0 when all passes, 1 naming what failed, 2 when the registry cannot be asked."""
+    Without --key or an identity it exits 1 (`signature not checked`) unless --contents-only
+    asks for the contents alone. Needs no checkout (a bare TAG takes registry and repository
+    from --matrix). Exit 0 when all passes, 1 naming what failed, 2 when the registry cannot be
+    asked."""
     reference = reference_of(args.reference, args.matrix)
     identities = keyless.identities_of(args.certificate_identity,
                                        args.certificate_identity_regexp,

@@ -121,7 +121,8 @@ def _labels(reg: oci.Registry, repository: str, digest: str) -> dict[str, str]:
     return (config.get("config") or {}).get("Labels") or {}
 
 
-NOT_CHECKED = ("signature not checked: give --key cosign.pub (the pipeline's public key), or "
+NOT_CHECKED = ("signature not checked: give --key cosign.pub (the pipeline's public key) or "
+               "--certificate-identity … --certificate-oidc-issuer … (its workflow), or "
                "--contents-only to check the contents alone")
 
 
