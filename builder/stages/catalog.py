@@ -22,6 +22,7 @@ from builder.core import clock, keyless, keypair, oci, sign, state
 from builder.core.errors import BuilderError
 from builder.model import catalog_unreadable, layer_reuse, provenance_doc
 from builder.model.catalog_doc import (
+    REFERRERS,
     SCHEMA_VERSION,
     TWIN_SUFFIX,
     TagSet,
@@ -283,7 +284,7 @@ def signature_status(reader: Reader, digest: str, tags: TagSet, digests: dict[st
                            "keyless": found["sig"].get("keyless", False),
                            "attestations": found["att"].get("predicate_types", []),
                            "verified": None, "detail": None}
-    if signers := keyless_signers(reader, digest):
+    if signers := keyless_signers(reader, digest, tags, digests):
         out["identities"] = signers
     if not keys or not out["present"]:
         return out
@@ -293,10 +294,11 @@ def signature_status(reader: Reader, digest: str, tags: TagSet, digests: dict[st
         reader, digest, keys))}
 
 
-def keyless_signers(reader: Reader, digest: str) -> list[dict[str, str]]:
+def keyless_signers(reader: Reader, digest: str, tags: TagSet, digests: dict[str, str]
+                    ) -> list[dict[str, str]]:
     """Who signed the image's sigstore bundles, each verified against the trusted root (any
     identity: the page shows who, the verify commands pin it); cached by the referrers index."""
-    index = reader.reg.head(reader.source.repository, keyless.referrers_tag(digest))
+    index = digests.get(tags.artifacts.get((digest, REFERRERS), ""))
     if index is None:
         return []
 
@@ -305,7 +307,7 @@ def keyless_signers(reader: Reader, digest: str) -> list[dict[str, str]]:
         return [{"subject": x.subject, "issuer": x.issuer} for x in keyless.verified_signers(
             reader.reg, reader.source.repository, digest, anyone)]
 
-    return reader.cache.get("keyless", f"{digest}|{index.digest}|{reader.trusted_root}", read)
+    return reader.cache.get("keyless", f"{digest}|{index}|{reader.trusted_root}", read)
 
 
 def verify_signed(reader: Reader, digest: str, keys: list[Any]) -> dict[str, Any]:

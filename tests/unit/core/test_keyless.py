@@ -138,6 +138,7 @@ def test_the_catalog_shows_who_signed_a_verified_image_bundle(tmp_path: Path) ->
     """Any identity the root's CA certified is shown (the page's commands then pin it); a
     bundle of evidence (not the image's own predicate) or one that does not chain to the root
     shows no one."""
+    from builder.model import catalog_doc
     from builder.stages import catalog
 
     digest = "sha256:" + "cd" * 32
@@ -150,7 +151,11 @@ def test_the_catalog_shows_who_signed_a_verified_image_bundle(tmp_path: Path) ->
         reader = catalog.Reader(catalog.Source("r.example:5000", "torch"),
                                 catalog.Cache(None), tmp_path, [], root)
         reader.reg = reg
-        return catalog.keyless_signers(reader, digest)
+        index_tag = keyless.referrers_tag(digest)
+        tags = catalog_doc.classify([index_tag, "2.13.0-py3.11-cpu-runtime"])
+        assert tags.images == ["2.13.0-py3.11-cpu-runtime"]  # the index is no image tag
+        return catalog.keyless_signers(reader, digest, tags,
+                                       {index_tag: reg.head("torch", index_tag).digest})
 
     image, evidence = "actions_attest_image.sigstore.json", "actions_attest_other.sigstore.json"
     assert signers(ROOT, image, evidence, image) == [{"subject": MAIN, "issuer": ISSUER}]
