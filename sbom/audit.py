@@ -105,6 +105,9 @@ def audit_python(
     status, data = _run_pip_audit(auditable, timeout)
     if data is not None:
         status = _read_pip_audit(data, auditable, out)
+    else:  # not asked is not clean: each package is a row of its own, `unknown`
+        out["unknown"] += [_unknown(ref, purl, f"PyPI's advisory data: {status['status']}")
+                           for purl, ref in auditable.values()]
     out["status"] = status
     return "pypi", out
 

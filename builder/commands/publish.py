@@ -18,9 +18,9 @@ from builder.commands.options import (
     load_selected,
 )
 from builder.core import keyless, keypair, oci
-from builder.core.errors import GateRefused
+from builder.core.errors import GateRefused, UsageError
 from builder.core.output import emit_json, step, table
-from builder.flows import bases
+from builder.flows import bases, rollback
 from builder.flows.publish import publish_variants
 from builder.stages import plan, render
 
@@ -33,6 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_publishing_options(p, "print what would be pushed; push nothing")
     add_keyless_options(p)
     add_ca_bundle_option(p, REGISTRY_CA_HELP)
+    p.add_argument("--rollback-to", metavar="DATED_TAG",
+                   help="point the floating tag, aliases and twins of that signed dated "
+                   "publication's variant back at it, signing the rollback (needs --key); "
+                   "builds, gates and pushes nothing else")
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -46,11 +50,16 @@ def cmd_publish(args: argparse.Namespace) -> int:
     SIGSTORE_ID_TOKEN) each published digest and its evidence are also signed keylessly, as
     `builder attest` does. Never builds; a stopped run is completed by the next. Exit 1 when any
     image was refused."""
+    if args.rollback_to and args.dry_run:
+        raise UsageError("--rollback-to moves tags: it has no --dry-run",
+                         hint="`builder verify --key` of the dated tag shows what it names")
     if not args.select:
         args.select = ["default=true"]
     matrix, variants = load_selected(args)
     ignore_old_record(args.manifest)
     trust = keypair.trust(args.key, args.trust_key or matrix.trust_keys, args.unsigned)
+    if args.rollback_to:
+        return show([rollback.rollback_to(matrix, args.rollback_to, trust)], args.json)
     rendered = [render.render_locked(matrix, v, args.locks) for v in variants]
     planned = plan.make_plan(matrix, rendered, bases.known_digests(matrix, variants, trust.keys),
                              check_registry=False)
@@ -60,13 +69,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     token = keyless.identity_token(args.identity_token, dict(os.environ))
     if token is not None and not args.dry_run:
         attest_published(results, token, args.sigstore_config)
-    if args.json:
-        emit_json(results)
-    else:
-        table(["variant", "status", "tags / reason"],
-              [(r["id"], r["status"] + (" UNSIGNED" if r.get("unsigned") else ""),
-                r.get("reason") or ", ".join(r.get("tags", [])))
-               for r in results])
+    show(results, args.json)
     if line := nothing_to_do(results, args.dry_run):
         step(line)
     refused = [r for r in results if r["status"] == "refused"]
@@ -89,6 +92,18 @@ def attest_published(results: list[dict[str, Any]], token: str, config: Path | N
             signer, kinds = keyless.attest_digest(reg, r["repository"], digest, token, config)
             step(f"  [{r['id']}] attested {digest[:19]} keylessly as {signer.describe()} "
                  f"(the image and {len(kinds)} evidence statement(s))")
+
+
+def show(results: list[dict[str, Any]], as_json: bool) -> int:
+    """The results, as JSON or as a table; 0."""
+    if as_json:
+        emit_json(results)
+    else:
+        table(["variant", "status", "tags / reason"],
+              [(r["id"], r["status"] + (" UNSIGNED" if r.get("unsigned") else ""),
+                r.get("reason") or ", ".join(r.get("tags", [])))
+               for r in results])
+    return 0
 
 
 def nothing_to_do(results: list[dict[str, Any]], dry_run: bool) -> str | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.commands.options import add_command, add_key_option
-from builder.core import clock, keypair, limits, state
+from builder.core import keypair, limits, state
 from builder.core.errors import COULD_NOT_RUN, BuilderError, UsageError
 
 SBOM_FILE_HINT = "pass a CycloneDX JSON file, as `builder sbom IMAGE -o FILE` writes it"
@@ -149,13 +149,12 @@ def run_audit(args: argparse.Namespace) -> int:
     if staged:
         doc = attached_sbom(staged)
     doc = doc if doc is not None else sbom.generate(args.target)
-    report = sbom.audit(doc, debian_security_suite=args.debian_security_suite,
-                        debian_mirror=args.debian_mirror or DEBIAN_SECURITY_MIRROR)
-    if staged:
-        from builder.stages import staging
+    from builder.flows import vuln_audit
 
-        report["audited_at"] = clock.iso()
-        staging.attach(staged, "audit", (json.dumps(report, indent=2) + "\n").encode())
+    report = vuln_audit.report(doc, debian_security_suite=args.debian_security_suite,
+                               debian_mirror=args.debian_mirror or DEBIAN_SECURITY_MIRROR)
+    if staged:
+        vuln_audit.attach(staged, report)
     if args.write_into:
         base = _load(args.write_into) if args.write_into.exists() else doc
         sbom.write(add_to_sbom(base, report), args.write_into)

@@ -47,6 +47,9 @@ PREDICATES = {
     "sbom": "https://cyclonedx.org/bom",
     "smoke": "https://github.com/torch-images/torch-images/smoke-report/v1",
 }
+# Attested when made, never required of a publication: the vulnerability report of its day
+# (publish attaches one; an older publication, or one audited later, may have none).
+ATTESTED = {**PREDICATES, "audit": "https://cosign.sigstore.dev/attestation/vuln/v1"}
 
 
 class SignatureError(BuilderError):
@@ -73,6 +76,9 @@ def simple_signing_payload(docker_reference: str, digest: str,
 # was promoted under (a map of strings, so Kyverno's `annotations` and `cosign verify -a` can
 # require one tag: `-a tag:2.13.0-py3.11-cpu-runtime=signed`).
 VARIANT_ANNOTATION, TAG_ANNOTATION, TAG_SIGNED = "variant", "tag:", "signed"
+# A signed rollback (builder.flows.rollback): the dated tag taken back to, and the newest
+# publication's dated tag at the time (a newer publication makes the rollback stale).
+ROLLBACK_TO, ROLLBACK_FROM = "dev.torch-images.rollback-to", "dev.torch-images.rollback-from"
 
 
 def tag_annotations(variant: str, tags: Iterable[str]) -> dict[str, str]:
@@ -83,6 +89,12 @@ def signed_tags(optional: dict[str, Any] | None) -> set[str]:
     """The tags a verified payload's `optional` map names."""
     return {k.removeprefix(TAG_ANNOTATION) for k, v in (optional or {}).items()
             if isinstance(k, str) and k.startswith(TAG_ANNOTATION) and v == TAG_SIGNED}
+
+
+def rollbacks(payloads: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(rolled back to, from) for each verified payload that signs a rollback."""
+    return [(str(o[ROLLBACK_TO]), str(o.get(ROLLBACK_FROM) or ""))
+            for p in payloads if ROLLBACK_TO in (o := p.get("optional") or {})]
 
 
 def check_payload(payload: bytes, docker_reference: str, digest: str) -> str:
@@ -305,7 +317,7 @@ def attest(reg: oci.Registry, repository: str, digest: str, key: SigningKey,
            kind: str, predicate: Any) -> None:
     """Add the signed attestation of `predicate` (evidence `kind`) to `digest`'s `.att`,
     replacing earlier ones of its predicate type (like `cosign attest --replace`)."""
-    ptype = PREDICATES[kind]
+    ptype = ATTESTED[kind]
     doc = statement(f"{reg.registry}/{repository}", digest, ptype, predicate)
     layers = read_layers(reg, repository, att_tag(digest))
     for layer in layers:
@@ -329,10 +341,10 @@ def verified_attestations(reg: oci.Registry, repository: str, digest: str,
                           keys: list[ec.EllipticCurvePublicKey]
                           ) -> tuple[dict[str, Any], dict[str, str]]:
     """(evidence kind → the statement of its verified attestation, kind → why none verified)
-    for every kind in PREDICATES."""
+    for every kind in PREDICATES (and an audit's, when one is attested)."""
     found: dict[str, Any] = {}
     problems: dict[str, str] = {}
-    kinds = {ptype: kind for kind, ptype in PREDICATES.items()}
+    kinds = {ptype: kind for kind, ptype in ATTESTED.items()}
     for layer in read_layers(reg, repository, att_tag(digest)):
         kind = kinds.get(layer.annotations.get(PREDICATE_ANNOTATION, ""), "")
         if not kind or kind in found:
@@ -342,7 +354,7 @@ def verified_attestations(reg: oci.Registry, repository: str, digest: str,
         except SignatureError as exc:
             problems[kind] = str(exc)
             continue
-        if doc.get("predicateType") != PREDICATES[kind]:
+        if doc.get("predicateType") != ATTESTED[kind]:
             problems[kind] = f"its statement's predicate type is {doc.get('predicateType')!r}"
             continue
         found[kind] = doc

@@ -9,6 +9,7 @@ order (each idempotent; what users and `builder plan` read comes last):
                --dry-run stops here
   promote      each platform's manifest into the vetted repository by digest, with SBOM, smoke
                report and provenance attached (an index's platforms also signed and content-tagged)
+  audit_step   each platform's signed vulnerability report (flows.vuln_audit; no answer: a warning)
   index        several platforms (or one off linux/amd64): an OCI image index of those
                manifests, pushed by digest; a linux/amd64-only variant keeps its plain manifest;
                the dated tag it will take
@@ -19,9 +20,9 @@ order (each idempotent; what users and `builder plan` read comes last):
                floating tag, then the aliases: on the manifest, or on the index; then the same
                tags with `-zstd` on the twin
   record_step  the publication: published.json's entry, as soon as the tags moved
-A step is `(Run, Going) -> Going`; the next promotion artifact (a vulnerability attestation, a
-SOCI index) is one function and one line in STEPS. A run stopped at any step leaves no tag on an
-image without its evidence; run it again to complete it.
+A step is `(Run, Going) -> Going`; the next promotion artifact (a SOCI index) is one function and
+one line in STEPS, as `audit_step` was. A stopped run leaves no tag on an image without its
+evidence; run it again to complete it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Any
 from builder.core import clock, engine, keypair, oci, sign
 from builder.core.errors import ConfigError
 from builder.core.output import step
-from builder.flows import publish_gate, record, tag_repair
+from builder.flows import publish_gate, record, resign, tag_repair, vuln_audit
 from builder.flows.publish_twin import (
     Twins,
     attach,
@@ -88,6 +89,10 @@ def publish_variants(matrix: Matrix, planned: list[PlannedVariant], *,
         found = record.history(matrix, trust.keys)  # a registry down: the same hint as below
         known = {vid: pubs[0] for vid, pubs in found.items()}
         for group in groups(planned):
+            vid = group[0].variant.id
+            if not dry_run and (again := resign.restore(matrix, group, known.get(vid),
+                                                        tags_of(matrix, group), trust)):
+                known[vid], found[vid] = again, [again, *found.get(vid, [])]
             if held := already_published(known, group):
                 if not dry_run:
                     tag_repair.repair(oci.Registry(matrix.registry), known[held["id"]],
@@ -107,6 +112,12 @@ def publish_variants(matrix: Matrix, planned: list[PlannedVariant], *,
                     "smoke report; run `builder publish` again to finish")
         raise
     return results
+
+
+def tags_of(matrix: Matrix, group: list[PlannedVariant]) -> list[str]:
+    """The tags a variant's manifest or index carries after its dated tag (Going.tags)."""
+    first = group[0]
+    return [*([] if is_multi(matrix, first.variant) else [first.hash_tag]), *first.tags]
 
 
 def report(manifest: Path | None, publications: dict[str, Publication]) -> None:
@@ -147,8 +158,7 @@ class Going:
 
     @property
     def tags(self) -> list[str]:
-        """The variant's tags after the dated one: content tag (plain manifest), floating,
-        aliases."""
+        """The tags after the dated one: content tag (a plain manifest's), floating, aliases."""
         return [*([] if self.multi else [self.first.hash_tag]), *self.first.tags]
 
     @property
@@ -197,9 +207,16 @@ def promote(run: Run, g: Going) -> Going:
     return replace(g, promoted=tuple(promote_platform(run.matrix, c, g.multi) for c in g.cands))
 
 
+def audit_step(run: Run, g: Going) -> Going:
+    """Step `audit`: every promoted image audited by default (builder.flows.vuln_audit)."""
+    for p in g.promoted:
+        vuln_audit.audit_published(p.vetted, p.cand.evidence["sbom"], p.cand.planned.variant.key,
+                                   run.trust.key)
+    return g
+
+
 def index(run: Run, g: Going) -> Going:
-    """Step `index`: the image index of several platforms (else the plain manifest), and the
-    dated tag it will take."""
+    """Step `index`: several platforms' image index (else the manifest), and its dated tag."""
     top = push_index(run.matrix, list(g.promoted)) if g.multi else g.promoted[0].vetted
     return replace(g, top=top, dated=publish.next_dated(top, g.first.floating_tag,
                                                              g.cands[0].trust.keys))
@@ -210,7 +227,7 @@ def twin_step(run: Run, g: Going) -> Going:
     assert g.top is not None
     return replace(g, twins=promote_twins(run.matrix, g.top, [(p.vetted, p.cand)
                                                              for p in g.promoted],
-                                          g.first.floating_tag))
+                                          [g.dated[0], *g.tags]))
 
 
 def sign_step(run: Run, g: Going) -> Going:
@@ -254,8 +271,8 @@ def record_step(run: Run, g: Going) -> Going:
 
 
 # The steps of one variant, in order; the next promotion artifact is one function and one line.
-STEPS: tuple[Step, ...] = (same_tags, gate, promote, index, twin_step, sign_step, tags_step,
-                           record_step)
+STEPS: tuple[Step, ...] = (same_tags, gate, promote, audit_step, index, twin_step, sign_step,
+                           tags_step, record_step)
 
 
 def already_published(known: dict[str, Publication], group: list[PlannedVariant]

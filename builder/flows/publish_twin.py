@@ -49,16 +49,17 @@ class Twins:
 
 
 def promote_twins(matrix: Matrix, top: Staged, images: Sequence[tuple[Staged, Candidate]],
-                  floating: str) -> Twins | None:
+                  tags: Sequence[str]) -> Twins | None:
     """Step `twin` of `builder publish` (none when the matrix's `compression` lacks zstd): the
-    zstd twin of the promoted manifest or index, each platform's twin with the same SBOM and
-    smoke report attached and its own provenance (naming its gzip sibling). Not signed and not
-    tagged yet: `sign_twins` signs them with their tags, `write_twin_tags` writes those last."""
+    zstd twin of the promoted manifest or index, always recompressed (never found), each
+    platform's twin with the same SBOM and smoke report attached and its own provenance (naming
+    its gzip sibling). A different twin already under one of `tags`' twin tags is reported; the
+    tags step replaces it. Not signed and not tagged yet: `sign_twins` signs them with their
+    tags, `write_twin_tags` writes those last."""
     if not matrix.zstd_twins:
         return None
     reg, report, start = oci.Registry(top.registry), twin.Report(), time.monotonic()
-    desc = twin.make(reg, top.repository, top.digest, known=twin.tag_of(floating),
-                     report=report)
+    desc = twin.make(reg, top.repository, top.digest, report=report)
     twins: dict[str, Staged] = {}
     for vetted, cand in images:
         mine = Staged(vetted.registry, vetted.repository, report.twins[vetted.digest],
@@ -70,9 +71,12 @@ def promote_twins(matrix: Matrix, top: Staged, images: Sequence[tuple[Staged, Ca
         twins[vetted.digest] = mine
     report.seconds = time.monotonic() - start
     step(f"  zstd twin {desc.digest[:19]} of {top.digest[:19]}: "
-         + ("already there" if report.reused else
-            f"{human_bytes(report.gzip_bytes)} gzip → {human_bytes(report.zstd_bytes)} zstd "
-            f"in {report.seconds:.0f} s"))
+         f"{human_bytes(report.gzip_bytes)} gzip → {human_bytes(report.zstd_bytes)} zstd "
+         f"in {report.seconds:.0f} s")
+    for tag, held in twin.stale(reg, top.repository, desc, top.digest,
+                                [twin.tag_of(t) for t in tags]):
+        step(f"  zstd twin `{tag}` held {held[:19]}, not the twin made of {top.digest[:19]}: "
+             "replacing it")
     return Twins(twins.get(top.digest) or Staged(top.registry, top.repository, desc, ""),
                      twins, report)
 

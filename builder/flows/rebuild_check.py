@@ -1,13 +1,14 @@
-"""`builder rebuild --check`: ask four sources whether a published image must be rebuilt.
+"""`builder rebuild --check`: ask five sources whether a published image must be rebuilt.
 
 For each variant the registry records as published (its latest publication,
-builder.flows.record) four sources are asked:
+builder.flows.record) five sources are asked:
 
   debian-security  `apt list --upgradable` inside the published image (as root, after an update)
   python-vuln      pip-audit on the variant's lock: vulnerabilities that have a fixed version
                    (torch itself is pinned by the matrix: reported as `matrix-change`)
   base-moved       the base's digest now vs the image's `org.opencontainers.image.base.digest`
   inputs-changed   the plan's content hash (with the published base) vs the image's label
+  tag-drift        floating tag, aliases, twins vs the newest signed publication (`repair`)
 
 Each source is one small function over the published variant (`Subject`); one ladder in
 `check_variant` asks them. A source that cannot be asked is reported as `unknown` with its
@@ -30,7 +31,7 @@ from typing import Any
 from builder.core import clock, engine, labels, oci, proc, sign
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.output import step
-from builder.flows import bases, record
+from builder.flows import bases, record, tag_repair
 from builder.model import lockfile, platforms
 from builder.model.apt import apt_token, parse_upgradable
 from builder.model.bases import registry_served
@@ -52,8 +53,8 @@ UNPRIVILEGED = ("--network", "bridge", "--user", "65534:65534", "--read-only",
                 "--security-opt", "no-new-privileges")
 
 # Status of a finding: rebuild (this tool fixes it), matrix-change (a person must: torch CVE),
-# unknown (the source could not be asked: never clean).
-REBUILD, MATRIX_CHANGE, UNKNOWN = "rebuild", "matrix-change", "unknown"
+# repair (`builder publish` re-points the tags, no rebuild), unknown (could not be asked).
+REBUILD, MATRIX_CHANGE, REPAIR, UNKNOWN = "rebuild", "matrix-change", "repair", "unknown"
 
 
 @dataclass(kw_only=True)
@@ -284,6 +285,20 @@ def ask_base(s: Subject) -> list[Finding]:
                     data={"old": published, "new": now})]
 
 
+def ask_drift(s: Subject) -> list[Finding]:
+    """(e) Tags moved off the newest signed publication (tag_repair.drift), once per variant."""
+    top = latest_publications(s.matrix, s.keys).get(s.variant.id)
+    first = top.platforms[0].platform if top and top.platforms else platforms.DEFAULT
+    if top is None or s.variant.platform != first:
+        return []
+    moving = [top.floating_tag, *plan.aliases_of(s.matrix, s.variant)]
+    moved = tag_repair.drift(oci.Registry(top.registry), top, moving, s.keys)
+    return [Finding(variant_id=s.variant.id, reason="tag-drift", status=REPAIR,
+                    detail=f"`{tag}` points at {was[:19] or 'nothing'}, not {want[:19]} "
+                    f"(`{top.dated_tag}`): `builder publish` repairs it",
+                    data={"tag": tag, "old": was, "new": want}) for tag, was, want in moved]
+
+
 def ask_inputs(s: Subject) -> list[Finding]:
     """(d) Inputs changed: the content hash on the published base, so a moved base is not
     counted twice. The detail names the Python packages whose pin moved (the published SBOM
@@ -340,6 +355,7 @@ SOURCES: dict[str, Source] = {
     "python-vuln": Source(ask_python, needs_image=False),
     "base-moved": Source(ask_base),
     "inputs-changed": Source(ask_inputs),
+    "tag-drift": Source(ask_drift, needs_image=False),
 }
 REASONS = tuple(SOURCES)
 
@@ -404,7 +420,7 @@ def check(matrix: Matrix, variants: list[Variant], *,
 def source_summary(findings: list[Finding], skip: Collection[str] = ()) -> dict[str, str]:
     """source → skipped | unknown | rebuild | matrix-change | clean, over the checked variants
     (the worst status wins; `clean` only for a source that was asked)."""
-    order = (UNKNOWN, REBUILD, MATRIX_CHANGE)
+    order = (UNKNOWN, REBUILD, MATRIX_CHANGE, REPAIR)
     out: dict[str, str] = {}
     for reason in REASONS:
         if reason in skip:

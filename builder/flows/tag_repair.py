@@ -3,8 +3,10 @@
 `publish` (and `rebuild`, which publishes through it) reads each variant's signed publications,
 newest first (builder.flows.record.history). Content the newest one holds is already published:
 its floating tag, aliases and their zstd twins are re-pointed at it when an attacker or a
-mistake moved them (each move printed). Content only an *older* signed publication holds is a
-checkout behind the registry: refused in one line, so a stale lock never rolls a tag back.
+mistake moved them (each move printed), unless a trusted key signed that move back as a
+rollback from that newest publication (builder.flows.rollback). Content only an *older*
+signed publication holds is a checkout behind the registry: refused in one line, so a stale
+lock never rolls a tag back.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from builder.core import oci, sign
 from builder.core.errors import GateRefused
 from builder.core.output import step
+from builder.flows import rollback
 from builder.model.planned import PlannedVariant
 from builder.model.publication import Publication
 from builder.stages import twin
@@ -42,26 +45,53 @@ def refuse_older(pubs: Sequence[Publication], group: Sequence[PlannedVariant]) -
         f"{older.dated_tag}`)")
 
 
-def repair(reg: oci.Registry, pub: Publication, moving: Sequence[str],
-           keys: tuple[Any, ...] = ()) -> list[str]:
-    """Point each of `moving` (floating tag, aliases) and its `-zstd` twin at `pub` (and its
-    twin) where it points elsewhere; with `keys`, only a tag a trusted key signed for that
-    digest is moved. Returns the tags moved."""
+def drift(reg: oci.Registry, pub: Publication, moving: Sequence[str],
+          keys: tuple[Any, ...] = ()) -> list[tuple[str, str, str]]:
+    """Each of `moving` (floating tag, aliases) and its `-zstd` twin that points elsewhere than
+    `pub` (and its twin): (tag, the digest it holds or '', the digest it should hold). With
+    `keys`, only a tag a trusted key signed for that digest counts (the only tags `repair` may
+    move, so a drift reported is a drift `publish` puts right)."""
     repo = pub.repository
     twin_head = reg.head(repo, twin.tag_of(pub.dated_tag))
     targets = [(tag, pub.digest) for tag in moving]
     if twin_head is not None:
         targets += [(twin.tag_of(tag), twin_head.digest) for tag in moving]
-    moved = []
+    found = []
     for tag, digest in targets:
         head = reg.head(repo, tag)
         if head is not None and head.digest == digest:
             continue
         if keys and not sign.names_tag(reg, repo, digest, tag, keys):
             continue
-        reg.tag(repo, digest, tag)
-        was = head.digest[:19] if head else "nothing"
-        step(f"  moved `{tag}` from {was} to {digest[:19]} (the newest signed publication, "
-             f"`{pub.dated_tag}`)")
+        newest = twin.tag_of(pub.dated_tag) if tag.endswith(twin.SUFFIX) else pub.dated_tag
+        if keys and head is not None and kept_rollback(reg, repo, head.digest, tag, newest,
+                                                       keys):
+            continue
+        found.append((tag, head.digest if head else "", digest))
+    return found
+
+
+def repair(reg: oci.Registry, pub: Publication, moving: Sequence[str],
+           keys: tuple[Any, ...] = ()) -> list[str]:
+    """Point each tag that drifted from `pub` (`drift`) back at it; the tags moved."""
+    moved = []
+    for tag, was, digest in drift(reg, pub, moving, keys):
+        reg.tag(pub.repository, digest, tag)
+        step(f"  moved `{tag}` from {was[:19] or 'nothing'} to {digest[:19]} (the newest signed "
+             f"publication, `{pub.dated_tag}`)")
         moved.append(tag)
     return moved
+
+
+def kept_rollback(reg: oci.Registry, repo: str, digest: str, tag: str, newest: str,
+                  keys: tuple[Any, ...]) -> bool:
+    """Whether `tag` on `digest` is a signed rollback from the newest publication `newest`
+    (a deliberate act, kept; printed)."""
+    try:
+        payloads = sign.verified_payloads(reg, repo, digest, list(keys))
+    except sign.SignatureError:
+        return False
+    to = rollback.signed_rollback(payloads, tag, newest)
+    if to:
+        step(f"  kept `{tag}` on {digest[:19]}: a signed rollback to `{to}` from `{newest}`")
+    return bool(to)

@@ -2,7 +2,8 @@
 resolves to: that TAG is among the tags signed for that digest (publish signs them in the
 cosign payload's `optional` map), that the image's labels say what TAG says (torch, python,
 accelerator, CUDA, cuDNN, flavor; `build-<hash>` its content hash) on every platform, and that a
-floating tag is not rolled back to an older publication than the latest dated one.
+floating tag is not rolled back to an older publication than the latest dated one, unless a
+trusted key signed that rollback while that one was the newest (builder.flows.rollback).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import re
 from typing import Any
 
 from builder.core import clock, labels, oci, sign
+from builder.flows import rollback as rollback_flow
 from builder.model import tags as tag_rules
 
 # A floating tag, maybe dated, maybe a zstd twin (builder.stages.twin: `<tag>-zstd`):
@@ -43,9 +45,8 @@ def findings(reg: oci.Registry, repository: str, tag: str, digest: str,
         out.append(("tag", False, f"`{tag}` names another image: {wrong}"))
     elif FLOATING.fullmatch(tag) or tag.startswith(tag_rules.HASH_TAG_PREFIX):
         out.append(("tag", True, f"`{tag}` agrees with the labels of every platform"))
-    if payloads is not None and (problem := rollback(reg, repository, tag, digest, signed,
-                                                     keys)):
-        out.append(("tag rollback", False, problem))
+    if payloads is not None:
+        out += rollback(reg, repository, tag, digest, payloads, keys)
     return out
 
 
@@ -85,17 +86,33 @@ def _grammar_problems(match: re.Match[str], found: dict[str, str]) -> list[str]:
 
 
 def rollback(reg: oci.Registry, repository: str, tag: str, digest: str,
-             signed: set[str], keys: tuple[Any, ...] = ()) -> str:
-    """A floating tag (or an alias: its floating tag is among the signed ones) that points at
-    an older publication than the latest dated tag of that floating tag signed for its digest
-    by one of `keys` (every dated tag without keys; '' otherwise)."""
+             payloads: list[dict[str, Any]], keys: tuple[Any, ...] = ()) -> list[Finding]:
+    """A floating tag (or an alias) on an older publication than the latest: a signed rollback
+    when a verified signature of the digest rolled `tag` back while that latest was the newest
+    (builder.flows.rollback), else a finding."""
+    signed = {t for p in payloads for t in sign.signed_tags(p.get("optional"))}
+    problem, latest = rolled_back(reg, repository, tag, digest, signed, keys)
+    if not problem:
+        return []
+    if to := rollback_flow.signed_rollback(payloads, tag, latest):
+        return [("signed rollback", True, f"`{tag}` is a signed rollback to `{to}` from "
+                 f"`{latest}`, made by a trusted key")]
+    return [("tag rollback", False, problem)]
+
+
+def rolled_back(reg: oci.Registry, repository: str, tag: str, digest: str,
+                signed: set[str], keys: tuple[Any, ...] = ()) -> tuple[str, str]:
+    """(why, the latest dated tag) when a floating tag (or an alias: its floating tag is among
+    the signed ones) points at an older publication than the latest dated tag of that floating
+    tag signed for its digest by one of `keys` (every dated tag without keys); ('', '')
+    otherwise."""
     match = FLOATING.fullmatch(tag)
     if match and match["date"]:
-        return ""  # a dated tag never moves: it is what it was
+        return "", ""  # a dated tag never moves: it is what it was
     floating = tag if match else next((t for t in sorted(signed)
                                        if (m := FLOATING.fullmatch(t)) and not m["date"]), "")
     if not floating or tag.startswith(tag_rules.HASH_TAG_PREFIX):
-        return ""
+        return "", ""
     twin = "-zstd" if floating.endswith("-zstd") else ""  # a twin's dated tags are twins too
     dated = re.compile(re.escape(floating.removesuffix(twin))
                        + r"-(?P<date>[0-9]{8})(?:\.(?P<n>[0-9]+))?" + re.escape(twin))
@@ -104,11 +121,11 @@ def rollback(reg: oci.Registry, repository: str, tag: str, digest: str,
                     if (m := dated.fullmatch(t)) and m["date"] <= now), reverse=True)
     latest, head = newest_signed(reg, repository, [t for *_, t in found], keys)
     if head is None or head.digest == digest:
-        return ""
+        return "", ""
     own = sorted((d, n, t) for d, n, t in found if t in signed)
     what = f"the publication of `{own[-1][2]}`" if own else f"{digest[:19]}"
     return (f"`{tag}` is rolled back: it points at {what}, older than the latest dated "
-            f"publication `{latest}` ({head.digest[:19]})")
+            f"publication `{latest}` ({head.digest[:19]})"), latest
 
 
 def newest_signed(reg: oci.Registry, repository: str, dated: list[str], keys: tuple[Any, ...]

@@ -34,8 +34,12 @@ def tag_for(variant: Variant, facts: Mapping[str, Any]) -> str:
 
 
 def tags_for(matrix: Matrix, variant: Variant, facts: Mapping[str, Any]) -> tuple[str, ...]:
-    aliases = [a.tag for a in matrix.aliases if variant.matches(a.selector)]
-    return (tag_for(variant, facts), *aliases)
+    return (tag_for(variant, facts), *aliases_of(matrix, variant))
+
+
+def aliases_of(matrix: Matrix, variant: Variant) -> list[str]:
+    """The matrix's aliases a variant carries (a publication's record does not name them)."""
+    return [a.tag for a in matrix.aliases if variant.matches(a.selector)]
 
 
 def tag_problems(matrix: Matrix, locks_dir: Path) -> list[str]:

@@ -73,9 +73,24 @@ def attach(staged: Staged, kind: str, data: bytes,
 
 def predicate(kind: str, data: bytes) -> Any:
     """What the attestation of an attached file states: the document itself (a provenance
-    file is a whole in-toto statement already: its predicate)."""
+    file is a whole in-toto statement already: its predicate; an audit report, cosign's vuln
+    predicate around it)."""
     doc = json.loads(data)
+    if kind == "audit":
+        return vuln_predicate(doc)
     return doc["predicate"] if kind == "provenance" else doc
+
+
+SCANNER = "https://github.com/torch-images/torch-images/sbom/audit"
+
+
+def vuln_predicate(found: dict[str, Any]) -> dict[str, Any]:
+    """cosign's vuln/v1 predicate of a report: the report is the scanner's result."""
+    return {"invocation": {"parameters": None, "uri": "", "event_id": "", "builder.id": ""},
+            "scanner": {"uri": SCANNER, "version": "1",
+                        "db": {"uri": "", "version": ""}, "result": found},
+            "metadata": {"scanStartedOn": found.get("audited_at", ""),
+                         "scanFinishedOn": found.get("audited_at", "")}}
 
 
 def signed(staged: Staged, keys: list[Any]) -> tuple[dict[str, bytes], dict[str, str]]:

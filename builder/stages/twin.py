@@ -44,37 +44,52 @@ class Report:
     zstd_bytes: int = 0
     tar_bytes: int = 0
     layers: int = 0
-    reused: bool = False
     seconds: float = 0.0
     twins: dict[str, oci.Descriptor] = field(default_factory=dict)  # gzip digest → its twin
 
     def as_json(self) -> dict[str, Any]:
         return {"gzip_bytes": self.gzip_bytes, "zstd_bytes": self.zstd_bytes,
-                "tar_bytes": self.tar_bytes, "layers": self.layers, "reused": self.reused,
+                "tar_bytes": self.tar_bytes, "layers": self.layers,
                 "seconds": round(self.seconds, 1)}
 
 
-def existing(reg: oci.Registry, repository: str, ref: str, source: str) -> oci.Descriptor | None:
-    """The twin already stored under `ref` when it is the twin of `source` (a re-run)."""
-    found = reg.manifest(repository, ref)
-    if found is None:
-        return None
-    doc = json.loads(found[0])
-    if (doc.get("annotations") or {}).get(SOURCE_ANNOTATION) != source:
-        return None
-    return found[1]
+def stale(reg: oci.Registry, repository: str, made: oci.Descriptor, source: str,
+          tags: list[str]) -> list[tuple[str, str]]:
+    """Each of `tags` (twin tags about to be written) that now holds a manifest other than the
+    twin just `made` of `source` while claiming to be a twin of it (its annotation), or while its
+    gzip sibling tag already names `source`: a twin someone else planted, never taken on trust
+    (issue 40.4). Pairs of (tag, the digest it holds)."""
+    found = []
+    for tag in tags:
+        head = reg.head(repository, tag)
+        if head is None or head.digest == made.digest:
+            continue
+        sibling = reg.head(repository, tag.removesuffix(SUFFIX))
+        if _claims(reg, repository, head.digest, source) or \
+                (sibling is not None and sibling.digest == source):
+            found.append((tag, head.digest))
+    return found
 
 
-def make(reg: oci.Registry, repository: str, digest: str, *, known: str | None = None,
-         workers: int | None = None, report: Report | None = None) -> oci.Descriptor:
+def _claims(reg: oci.Registry, repository: str, digest: str, source: str) -> bool:
+    """Whether the manifest at `digest` says it is the twin of `source`."""
+    got = reg.manifest(repository, digest)
+    if got is None:
+        return False
+    try:
+        doc = json.loads(got[0])
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and (doc.get("annotations") or {}).get(SOURCE_ANNOTATION) == source
+
+
+def make(reg: oci.Registry, repository: str, digest: str, *, workers: int | None = None,
+         report: Report | None = None) -> oci.Descriptor:
     """The twin of `repository@digest` (an image or an index) in the same repository, stored
-    by digest (no tag). `known`: a tag that may already hold it (then nothing is recompressed)."""
+    by digest (no tag). Always made afresh (deterministic: the same staged image gives the same
+    twin digest), never found by a tag or annotation anyone with push rights could write."""
     report = report if report is not None else Report()
     zstd.fixed_mmap_threshold()
-    if known and (there := existing(reg, repository, known, digest)) is not None:
-        report.reused = True
-        _known_pairs(reg, repository, digest, there, report)
-        return there
     found = reg.manifest(repository, digest)
     if found is None:
         raise RegistryError(f"`{reg.registry}/{repository}` has no manifest {digest}")
@@ -91,18 +106,6 @@ def make(reg: oci.Registry, repository: str, digest: str, *, known: str | None =
     reg.put_manifest(repository, oci.sha256(out), out, twin["mediaType"])
     report.twins[digest] = oci.Descriptor(oci.sha256(out), twin["mediaType"], len(out))
     return report.twins[digest]
-
-
-def _known_pairs(reg: oci.Registry, repository: str, source: str, twin: oci.Descriptor,
-                 report: Report) -> None:
-    """An existing twin's pairs (gzip digest → twin), its platform manifests' included."""
-    report.twins[source] = twin
-    if twin.media_type not in oci.INDEX_TYPES:
-        return
-    for entry in json.loads(reg.manifest(repository, twin.digest)[0])["manifests"]:  # type: ignore[index]
-        child = json.loads(reg.manifest(repository, entry["digest"])[0])  # type: ignore[index]
-        gzip = (child.get("annotations") or {}).get(SOURCE_ANNOTATION, "")
-        report.twins[gzip] = oci.Descriptor(entry["digest"], entry["mediaType"], entry["size"])
 
 
 def _annotations(source: str) -> dict[str, str]:

@@ -19,6 +19,7 @@ origin is accepted (its pre-receive hook), as GITHUB_TOKEN's permission decides 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -335,9 +336,48 @@ def setup_python(runner: Runner, _with: dict[str, str], env: dict[str, str], wor
     subprocess.run([base_python(), "-m", "venv", "--without-pip", str(venv)], check=True)
     site = next((venv / "lib").glob("python3.*/site-packages"))
     (site / "runner-tools.pth").write_text(tool_site_packages() + "\n")
-    # The runner's preinstalled tools last (uv and syft, which the locked packages provide).
-    env["PATH"] = f"{venv / 'bin'}:{env['PATH']}:{Path(sys.executable).parent}"
+    install_locked_scripts(venv / "bin", work / "requirements.lock")
+    env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"  # never the test's own .venv/bin
     return "success"
+
+
+def install_locked_scripts(bin_dir: Path, lock: Path) -> list[str]:
+    """The commands the packages of requirements.lock install (pip-audit, syft, uv, nox, …),
+    into the job's virtual environment as its `pip install -r requirements.lock` would put
+    them there (that install finds the packages present through the .pth, so it writes none):
+    a Python script runs on the job's interpreter, a binary is linked. Nothing else of the
+    test's own environment is on the job's PATH."""
+    from importlib import metadata
+
+    text = lock.read_text() if lock.is_file() else ""  # checked out before setup-python
+    locked = {canonical(m[1]) for m in re.finditer(r"^([A-Za-z0-9][\w.-]*)==", text, re.M)}
+    ours = os.path.normpath(Path(sys.executable).parent)
+    made = []
+    for dist in metadata.distributions():
+        if canonical(dist.metadata["Name"]) not in locked:
+            continue
+        for file in dist.files or ():
+            found = Path(os.path.normpath(dist.locate_file(file)))
+            if str(found.parent) != ours or (bin_dir / found.name).exists():
+                continue
+            copy_script(found, bin_dir / found.name)
+            made.append(found.name)
+    return sorted(made)
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def copy_script(found: Path, target: Path) -> None:
+    """A `#!…python` script with the job's interpreter in its first line; else a link."""
+    data = found.read_bytes()
+    if data.startswith(b"#!") and b"python" in data.split(b"\n", 1)[0]:
+        target.write_bytes(b"#!" + str(target.parent / "python").encode() + b"\n"
+                           + data.split(b"\n", 1)[1])
+        target.chmod(0o755)
+    else:
+        target.symlink_to(found)
 
 
 def upload_artifact(runner: Runner, with_: dict[str, str], _env: dict[str, str],

@@ -11,6 +11,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -162,6 +163,28 @@ def cosign_env(password: str) -> dict[str, str]:
     environ = {**os.environ, "COSIGN_PASSWORD": password}
     environ.pop("COSIGN_PRIVATE_KEY", None)
     return environ
+
+
+@contextlib.contextmanager
+def trusting_registry(tmp: Path, alias: str, password: str) -> Iterator[dict[str, Any]]:
+    """A fresh registry of the module's own, a key pair from `builder keygen` (`ours/`), and
+    cpu_alias_matrix trusting its public half; the registry and its images removed afterwards."""
+    from builder.core import registry
+
+    addr = f"127.0.0.1:{free_port()}"
+    matrix_path = cpu_alias_matrix(tmp, addr, alias, trust_keys=["ours/cosign.pub"])
+    registry.start(addr, tmp / "registry")
+    environ = {**os.environ, "COSIGN_PASSWORD": password, "BUILDER_STATE": str(tmp / "state")}
+    environ.pop("COSIGN_PRIVATE_KEY", None)
+    (tmp / "ours").mkdir()
+    try:
+        run_builder("keygen", "--out", str(tmp / "ours"), env=environ)
+        yield {"matrix": matrix_path, "addr": addr, "tmp": tmp, "env": environ,
+               "key": tmp / "ours" / "cosign.key", "pub": tmp / "ours" / "cosign.pub",
+               "reg": oci.Registry(addr)}
+    finally:
+        registry.stop(tmp / "registry")
+        remove_images_at(addr)
 
 
 # ---- forging registry content, as anyone with push rights could ------------------------------

@@ -16,6 +16,12 @@ tags straight into the registry's HTTP API as anyone with push rights could:
       puts them back, and `verify --key` is ok again
   (e) content only an older signed publication holds: `publish` exits 1 with the
       update-the-checkout hint and moves nothing
+  (f) a forged `<runtime>-99991231` on the slim's signed digest: `rebuild --check`, `publish`
+      and the catalog read the runtime's record as if it were absent
+  (g) the `.sig` of the publication and of its twin overwritten: `verify --key` fails; `publish`
+      of the same content signs both again from their verified evidence, `verify --key` is ok
+  and `rebuild --check` reports each tag moved off the newest signed publication as `tag-drift`
+  (cases a and d), clean again once `publish` put it back
   and the catalog (`--key`) lists only signed publications as history, the rest as other tags
 
 Each test puts back the tags it forged (tests/e2e/helpers.Saved).
@@ -24,7 +30,6 @@ Each test puts back the tags it forged (tests/e2e/helpers.Saved).
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -35,15 +40,13 @@ import pytest
 import yaml
 from helpers import (
     Saved,
-    cpu_alias_matrix,
     fake_image,
-    free_port,
     real_labels,
-    remove_images_at,
     run_builder,
+    trusting_registry,
 )
 
-from builder.core import clock, keypair, labels, oci, registry, sign
+from builder.core import clock, keypair, labels, sign
 from builder.model import tags as tag_rules
 
 pytestmark = pytest.mark.docker
@@ -59,21 +62,9 @@ SKIP = ("--skip-source", "python-vuln", "--skip-source", "debian-security")
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A fresh registry, a key pair, a matrix trusting that key (with an alias for the CPU
-    runtime); the registry and its images removed afterwards."""
-    tmp = tmp_path_factory.mktemp("forged-record")
-    addr = f"127.0.0.1:{free_port()}"
-    matrix_path = cpu_alias_matrix(tmp, addr, ALIAS, trust_keys=["ours/cosign.pub"])
-    registry.start(addr, tmp / "registry")
-    environ = {**os.environ, "COSIGN_PASSWORD": PASSWORD, "BUILDER_STATE": str(tmp / "state")}
-    environ.pop("COSIGN_PRIVATE_KEY", None)
-    (tmp / "ours").mkdir()
-    run_builder("keygen", "--out", str(tmp / "ours"), env=environ)
-    yield {"matrix": matrix_path, "addr": addr, "tmp": tmp, "env": environ,
-           "key": tmp / "ours" / "cosign.key", "pub": tmp / "ours" / "cosign.pub",
-           "reg": oci.Registry(addr)}
-    registry.stop(tmp / "registry")
-    remove_images_at(addr)
+    """A fresh registry, a key pair, a matrix trusting that key (helpers.trusting_registry)."""
+    with trusting_registry(tmp_path_factory.mktemp("forged-record"), ALIAS, PASSWORD) as found:
+        yield found
 
 
 def builder(env: dict[str, Any], *args: str, check: bool = False
@@ -221,8 +212,7 @@ def test_a_forged_newer_dated_tag_on_an_older_signed_digest(env, published, olde
     rolled_back(verify(env, twin(CPU)), twin(CPU), twin(published["dated_tag"]))
 
     check = builder(env, "rebuild", "--check", "--json", "--select", f"id={CPU}", *SKIP)
-    assert check.returncode == 0, check.stdout + check.stderr
-    assert json.loads(check.stdout)["findings"] == [], check.stdout  # not the older content
+    assert drifted(check) == {CPU, twin(CPU)}  # only that: the older content is not checked
     assert f"{forged}: not part of the record" in check.stderr, check.stderr
 
     before = {tag: head(env, tag) for tag in (forged, twin(forged))}
@@ -232,6 +222,24 @@ def test_a_forged_newer_dated_tag_on_an_older_signed_digest(env, published, olde
     assert head(env, twin(CPU)) == published["zstd"]["digest"]
     assert {tag: head(env, tag) for tag in (forged, twin(forged))} == before
     assert verify(env, CPU).returncode == 0
+
+
+def drifted(check: subprocess.CompletedProcess[str]) -> set[str]:
+    """The tags `rebuild --check --json` reports as `tag-drift` (exit 1; no other finding)."""
+    findings = json.loads(check.stdout)["findings"]
+    for f in findings:
+        print(f"rebuild --check: {f['reason']} ({f['status']}): {f['detail']}")
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert {(f["reason"], f["status"]) for f in findings} == {("tag-drift", "repair")}, findings
+    return {f["data"]["tag"] for f in findings}
+
+
+def clean_check(env: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """`rebuild --check` of the CPU runtime: exit 0, no finding."""
+    check = builder(env, "rebuild", "--check", "--json", "--select", f"id={CPU}", *SKIP)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert json.loads(check.stdout)["findings"] == [], check.stdout
+    return check
 
 
 # ---- (b) an unsigned build tag for a hash never built ----------------------------------------
@@ -264,9 +272,12 @@ def test_d_publish_repairs_a_forged_rollback(env, published, older, saved) -> No
     moving = (CPU, ALIAS, twin(CPU), twin(ALIAS))
     forge(env, saved, older["digest"], *moving)
     rolled_back(verify(env, ALIAS), ALIAS, published["dated_tag"])
+    check = builder(env, "rebuild", "--check", "--json", "--select", f"id={CPU}", *SKIP)
+    assert drifted(check) == set(moving)
 
     moved = already_published(publish(env), published)
     assert sorted(moved) == sorted(moving)
+    clean_check(env)
     for tag in (CPU, ALIAS):
         assert head(env, tag) == published["digest"]
         assert head(env, twin(tag)) == published["zstd"]["digest"]
@@ -293,6 +304,63 @@ def test_e_a_checkout_behind_the_registry_moves_nothing(env, published, saved) -
     assert "update the checkout" in result.stderr, result.stderr
     print(error)
     assert snapshot(env) == before
+
+
+# ---- (f) a forged dated tag on another variant's signed digest -----------------------------
+
+
+def test_f_a_forged_dated_tag_on_the_slims_signed_digest(env, published, saved) -> None:
+    """The slim's signed digest is a tiny image wearing the runtime's labels but the slim's
+    variant and flavor, signed by the trusted key for the slim as its publish would sign it:
+    building a second torch variant would take minutes and prove nothing more, since the record
+    reads only the labels and the signature (both the slim's here)."""
+    reg = env["reg"]
+    found = real_labels(reg, "torch", published["digest"])
+    slim = fake_image(reg, "torch", found | {labels.VARIANT: NEVER_BUILT,
+                                             labels.FLAVOR: "slim"})
+    sign.sign_image(reg, "torch", slim, ours(env), sign.tag_annotations(
+        NEVER_BUILT, [f"{NEVER_BUILT}-{today(env)}", NEVER_BUILT]))
+    forged = f"{CPU}-99991231"
+    forge(env, saved, slim, forged, twin(forged))
+
+    check = clean_check(env)
+    assert f"checking {published['reference']}" in check.stderr, check.stderr
+    assert "records no publication" not in check.stdout + check.stderr
+    assert already_published(publish(env), published) == []
+    site = env["tmp"] / "site-f"
+    run_builder("catalog", f"{env['addr']}/torch", "--out", str(site), "--key", str(env["pub"]),
+                env=env["env"])
+    doc = json.loads((site / "catalog.json").read_text())
+    [entry] = [v for v in doc["variants"] if v["tag"] == CPU]
+    assert entry["digest"] == published["digest"], entry
+    assert forged not in [h["tag"] for h in entry["history"]]
+    print(f"forged `{forged}` on the slim's {slim[:19]}: rebuild --check exit 0 (checks "
+          f"{published['digest'][:19]}), publish: already published (dated "
+          f"{published['dated_tag']}), catalog history {[h['tag'] for h in entry['history']]}")
+
+
+# ---- (g) an overwritten `.sig`, signed again by publish ---------------------------------------
+
+
+def test_g_publish_signs_again_an_overwritten_sig(env, published, saved) -> None:
+    reg, made = env["reg"], published["zstd"]["digest"]
+    junk = [sign.Layer(sign.SIMPLE_SIGNING, b"{}", {sign.SIGNATURE_ANNOTATION: "AAAA"})]
+    for digest in (published["digest"], made):
+        saved.keep("torch", sign.sig_tag(digest))
+        sign.write_layers(reg, "torch", sign.sig_tag(digest), junk)
+    before = verify(env, CPU)
+    assert before.returncode == 1, before.stdout
+    print("before:", next(x for x in before.stdout.splitlines() if "signature" in x))
+
+    result = publish(env)
+    log = result.stdout + result.stderr
+    line = f"signed {published['digest'][:19]} again as `{published['dated_tag']}`"
+    assert line in log, log
+    print(next(x for x in log.splitlines() if line in x))
+    assert already_published(result, published) == []
+    for tag in (CPU, twin(CPU), published["dated_tag"], twin(published["dated_tag"])):
+        after = verify(env, tag)
+        assert after.returncode == 0, (tag, after.stdout, after.stderr)
 
 
 # ---- the catalog's history: signed publications only (issue 40.2's done-when) -----------------

@@ -60,7 +60,9 @@ def env(tmp_path_factory, own_engine):
     data.setdefault("exclude", []).append({"platform": "linux/arm64"})
     (tmp / "matrix.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     registry.start(addr, tmp / "registry")
-    yield {"matrix": tmp / "matrix.yaml", "addr": addr, "tmp": tmp, "engine": own_engine}
+    env = {"matrix": tmp / "matrix.yaml", "addr": addr, "tmp": tmp, "engine": own_engine}
+    builder(env, "build", "--select", f"id={CPU}")  # what the shared engine had: warm caches
+    yield env
     registry.stop(tmp / "registry")
 
 
@@ -92,8 +94,11 @@ def test_a_published_image_is_rebuilt_bit_for_bit(env):
     reference = publish(env)
     forget(env)
     result = builder(env, "reproduce", reference, "--json", check=False)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
     doc = json.loads(result.stdout)
+    differing = [{k: layer[k] for k in ("index", "paths", "step")}
+                 for layer in doc["layers"] if not layer["same"]]
+    assert result.returncode == 0, json.dumps(differing, indent=1)[-6000:]
     assert doc["identical"] and doc["rebuilt_id"] == doc["published_id"]
 
 

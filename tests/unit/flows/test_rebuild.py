@@ -45,6 +45,8 @@ def clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setattr(checking, "artifact_json_by_digest", lambda *a: {"components": [
         {"name": "numpy", "version": "2.4.5", "purl": "pkg:pypi/numpy@2.4.5"}]})
     monkeypatch.setattr(checking.plan, "smoke_files_hash", lambda: "s")
+    monkeypatch.setattr(checking.tag_repair, "drift", lambda *a: [])
+    monkeypatch.setattr(checking.plan, "aliases_of", lambda *a: ["latest"])
     return monkeypatch
 
 
@@ -56,6 +58,23 @@ def test_all_clean_exits_0(clean) -> None:
     findings = run_check()
     assert findings == []
     assert checking.exit_code(findings) == 0
+
+
+def test_a_moved_floating_tag_is_tag_drift_not_a_rebuild(clean) -> None:
+    moved = ("sha256:" + "9" * 64, PUB.digest)
+    clean.setattr(checking.tag_repair, "drift",
+                  lambda reg, pub, moving, keys: [(moving[0], *moved), (moving[0] + "-zstd", "",
+                                                                         PUB.digest)])
+    findings = run_check()
+    assert [(f.reason, f.status, f.data["tag"]) for f in findings] == [
+        ("tag-drift", "repair", PUB.floating_tag), ("tag-drift", "repair",
+                                                     PUB.floating_tag + "-zstd")]
+    assert f"`{PUB.floating_tag}` points at sha256:999999999999, not {PUB.digest[:19]}" \
+        in findings[0].detail
+    assert "points at nothing" in findings[1].detail
+    assert checking.exit_code(findings) == 1
+    assert checking.source_summary(findings)["tag-drift"] == "repair"
+    assert not rebuild.plan_actions(findings)  # nothing to rebuild: publish repairs it
 
 
 def test_debian_updates_need_rebuild(clean) -> None:

@@ -65,3 +65,20 @@ def test_repair_moves_the_floating_tag_alias_and_twins_back(
     assert reg.by_tag[VID] == NEW and reg.by_tag["latest-zstd"] == TWIN
     assert f"moved `{VID}` from {OLD[:19]} to {NEW[:19]}" in capsys.readouterr().err
     assert tag_repair.repair(reg, pub(NEW, "b" * 64, dated), [VID, "latest"]) == []  # type: ignore[arg-type]
+
+
+def test_repair_keeps_a_signed_rollback_from_the_newest(monkeypatch, capsys) -> None:
+    """A floating tag a trusted key rolled back from the newest publication (publish
+    --rollback-to) is a deliberate act: publish's repair leaves it; a hand-moved one it puts
+    back."""
+    dated = f"{VID}-20261205"
+    back = {"optional": {"tag:" + VID: "signed", tag_repair.sign.ROLLBACK_TO: f"{VID}-20261201",
+                         tag_repair.sign.ROLLBACK_FROM: dated}}
+    monkeypatch.setattr(tag_repair.sign, "names_tag", lambda *a: True)
+    monkeypatch.setattr(tag_repair.sign, "verified_payloads",
+                        lambda _r, _repo, digest, _k: [back] if digest == OLD else [])
+    reg = Tags({dated: NEW, VID: OLD, "latest": TWIN})
+    moved = tag_repair.repair(reg, pub(NEW, "b" * 64, dated), [VID, "latest"], ("key",))  # type: ignore[arg-type]
+    assert moved == ["latest"] and reg.by_tag[VID] == OLD
+    assert f"kept `{VID}` on {OLD[:19]}: a signed rollback to `{VID}-20261201` from `{dated}`" \
+        in capsys.readouterr().err

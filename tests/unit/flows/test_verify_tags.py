@@ -78,3 +78,35 @@ def test_a_forged_dated_tag_does_not_hide_a_rollback(monkeypatch) -> None:
     assert (what, ok) == ("tag rollback", False)
     assert detail.endswith(f"`{FLOATING}-20260102` (sha256:222222222222)")
     assert all(ok for _, ok, _ in check(reg, FLOATING, OLD, old))  # no keys: forged counts
+
+
+def rollback_payload(to: str, since: str, *tags: str) -> dict:
+    return {"optional": {**sign.tag_annotations("v", tags), sign.ROLLBACK_TO: to,
+                         sign.ROLLBACK_FROM: since}}
+
+
+def test_a_signed_rollback_from_the_newest_publication_is_ok() -> None:
+    """`publish --rollback-to` signs the old digest naming the floating tag and the newest
+    dated tag it rolls back from: verify reports the rollback as signed, not as tampering."""
+    reg = Tags({f"{FLOATING}-20260101": OLD, f"{FLOATING}-20260102": NEW, FLOATING: OLD})
+    old = payload(f"{FLOATING}-20260101", FLOATING)
+    back = rollback_payload(f"{FLOATING}-20260101", f"{FLOATING}-20260102",
+                            f"{FLOATING}-20260101", FLOATING)
+    [*_, (what, ok, detail)] = check(reg, FLOATING, OLD, old, back)
+    assert (what, ok) == ("signed rollback", True)
+    assert detail == (f"`{FLOATING}` is a signed rollback to `{FLOATING}-20260101` from "
+                      f"`{FLOATING}-20260102`, made by a trusted key")
+
+
+def test_a_stale_or_unnamed_rollback_signature_does_not_excuse_a_rollback() -> None:
+    """A newer publication since the rollback (its `rollback-from` is no longer the newest),
+    or a rollback signature that does not name the tag: the tag is still rolled back."""
+    reg = Tags({f"{FLOATING}-20260101": OLD, f"{FLOATING}-20260102": NEW,
+                f"{FLOATING}-20260103": NEW, FLOATING: OLD, "latest": OLD})
+    stale = rollback_payload(f"{FLOATING}-20260101", f"{FLOATING}-20260102", FLOATING, "latest")
+    assert check(reg, FLOATING, OLD, stale)[-1][:2] == ("tag rollback", False)
+    reg = Tags({f"{FLOATING}-20260101": OLD, f"{FLOATING}-20260102": NEW, FLOATING: OLD,
+                "latest": OLD})
+    other = rollback_payload(f"{FLOATING}-20260101", f"{FLOATING}-20260102", FLOATING)
+    named = payload(f"{FLOATING}-20260101", FLOATING, "latest")
+    assert check(reg, "latest", OLD, named, other)[-1][:2] == ("tag rollback", False)

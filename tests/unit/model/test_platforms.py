@@ -303,6 +303,9 @@ def promoted(monkeypatch):
     monkeypatch.setattr(publish_gate, "gate", gate)
     monkeypatch.setattr(publish_flow, "promote_with_evidence", promote_with_evidence)
     monkeypatch.setattr(publish_flow, "promote_twins", twin_promote)
+    reg.audited = []  # type: ignore[attr-defined]
+    monkeypatch.setattr(publish_flow.vuln_audit, "audit_published",
+                        lambda staged, *_a: reg.audited.append(staged.digest))  # type: ignore[attr-defined]
     return reg, refuse, done
 
 
@@ -324,6 +327,7 @@ def test_publish_group_promotes_each_platform_then_points_every_tag_at_the_index
     assert [p["smoke_emulated"] for p in pub["platforms"]] == [False, True]
     assert pub["platforms"][1]["digest"] == desc(2).digest
     assert pub["hash_tag"] == group[1].hash_tag and group[0].hash_tag in pub["tags"]
+    assert reg.audited == [desc(1).digest, desc(2).digest]  # audited by default, each platform
 
 
 def test_publish_group_gives_every_tag_a_zstd_twin_unless_compression_is_gzip(promoted):
@@ -357,8 +361,8 @@ def test_a_new_promotion_step_is_one_line_in_steps(promoted, monkeypatch):
         return g
 
     steps = list(publish_flow.STEPS)
-    assert [s.__name__ for s in steps] == ["same_tags", "gate", "promote", "index", "twin_step",
-                                           "sign_step", "tags_step", "record_step"]
+    assert [s.__name__ for s in steps] == ["same_tags", "gate", "promote", "audit_step", "index",
+                                           "twin_step", "sign_step", "tags_step", "record_step"]
     steps.insert(steps.index(publish_flow.sign_step), attest_more)
     monkeypatch.setattr(publish_flow, "STEPS", tuple(steps))
     group = planned_pair(m)

@@ -372,3 +372,20 @@ def test_jsonschema_keeps_its_format_checks_after_our_import():
         assert checker.conforms("P1D", "duration") and not checker.conforms("P1", "duration")
         assert checker.conforms("http://x/é", "iri") and not checker.conforms("x y", "iri")
         assert not checker.conforms("a b", "iri-reference")
+
+
+def test_python_packages_are_unknown_when_pypi_cannot_be_asked(monkeypatch):
+    """PyPI's per-release data unreachable: every Python package is an `unknown` row, never a
+    clean one (what publish's default audit attaches on a machine without PyPI's JSON)."""
+    import importlib
+
+    audit_mod = importlib.import_module("sbom.audit")
+    monkeypatch.setattr(audit_mod, "_run_pip_audit", lambda *a: (
+        audit_mod._source("unreachable", "ConnectionError", 0), None))
+    pkgs = [(PackageURL.from_string("pkg:pypi/numpy@2.3.5"), "r1"),
+            (PackageURL.from_string("pkg:pypi/torch@2.13.0%2Bcpu"), "r2")]
+    _, out = audit_mod.audit_python(pkgs)
+    assert out["status"]["status"] == "unreachable"
+    assert sorted(u["name"] for u in out["unknown"]) == ["numpy", "torch"]
+    assert [u["reason"] for u in out["unknown"] if u["name"] == "numpy"] == [
+        "PyPI's advisory data: unreachable"]

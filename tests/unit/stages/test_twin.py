@@ -36,6 +36,10 @@ class MemoryRegistry:
         body, media_type = self.manifests[ref]
         return body, oci.Descriptor(oci.sha256(body), media_type, len(body))
 
+    def head(self, repository: str, ref: str) -> oci.Descriptor | None:
+        found = self.manifest(repository, ref)
+        return found[1] if found else None
+
     def put_manifest(self, repository: str, ref: str, body: bytes, media_type: str) -> str:
         for name in {ref, oci.sha256(body)}:
             self.manifests[name] = (body, media_type)
@@ -141,17 +145,25 @@ def test_a_layer_that_is_not_its_diff_id_is_refused() -> None:
                for body, _ in reg.manifests.values())
 
 
-def test_a_twin_already_under_its_tag_is_reused() -> None:
+def test_a_twin_under_its_tag_is_never_reused_and_a_planted_one_is_stale() -> None:
     reg = MemoryRegistry()
     source = push_image(reg)
     first = twin.make(reg, "torch", source)  # type: ignore[arg-type]
-    reg.put_manifest("torch", "t-zstd", reg.manifests[first.digest][0], first.media_type)
+    planted = {**doc_of(reg, first.digest), "layers": doc_of(reg, first.digest)["layers"][:2]}
+    body = json.dumps(planted).encode()
+    reg.put_manifest("torch", "t-zstd", body, oci.OCI_MANIFEST)  # claims `source`, other layers
+    reg.put_manifest("torch", "same-zstd", reg.manifests[first.digest][0], first.media_type)
+    reg.put_manifest("torch", "old-zstd", json.dumps({"annotations": {}}).encode(),
+                     oci.OCI_MANIFEST)  # an older publication's twin: not this source's
     report = twin.Report()
-    assert twin.make(reg, "torch", source, known="t-zstd", report=report) == first  # type: ignore[arg-type]
-    assert report.reused and report.layers == 0
-    other = twin.Report()
-    twin.make(reg, "torch", source, known="missing-zstd", report=other)  # type: ignore[arg-type]
-    assert not other.reused and other.layers == 3
+    assert twin.make(reg, "torch", source, report=report) == first  # type: ignore[arg-type]
+    assert report.layers == 3  # recompressed, the same digest
+    tags = ["t-zstd", "same-zstd", "old-zstd", "missing-zstd"]
+    assert twin.stale(reg, "torch", first, source, tags) == [  # type: ignore[arg-type]
+        ("t-zstd", oci.sha256(body))]
+    reg.manifests["old"] = reg.manifests[source]  # its gzip sibling names the source now
+    assert [t for t, _ in twin.stale(reg, "torch", first, source, tags)] == [  # type: ignore[arg-type]
+        "t-zstd", "old-zstd"]
     assert twin.tag_of("2.15.0-py3.11-cuda13.2-cudnn9-slim") == \
         "2.15.0-py3.11-cuda13.2-cudnn9-slim-zstd"
 

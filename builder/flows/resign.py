@@ -1,0 +1,82 @@
+"""A missing or overwritten `.sig` is put back by `publish` (issue 40.3).
+
+Anyone with push rights can overwrite `sha256-<hex>.sig`: the genuine signature is gone, the
+publication drops out of the record (builder.flows.record) and every `verify --key` of its tags
+fails. `publish --key` of the same content finds such a dated tag and signs its digest again,
+naming the tags it carries, but only from verified evidence, so nothing anyone could write
+becomes trusted:
+  - its digest carries no valid signature at all (a tag a valid signature does not name is a
+    forgery, never signed);
+  - its labels name the variant and the very content hashes this checkout publishes;
+  - its SBOM, smoke report and provenance attestations verify against the trusted keys (the
+    pipeline promoted that digest);
+  - it is newer than the newest signed publication of the variant (never a rollback).
+The zstd twin under its `-zstd` dated tag is signed again only when it is the twin made afresh
+(builder.stages.twin, deterministic). Then `publish` goes on as for any publication it already
+holds (builder.flows.tag_repair).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from builder.core import clock, keypair, oci, sign
+from builder.core.output import step
+from builder.flows import record, tag_repair
+from builder.model import catalog_doc
+from builder.model.matrix import Matrix
+from builder.model.planned import PlannedVariant
+from builder.model.publication import Publication
+from builder.stages import twin
+
+
+def restore(matrix: Matrix, group: Sequence[PlannedVariant], newest: Publication | None,
+            tags: Sequence[str], trust: keypair.Trust) -> Publication | None:
+    """The group's publication whose signature was lost, signed again naming its dated tag and
+    `tags` (content tag, floating, aliases); None when there is none, or no key to sign with."""
+    if trust.key is None:
+        return None
+    reg = oci.Registry(matrix.registry)
+    all_tags = reg.tags(matrix.repository)
+    floor = (catalog_doc.dated_key(newest.dated_tag) if newest else None) or ("", "", -1)
+    for dated in record.dated_tags(all_tags):
+        if dated.floating != group[0].floating_tag or dated.date > clock.stamp() \
+                or dated.order <= floor[1:]:
+            continue
+        vid, pub = record.read_publication(reg, matrix, dated, all_tags)
+        if pub is not None and vid == group[0].variant.id and tag_repair.holds(pub, group) \
+                and lost(reg, pub, trust.keys):
+            signed = [dated.tag, *tags]
+            sign.sign_image(reg, pub.repository, pub.digest, trust.key,
+                            sign.tag_annotations(vid, signed))
+            step(f"  [{vid}] signed {pub.digest[:19]} again as `{dated.tag}`: its signature "
+                 "was missing or did not verify; its attested evidence does")
+            resign_twin(reg, pub, vid, signed, trust)
+            return replace(pub, signed=True)
+    return None
+
+
+def lost(reg: oci.Registry, pub: Publication, keys: tuple[object, ...]) -> bool:
+    """Whether the digest has no valid signature by the trusted keys while its SBOM, smoke
+    report and provenance attestations verify against them."""
+    if not record.signed_for(reg, pub.repository, pub.digest, keys)[2]:
+        return False
+    found, _ = sign.verified_attestations(reg, pub.repository, pub.digest, list(keys))
+    return {"sbom", "smoke", "provenance"} <= set(found)
+
+
+def resign_twin(reg: oci.Registry, pub: Publication, vid: str, tags: Sequence[str],
+                trust: keypair.Trust) -> None:
+    """Sign the twin under the dated `-zstd` tag again when its signature is gone too and it is
+    the twin `twin.make` gives (nothing else is signed)."""
+    head = reg.head(pub.repository, twin.tag_of(pub.dated_tag))
+    if head is None or trust.key is None or \
+            not record.signed_for(reg, pub.repository, head.digest, trust.keys)[2]:
+        return
+    if twin.make(reg, pub.repository, pub.digest).digest != head.digest:
+        step(f"  [{vid}] `{twin.tag_of(pub.dated_tag)}` is not the twin of {pub.digest[:19]}: "
+             "not signed (the next publication makes a new one)")
+        return
+    sign.sign_image(reg, pub.repository, head.digest, trust.key,
+                    sign.tag_annotations(vid, [twin.tag_of(t) for t in tags]))

@@ -1,0 +1,237 @@
+"""`publish --rollback-to`, for real (issue 41.1): a deliberate rollback is signed, `verify --key`
+reports it as a signed rollback (ok), the catalog names it and the key; a hand-moved tag, or a
+rollback made stale by a newer publication, still fails.
+
+One CPU runtime image is built, staged and published with a key on day 1 (`TORCH_IMAGES_NOW`),
+with its zstd twin. The newer publication of day 2 is made beside it as the pipeline would sign
+it (a tiny image wearing the real labels but other content, and its twin, signed by the trusted
+key naming its dated tag, the floating tag and the alias, those tags moved onto it): cheaper than
+a second build, and the same record to every command. Then, on day 2, `publish --rollback-to`
+the day-1 publication.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from helpers import (
+    Saved,
+    cpu_alias_matrix,
+    fake_image,
+    free_port,
+    real_labels,
+    remove_images_at,
+    run_builder,
+)
+from packageurl import PackageURL
+
+from builder.core import keypair, labels, oci, registry, sign
+from builder.model import tags as tag_rules
+
+pytestmark = pytest.mark.docker
+
+CPU = "2.13.0-py3.11-cpu-runtime"
+ALIAS = "latest-cpu-runtime"
+PASSWORD = "correct horse"
+DAY1, DAY2 = "2026-01-01T12:00:00Z", "2026-01-02T12:00:00Z"
+OLD, NEW, NEWER = f"{CPU}-20260101", f"{CPU}-20260102", f"{CPU}-20260102.1"
+MOVING = (CPU, ALIAS)
+
+
+def twin(tag: str) -> str:
+    return f"{tag}-zstd"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A fresh registry, a key pair, a matrix trusting that key (an alias for the CPU runtime);
+    the registry and its images removed afterwards."""
+    tmp = tmp_path_factory.mktemp("rollback")
+    addr = f"127.0.0.1:{free_port()}"
+    matrix_path = cpu_alias_matrix(tmp, addr, ALIAS, trust_keys=["ours/cosign.pub"])
+    registry.start(addr, tmp / "registry")
+    environ = {**os.environ, "COSIGN_PASSWORD": PASSWORD, "BUILDER_STATE": str(tmp / "state"),
+               "TORCH_IMAGES_NOW": DAY1}
+    environ.pop("COSIGN_PRIVATE_KEY", None)
+    (tmp / "ours").mkdir()
+    run_builder("keygen", "--out", str(tmp / "ours"), env=environ)
+    yield {"matrix": matrix_path, "addr": addr, "tmp": tmp, "env": environ,
+           "key": tmp / "ours" / "cosign.key", "pub": tmp / "ours" / "cosign.pub",
+           "reg": oci.Registry(addr)}
+    registry.stop(tmp / "registry")
+    remove_images_at(addr)
+
+
+def builder(env: dict[str, Any], *args: str, day: str = DAY2, check: bool = False
+            ) -> subprocess.CompletedProcess[str]:
+    return run_builder(*args, matrix=env["matrix"], env={**env["env"], "TORCH_IMAGES_NOW": day},
+                       check=check)
+
+
+def verify(env: dict[str, Any], tag: str) -> subprocess.CompletedProcess[str]:
+    return run_builder("verify", f"{env['addr']}/torch:{tag}", "--key", str(env["pub"]),
+                       env={**env["env"], "TORCH_IMAGES_NOW": DAY2}, check=False)
+
+
+def head(env: dict[str, Any], tag: str) -> str | None:
+    desc = env["reg"].head("torch", tag)
+    return desc.digest if desc else None
+
+
+def ours(env: dict[str, Any]) -> keypair.SigningKey:
+    return keypair.decrypt_private(env["key"].read_bytes(), "ours", PASSWORD.encode())
+
+
+@pytest.fixture(scope="module")
+def day1(env: dict[str, Any]) -> dict[str, Any]:
+    """The real publication of day 1: built, staged with signed evidence, published with the
+    key (and its zstd twin)."""
+    builder(env, "build", "--select", f"id={CPU}", "--stage", "--key", str(env["key"]),
+            day=DAY1, check=True)
+    result = builder(env, "publish", "--select", f"id={CPU}", "--key", str(env["key"]),
+                     "--json", day=DAY1, check=True)
+    print(result.stderr)  # each step's line, the audit's among them (pytest -rP)
+    [pub] = json.loads(result.stdout)
+    assert pub["dated_tag"] == OLD, pub
+    assert head(env, twin(OLD)) is not None, "the matrix publishes zstd twins"
+    return pub
+
+
+def newer_publication(env: dict[str, Any], day1: dict[str, Any], dated: str,
+                      content_hash: str) -> dict[str, str]:
+    """A newer publication as the pipeline signs and tags it: other content (a tiny image with
+    the real labels), its twin, each signed naming its tags, then the tags moved onto them."""
+    reg = env["reg"]
+    found = real_labels(reg, "torch", day1["digest"]) | {labels.CONTENT_HASH: content_hash}
+    tags = [dated, tag_rules.HASH_TAG_PREFIX + content_hash[:20], *MOVING]
+    made = {}
+    for name, names in (("gzip", tags), ("zstd", [twin(t) for t in tags])):
+        digest = fake_image(reg, "torch", found)
+        sign.sign_image(reg, "torch", digest, ours(env), sign.tag_annotations(CPU, names))
+        for tag in names:
+            reg.tag("torch", digest, tag)
+        made[name] = digest
+    return made
+
+
+@pytest.fixture(scope="module")
+def rolled(env: dict[str, Any], day1: dict[str, Any]) -> dict[str, Any]:
+    """Day 2: a newer publication, then `publish --rollback-to` the day-1 one."""
+    newer = newer_publication(env, day1, NEW, "1" * 64)
+    result = builder(env, "publish", "--rollback-to", OLD, "--key", str(env["key"]), "--json")
+    return {"newer": newer, "run": result}
+
+
+def test_rollback_moves_the_floating_tag_alias_and_twins_back(env, day1, rolled) -> None:
+    result = rolled["run"]
+    assert result.returncode == 0, result.stdout + result.stderr
+    [row] = json.loads(result.stdout)
+    assert row["status"] == "rolled-back" and row["rollback_from"] == NEW, row
+    old_twin = head(env, twin(OLD))
+    for tag in MOVING:
+        assert head(env, tag) == day1["digest"], tag
+        assert head(env, twin(tag)) == old_twin, twin(tag)
+    assert head(env, NEW) == rolled["newer"]["gzip"]  # dated tags never move
+
+
+def test_verify_reports_the_signed_rollback(env, rolled) -> None:
+    for tag in (*MOVING, twin(CPU)):
+        result = verify(env, tag)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "signed rollback" in result.stdout, result.stdout
+        assert "tag rollback" not in result.stdout, result.stdout
+
+
+@pytest.fixture(scope="module")
+def catalog(env: dict[str, Any], rolled: dict[str, Any]) -> dict[str, Any]:
+    """`builder catalog --key` of the repository after the rollback (day 2)."""
+    site = env["tmp"] / "site"
+    run_builder("catalog", f"{env['addr']}/torch", "--out", str(site), "--key", str(env["pub"]),
+                env={**env["env"], "TORCH_IMAGES_NOW": DAY2})
+    return json.loads((site / "catalog.json").read_text())
+
+
+def test_the_catalog_shows_the_rollback_by_the_key(env, day1, catalog) -> None:
+    detail = catalog["images"][day1["digest"]]["signature"]["detail"]
+    assert f"a signed rollback to `{OLD}` from `{NEW}`, made by that key" in detail, detail
+
+
+def with_key(doc: Any, key: str) -> Iterator[dict[str, Any]]:
+    """Every mapping in `doc` that has `key`."""
+    if isinstance(doc, dict):
+        if key in doc:
+            yield doc
+        for value in doc.values():
+            yield from with_key(value, key)
+    elif isinstance(doc, list):
+        for value in doc:
+            yield from with_key(value, key)
+
+
+def sbom_python_names(reg: oci.Registry, digest: str) -> set[str]:
+    """The names of the PyPI packages the attached SBOM lists."""
+    doc = json.loads(reg.fetch_artifact("torch", digest, "sbom"))
+    return {PackageURL.from_string(c["purl"]).name for c in with_key(doc, "purl")
+            if c["purl"].startswith("pkg:pypi/")}
+
+
+def test_a_plain_publish_is_audited_signed_and_the_catalog_shows_it(env, day1, catalog) -> None:
+    """No `audit --attach`: publish attached a report with its signed attestation; Debian rows
+    name CVE ids from changelogs, Python rows are `unknown` where PyPI cannot be asked; the
+    catalog shows the audit on the image and on its dated tag."""
+    reg, digest = env["reg"], day1["digest"]
+    report = json.loads(reg.fetch_artifact("torch", digest, "audit"))
+    attested, _ = sign.verified_attestations(reg, "torch", digest,
+                                             [keypair.load_public(env["pub"])])
+    assert attested["audit"]["predicate"]["scanner"]["result"] == report
+    print(json.dumps(report["sources"], indent=2), len(report["vulnerabilities"]),
+          len(report["unknown"]))
+    debian = [v for v in report["vulnerabilities"] if v["source"] == "debian-security"]
+    assert all(a.startswith(("CVE-", "DSA-", "DLA-")) for v in debian for a in v["aliases"])
+    if report["sources"]["pypi"]["status"] != "ok":
+        python = sbom_python_names(reg, digest)
+        assert python and python <= {u["name"] for u in report["unknown"]}, report["unknown"]
+        assert not report["ok"]  # never a clean bill
+    [image] = catalog["images"][digest]["platforms"]
+    assert image["audit"]["state"] != "not audited" and image["audit"]["from"] == "audit"
+    dated = [e for e in with_key(catalog, "audit") if e.get("tag") == OLD]
+    assert dated and all(e["audit"] == image["audit"]["state"] for e in dated), dated
+
+
+def test_rollback_to_the_newest_or_an_unsigned_tag_is_refused(env, day1, rolled) -> None:
+    for dated, why in ((NEW, "nothing to roll back"), (f"{CPU}-20250101", "no publication")):
+        result = builder(env, "publish", "--rollback-to", dated, "--key", str(env["key"]))
+        assert result.returncode == 2 and why in result.stderr, result.stderr
+
+
+def test_a_hand_moved_tag_still_fails(env, day1, rolled) -> None:
+    """The floating tag moved by hand to another old signed publication: no rollback
+    signature names that move, so verify reports the rollback."""
+    saved = Saved(env["addr"])
+    try:
+        for tag in MOVING:  # as the rollback left them
+            saved.keep("torch", tag)
+            saved.keep("torch", twin(tag))
+        older = newer_publication(env, day1, f"{CPU}-20251231", "2" * 64)["gzip"]
+        for tag in MOVING:  # newer_publication moved them; the floating tag goes to `older`
+            env["reg"].tag("torch", older if tag == CPU else day1["digest"], tag)
+        moved = verify(env, CPU)
+        assert moved.returncode == 1 and f"`{CPU}` is rolled back" in moved.stdout, moved.stdout
+    finally:
+        saved.restore()
+    assert head(env, CPU) == day1["digest"]
+
+
+def test_a_rollback_made_stale_by_a_newer_publication_fails(env, day1, rolled) -> None:
+    """Last (it adds a publication): after a newer publication, the old rollback signature
+    (rollback-from: the day-2 one) no longer excuses the floating tag on day 1's digest."""
+    newer_publication(env, day1, NEWER, "3" * 64)
+    env["reg"].tag("torch", day1["digest"], CPU)  # moved back by hand, with the old signature
+    stale = verify(env, CPU)
+    assert stale.returncode == 1 and f"`{CPU}` is rolled back" in stale.stdout, stale.stdout
+    assert f"`{NEWER}`" in stale.stdout, stale.stdout
