@@ -31,7 +31,7 @@ COMMANDS = {
     "validate": "matrix", "lock": "matrix", "render": "matrix", "plan": "matrix",
     "base": "build", "build": "build", "smoke": "smoke", "sbom": "sbom", "audit": "sbom",
     "registry": "registry", "publish": "publish", "verify": "verify", "rebuild": "rebuild",
-    "keygen": "keys", "catalog": "catalog", "reproduce": "reproduce",
+    "keygen": "keys", "attest": "attest", "catalog": "catalog", "reproduce": "reproduce",
 }
 
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from builder.commands.options import add_command
-from builder.core import keypair, state
+from builder.core import keyless, keypair, state
 from builder.core.output import emit_json, step
 from builder.model import catalog_doc, matrix, startup
 from builder.stages import catalog, catalog_site
@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--key", action="append", default=[], type=Path, metavar="COSIGN.PUB",
                    help="verify cosign signatures and attestations with this public key "
                    "(repeatable; without it, pages say what is signed, unverified)")
+    p.add_argument("--trusted-root", type=Path, default=keyless.PUBLIC_GOOD_ROOT, metavar="FILE",
+                   help="sigstore trusted_root.json a keyless bundle must chain to for its "
+                   "signer to be shown (default: sigstore's public good, pinned in builder/trust/)")
     p.add_argument("--startup", type=Path, metavar="RESULTS.JSON",
                    help="bench results (`python -m bench pull`'s bench/results.json) whose "
                    "measured startup working sets the pages show as bytes needed to start "
@@ -47,7 +50,8 @@ def cmd_catalog(args: argparse.Namespace) -> int:
                                hint="pass --out a folder this user can write") from exc
     cache = args.cache or args.out / ".cache" / "catalog.json"
     keys = [keypair.load_public(path) for path in args.key]
-    doc, fetched = catalog.collect(source, args.out, cache, keys=keys, progress=step)
+    doc, fetched = catalog.collect(source, args.out, cache, keys=keys, progress=step,
+                                   trusted_root=args.trusted_root)
     startup.add(doc["images"], startup.load(args.startup))
     same = catalog_doc.same_facts(doc, args.out / "catalog.json")
     if not same:

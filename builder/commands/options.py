@@ -133,6 +133,16 @@ def add_trust_options(parser: argparse.ArgumentParser) -> None:
                         "--key` fails it as `published unsigned`). Refused with a key")
 
 
+def add_keyless_options(p: argparse.ArgumentParser) -> None:
+    """The OIDC token and sigstore instance of keyless signing (attest, publish)."""
+    p.add_argument("--identity-token", type=Path, metavar="FILE",
+                   help="OIDC token to sign with (default: $SIGSTORE_ID_TOKEN; in GitHub Actions "
+                   "the job's token for audience `sigstore`)")
+    p.add_argument("--sigstore-config", type=Path, metavar="FILE",
+                   help="sigstore client trust config (trusted root + signing config: which "
+                   "Fulcio, Rekor, TSA); default: sigstore's public-good instance")
+
+
 def load_selected(args: argparse.Namespace) -> tuple[matrix.Matrix, list[matrix.Variant]]:
     """The matrix of --matrix and its variants that --select picks (at least one)."""
     m = matrix.load(args.matrix)

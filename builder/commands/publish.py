@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 from builder.commands.options import (
     REGISTRY_CA_HELP,
     add_ca_bundle_option,
     add_command,
+    add_keyless_options,
     add_publishing_options,
     ignore_old_record,
     load_selected,
 )
-from builder.core import keypair
+from builder.core import keyless, keypair, oci
 from builder.core.errors import GateRefused, UsageError
 from builder.core.output import emit_json, step, table
 from builder.flows import bases, rollback
@@ -28,6 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "publish", cmd_publish, GROUPS,
                     "promote gated images from staging under dated tags (the registry: the record)")
     add_publishing_options(p, "print what would be pushed; push nothing")
+    add_keyless_options(p)
     add_ca_bundle_option(p, REGISTRY_CA_HELP)
     p.add_argument("--rollback-to", metavar="DATED_TAG",
                    help="point the floating tag, aliases and twins of that signed dated "
@@ -42,8 +46,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     trusted key (--trust-key) and valid, copy it into the vetted repository by digest, attach
     SBOM, smoke report and provenance with their signed attestations, sign the digest (cosign's
     format: --key or COSIGN_PRIVATE_KEY), then tag `<tag>-YYYYMMDD` (never overwritten),
-    `build-<hash>`, the floating tag and aliases. Never builds; a stopped run is completed by
-    the next. Exit 1 when any image was refused."""
+    `build-<hash>`, the floating tag and aliases. With an OIDC token (--identity-token or
+    SIGSTORE_ID_TOKEN) each published digest and its evidence are also signed keylessly, as
+    `builder attest` does. Never builds; a stopped run is completed by the next. Exit 1 when any
+    image was refused."""
     if args.rollback_to and args.dry_run:
         raise UsageError("--rollback-to moves tags: it has no --dry-run",
                          hint="`builder verify --key` of the dated tag shows what it names")
@@ -60,6 +66,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
     results = publish_variants(matrix, planned, allow_cpu_smoke=args.allow_cpu_smoke,
                                dry_run=args.dry_run, manifest=args.manifest,
                                locks_dir=args.locks, trust=trust)
+    token = keyless.identity_token(args.identity_token, dict(os.environ))
+    if token is not None and not args.dry_run:
+        attest_published(results, token, args.sigstore_config)
     show(results, args.json)
     if line := nothing_to_do(results, args.dry_run):
         step(line)
@@ -70,6 +79,19 @@ def cmd_publish(args: argparse.Namespace) -> int:
         raise GateRefused(f"{len(refused)} of {total} variants refused: {reasons}",
                           hint=refusal_hint(args.select, refused), printed=args.json)
     return 0
+
+
+def attest_published(results: list[dict[str, Any]], token: str, config: Path | None) -> None:
+    """Keyless bundles for each digest this run published: the manifest or index, and each
+    platform manifest of an index (its evidence is attached there)."""
+    for r in results:
+        if r["status"] != "published":
+            continue
+        reg = oci.Registry(r["registry"])
+        for digest in [r["digest"], *(p["digest"] for p in r.get("platforms") or [])]:
+            signer, kinds = keyless.attest_digest(reg, r["repository"], digest, token, config)
+            step(f"  [{r['id']}] attested {digest[:19]} keylessly as {signer.describe()} "
+                 f"(the image and {len(kinds)} evidence statement(s))")
 
 
 def show(results: list[dict[str, Any]], as_json: bool) -> int:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from builder.commands.options import REGISTRY_CA_HELP, add_ca_bundle_option, add_command
-from builder.core import keypair
+from builder.core import keyless, keypair
 from builder.core.errors import BuilderError, CheckFailed
 from builder.core.output import emit_json, table
 from builder.flows.verify import PASSING, Policy, Reference, verify
@@ -22,6 +22,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--key", action="append", type=Path, default=[], metavar="FILE",
                    help="trusted public key (cosign.pub; repeatable): the signature and every "
                    "attestation must verify against one of them")
+    p.add_argument("--certificate-identity", action="append", default=[], metavar="URI",
+                   help="trusted signer of a keyless (sigstore bundle) signature, e.g. "
+                   "https://github.com/O/R/.github/workflows/build.yml@refs/heads/main "
+                   "(repeatable)")
+    p.add_argument("--certificate-identity-regexp", action="append", default=[],
+                   metavar="REGEX", help="as --certificate-identity, a full-match regexp")
+    p.add_argument("--certificate-oidc-issuer", metavar="URL",
+                   help=f"the identities' OIDC issuer (GitHub Actions: {keyless.GITHUB_ISSUER})")
+    p.add_argument("--trusted-root", type=Path, default=keyless.PUBLIC_GOOD_ROOT,
+                   metavar="FILE", help="sigstore trusted_root.json the certificates and log "
+                   "entries must chain to (default: sigstore's public good, pinned in "
+                   "builder/trust/)")
+    p.add_argument("--require-all", action="store_true",
+                   help="with both --key and identities: every one must verify, not either")
     p.add_argument("--contents-only", action="store_true",
                    help="without --key: check labels and evidence only (the signature row says "
                    "`unsigned: contents only`); never what a platform team should rely on")
@@ -33,17 +47,27 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_verify(args: argparse.Namespace) -> int:
     """Resolve REF (a tag or a digest) to a digest and check, by that digest: with --key, its
     cosign signature and the signature and subject of each attestation (SBOM, SLSA provenance,
-    smoke report), whose documents are then the ones checked; then the image's labels, smoke
-    report, SBOM and provenance against each other. Asked by a tag, TAG must be among the tags
-    signed for the digest, agree with the labels of every platform (torch, python, accelerator,
-    CUDA, cuDNN, flavor; `build-<hash>`: the content hash), and a floating tag or alias must not
-    point at an older publication than its latest dated tag. Without --key it exits 1
-    (`signature not checked`) unless --contents-only asks for the contents alone. Needs no
-    checkout (a bare TAG takes registry and repository from --matrix). Exit 0 when all passes,
-    1 naming what failed, 2 when the registry cannot be asked."""
+    smoke report), whose documents are then the ones checked; with --certificate-identity[-
+    regexp] and --certificate-oidc-issuer, the same through sigstore bundles attached as OCI
+    referrers (certificate chained to --trusted-root, log entry verified, signer and issuer
+    trusted, subject the digest; either keys or identities suffice unless --require-all); then
+    the image's labels, smoke report, SBOM and provenance against each other. Asked by a tag,
+    TAG must be among the tags signed for the digest, agree with the labels of every platform
+    (torch, python, accelerator, CUDA, cuDNN, flavor; `build-<hash>`: the content hash), and a
+    floating tag or alias must not point at an older publication than its latest dated tag.
+    Without --key or an identity it exits 1 (`signature not checked`) unless --contents-only
+    asks for the contents alone. Needs no checkout (a bare TAG takes registry and repository
+    from --matrix). Exit 0 when all passes, 1 naming what failed, 2 when the registry cannot be
+    asked."""
     reference = reference_of(args.reference, args.matrix)
-    policy = Policy(tuple(keypair.load_public(path) for path in args.key), args.require_gpu,
-                    contents_only=args.contents_only and not args.key)
+    identities = keyless.identities_of(args.certificate_identity,
+                                       args.certificate_identity_regexp,
+                                       args.certificate_oidc_issuer)
+    policy = Policy(keys=tuple(keypair.load_public(path) for path in args.key),
+                    require_gpu=args.require_gpu,
+                    contents_only=args.contents_only and not (args.key or identities),
+                    by_identity=keyless.KeylessPolicy(identities, args.trusted_root),
+                    require_all=args.require_all)
     digest, rows = verify(reference, policy)
     failed = [r for r in rows if r.status not in PASSING]
     if args.json:

@@ -8,13 +8,13 @@ each other. Exit 0 only when everything a platform team needs is there and agree
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from builder.core import keypair, labels, oci, sign, zstd
+from builder.core import keyless, keypair, labels, oci, sign, zstd
 from builder.core.errors import BuilderError
 from builder.core.oci import RegistryError
-from builder.flows import verify_tags
+from builder.flows import verify_keyless, verify_tags
 from builder.model import accelerators, platforms, smokereport
 from builder.stages import provenance, twin
 from smoke import OK_STATUSES
@@ -56,14 +56,21 @@ class Reference:
         return cls(registry, repository, digest)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Policy:
-    """What a verifier demands: signatures by these keys (none: refused unless contents_only,
+    """What a verifier demands: signatures by these keys and/or sigstore bundles by these
+    identities (either is enough unless require_all; neither: refused unless contents_only,
     then the contents alone are checked), GPU smoke."""
 
     keys: tuple[Any, ...] = ()
     require_gpu: bool = False
     contents_only: bool = False
+    by_identity: keyless.KeylessPolicy = field(default_factory=keyless.KeylessPolicy)
+    require_all: bool = False
+
+    @property
+    def signed(self) -> bool:
+        return bool(self.keys or self.by_identity.identities)
 
 
 def verify(reference: Reference, policy: Policy = Policy()) -> tuple[str, list[Row]]:
@@ -114,7 +121,8 @@ def _labels(reg: oci.Registry, repository: str, digest: str) -> dict[str, str]:
     return (config.get("config") or {}).get("Labels") or {}
 
 
-NOT_CHECKED = ("signature not checked: give --key cosign.pub (the pipeline's public key), or "
+NOT_CHECKED = ("signature not checked: give --key cosign.pub (the pipeline's public key) or "
+               "--certificate-identity … --certificate-oidc-issuer … (its workflow), or "
                "--contents-only to check the contents alone")
 
 
@@ -162,19 +170,27 @@ def twin_layer_problem(reg: oci.Registry, repository: str, manifest: dict[str, A
 def signature_row(reg: oci.Registry, repository: str, digest: str, policy: Policy
                   ) -> tuple[Row, list[dict[str, Any]] | None]:
     """The signature's row, and the verified payloads (None without keys: not checked)."""
-    if not policy.keys:
+    if not policy.signed:
         if not policy.contents_only:
             return Row("signature", BAD, NOT_CHECKED), None
         has = reg.head(repository, sign.sig_tag(digest)) is not None
         return Row("signature", UNSIGNED, "unsigned: contents only — " + (
             "a signature is attached but was not checked (give --key cosign.pub)" if has
             else "the image carries no signature")), None
-    try:
-        payloads = sign.verified_payloads(reg, repository, digest, list(policy.keys))
-    except sign.SignatureError as exc:
-        return Row("signature", BAD, str(exc)), []
-    return Row("signature", OK, f"cosign signature over {digest[:19]} by key "
-               f"{keypair.key_id(policy.keys[0])}"), payloads
+    found: list[verify_keyless.Found] = []
+    payloads: list[dict[str, Any]] | None = None
+    if policy.keys:
+        try:
+            payloads = sign.verified_payloads(reg, repository, digest, list(policy.keys))
+            found.append((payloads, f"cosign signature over {digest[:19]} by key "
+                          f"{keypair.key_id(policy.keys[0])}"))
+        except sign.SignatureError as exc:
+            payloads = []
+            found.append((None, str(exc)))
+    if policy.by_identity.identities:
+        found.append(verify_keyless.image_signature(reg, repository, digest, policy.by_identity))
+    verified, detail = verify_keyless.pick(found, policy.require_all)
+    return Row("signature", BAD if verified is None else OK, detail), payloads
 
 
 def evidence(reg: oci.Registry, repository: str, digest: str, policy: Policy
@@ -188,18 +204,16 @@ def evidence(reg: oci.Registry, repository: str, digest: str, policy: Policy
             return "not JSON"
 
     plain = {kind: fetch(kind) for kind in sign.PREDICATES}
-    if not policy.keys:
+    if not policy.signed:
         return plain, []
-    statements, problems = sign.verified_attestations(reg, repository, digest,
-                                                      list(policy.keys))
     docs: dict[str, Any] = dict.fromkeys(sign.PREDICATES)
     rows = []
-    for kind, ptype in sign.PREDICATES.items():
+    for kind, found in signed_statements(reg, repository, digest, policy).items():
         what = f"attestation {kind}"
-        if kind not in statements:
-            rows.append(Row(what, BAD, problems[kind]))
+        doc, detail = verify_keyless.pick(found, policy.require_all)
+        if doc is None:
+            rows.append(Row(what, BAD, detail))
             continue
-        doc = statements[kind]
         signed_doc = doc if kind == "provenance" else doc["predicate"]
         attached = plain[kind]
         if attached is not None and _predicate(kind, attached) != doc["predicate"]:
@@ -207,8 +221,26 @@ def evidence(reg: oci.Registry, repository: str, digest: str, policy: Policy
                             "attestation"))
             continue
         docs[kind] = signed_doc
-        rows.append(Row(what, OK, f"{ptype}, DSSE signed, subject {digest[:19]}"))
+        rows.append(Row(what, OK, detail))
     return docs, rows
+
+
+def signed_statements(reg: oci.Registry, repository: str, digest: str, policy: Policy
+                      ) -> dict[str, list[verify_keyless.Found]]:
+    """kind → what the trusted keys and what the trusted identities say of its attestation."""
+    found: dict[str, list[verify_keyless.Found]] = {kind: [] for kind in sign.PREDICATES}
+    if policy.keys:
+        statements, problems = sign.verified_attestations(reg, repository, digest,
+                                                          list(policy.keys))
+        for kind, ptype in sign.PREDICATES.items():
+            found[kind].append((statements[kind], f"{ptype}, DSSE signed, subject "
+                                f"{digest[:19]}") if kind in statements
+                               else (None, problems[kind]))
+    if policy.by_identity.identities:
+        for kind, one in verify_keyless.attestations(reg, repository, digest,
+                                                     policy.by_identity).items():
+            found[kind].append(one)
+    return found
 
 
 def _predicate(kind: str, attached: Any) -> Any:

@@ -22,7 +22,10 @@ from smoke.host import host_summary
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schema" / "catalog.schema.json"
 SCHEMA_VERSION = 1
-ARTIFACT_TAG = re.compile(r"^sha256-([0-9a-f]{64})\.([a-z]+)$")
+# `sha256-<hex>.<kind>`: evidence and signatures; bare `sha256-<hex>`: the referrers index
+# (the OCI tag-schema fallback listing sigstore bundles), kind REFERRERS.
+ARTIFACT_TAG = re.compile(r"^sha256-([0-9a-f]{64})(?:\.([a-z]+))?$")
+REFERRERS = "referrers"
 DATED_TAG = re.compile(r"^(?P<floating>.+)-(?P<date>\d{8})(?:\.(?P<n>\d+))?$")
 BUILD_TAG = re.compile(r"^build-[0-9a-f]+$")
 TWIN_SUFFIX = "-zstd"  # builder.stages.twin.SUFFIX (the model does not import stages)
@@ -52,7 +55,7 @@ def classify(tags: Iterable[str]) -> TagSet:
     images, builds, artifacts, twins = [], [], {}, []
     for tag in tags:
         if match := ARTIFACT_TAG.match(tag):
-            artifacts[(f"sha256:{match[1]}", match[2])] = tag
+            artifacts[(f"sha256:{match[1]}", match[2] or REFERRERS)] = tag
         elif tag.endswith(TWIN_SUFFIX):
             twins.append(tag)
         elif BUILD_TAG.match(tag):

@@ -8,6 +8,7 @@ their results and hold no command strings of their own.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import PurePosixPath
 from typing import Any
@@ -238,12 +239,34 @@ def verify_commands(reference: str, signature: dict[str, Any], key_file: str,
                  f"cosign verify-attestation --key {key} --insecure-ignore-tlog=true "
                  f"--type {shlex.quote(ptype)} {reference}")
                 for ptype in signature.get("attestations") or []]
+    out += identity_commands(reference, signature.get("identities") or [])
     if signature.get("keyless"):
         repo = (source or "https://github.com/YOUR-ORG/torch-images").removesuffix(".git")
         identity = f"{repo}/.github/workflows/build.yml@refs/heads/main"
         out.append(("the keyless signature CI made (its workflow identity)",
                     f"cosign verify --certificate-identity {shlex.quote(identity)} "
                     f"--certificate-oidc-issuer {GITHUB_ISSUER} {reference}"))
+    return out
+
+
+def identity_commands(reference: str, identities: list[dict[str, str]]
+                      ) -> list[tuple[str, str]]:
+    """The commands that pin who signed the image's sigstore bundles: builder's, cosign's (the
+    bundle format) and GitHub's (`gh attestation verify`, which reads the bundles from the
+    registry's referrers); the GitHub repository is the one the workflow identity names."""
+    out = []
+    for who in identities:
+        subject, issuer = shlex.quote(who["subject"]), shlex.quote(who["issuer"])
+        pinned = f"--certificate-identity {subject} --certificate-oidc-issuer {issuer}"
+        out += [(f"signed keylessly by {who['subject']} (builder)",
+                 f"builder verify {pinned} {reference}"),
+                ("the same with stock cosign", f"cosign verify {pinned} {reference}")]
+        repo = re.match(r"https://github\.com/([^/]+/[^/]+)/\.github/workflows/", who["subject"])
+        if repo:
+            out.append(("the same with GitHub's CLI",
+                        f"gh attestation verify oci://{reference} --bundle-from-oci "
+                        f"--repo {repo[1]} --cert-identity {subject} "
+                        f"--cert-oidc-issuer {issuer}"))
     return out
 
 

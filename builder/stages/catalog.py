@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.core import clock, keypair, oci, sign, state
+from builder.core import clock, keyless, keypair, oci, sign, state
 from builder.core.errors import BuilderError
 from builder.model import catalog_unreadable, layer_reuse, provenance_doc
 from builder.model.catalog_doc import (
+    REFERRERS,
     SCHEMA_VERSION,
     TWIN_SUFFIX,
     TagSet,
@@ -83,7 +84,7 @@ class Cache:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.data: dict[str, dict[str, Any]] = {"manifests": {}, "artifacts": {}, "layers": {},
-                                                "verified": {}, "attached": {}}
+                                                "verified": {}, "attached": {}, "keyless": {}}
         if path and path.is_file():
             try:
                 doc = json.loads(path.read_text())
@@ -150,8 +151,10 @@ def platform_layers(reader: Reader, digest: str) -> dict[str, list[dict[str, Any
 class Reader:
     """Reads manifests, configs and artifacts of one repository through the cache."""
 
-    def __init__(self, source: Source, cache: Cache, site: Path, keys: list[Any]) -> None:
+    def __init__(self, source: Source, cache: Cache, site: Path, keys: list[Any],
+                 trusted_root: Path = keyless.PUBLIC_GOOD_ROOT) -> None:
         self.source, self.cache, self.site, self.keys = source, cache, site, keys
+        self.trusted_root = trusted_root
         self.reg = oci.Registry(source.registry)
 
     def resolve(self, tags: list[str]) -> dict[str, str]:
@@ -281,12 +284,30 @@ def signature_status(reader: Reader, digest: str, tags: TagSet, digests: dict[st
                            "keyless": found["sig"].get("keyless", False),
                            "attestations": found["att"].get("predicate_types", []),
                            "verified": None, "detail": None}
+    if signers := keyless_signers(reader, digest, tags, digests):
+        out["identities"] = signers
     if not keys or not out["present"]:
         return out
     key = "|".join([*(digests.get(tags.artifacts.get((digest, k), ""), "") for k in found),
                     *(keypair.key_id(k) for k in keys)])
     return {**out, **reader.cache.get("verified", key, lambda: verify_signed(
         reader, digest, keys))}
+
+
+def keyless_signers(reader: Reader, digest: str, tags: TagSet, digests: dict[str, str]
+                    ) -> list[dict[str, str]]:
+    """Who signed the image's sigstore bundles, each verified against the trusted root (any
+    identity: the page shows who, the verify commands pin it); cached by the referrers index."""
+    index = digests.get(tags.artifacts.get((digest, REFERRERS), ""))
+    if index is None:
+        return []
+
+    def read() -> list[dict[str, str]]:
+        anyone = keyless.KeylessPolicy(trusted_root=reader.trusted_root, any_identity=True)
+        return [{"subject": x.subject, "issuer": x.issuer} for x in keyless.verified_signers(
+            reader.reg, reader.source.repository, digest, anyone)]
+
+    return reader.cache.get("keyless", f"{digest}|{index}|{reader.trusted_root}", read)
 
 
 def verify_signed(reader: Reader, digest: str, keys: list[Any]) -> dict[str, Any]:
@@ -324,11 +345,13 @@ def signed_dated(reader: Reader, by_tag: dict[str, str]) -> dict[str, str]:
 
 
 def collect(source: Source, site: Path, cache_path: Path | None, *, keys: list[Any] | None = None,
-            progress: Callable[[str], None] = lambda _: None) -> tuple[dict[str, Any], int]:
+            progress: Callable[[str], None] = lambda _: None,
+            trusted_root: Path = keyless.PUBLIC_GOOD_ROOT) -> tuple[dict[str, Any], int]:
     """(the catalog document, how many digests were fetched: 0 when nothing was new). `keys`:
-    cosign public keys to verify signatures with (without, their presence is reported)."""
+    cosign public keys to verify signatures with (without, their presence is reported);
+    `trusted_root`: what keyless bundles must chain to for their signer to be shown."""
     cache = Cache(cache_path)
-    reader = Reader(source, cache, site, keys or [])
+    reader = Reader(source, cache, site, keys or [], trusted_root)
     tags = classify(reader.reg.tags(source.repository))
     if not tags.images:
         raise BuilderError(f"`{source.name}` has no image tags",

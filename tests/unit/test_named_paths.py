@@ -19,7 +19,7 @@ def texts() -> list[Path]:
     found = [ROOT / "README.md", ROOT / "noxfile.py", ROOT / "pyproject.toml"]
     for folder in FOLDERS:
         found += [p for p in (ROOT / folder).rglob("*") if p.suffix in TEXT and p.is_file()
-                  and "__pycache__" not in p.parts]
+                  and "__pycache__" not in p.parts and "node_modules" not in p.parts]
     return found
 
 

@@ -14,7 +14,7 @@ from builder import cli
 cli.build_parser()
 
 README = Path(__file__).resolve().parents[3] / "README.md"
-NO_SELECTION = ("keygen", "registry", "verify", "catalog", "reproduce", "smoke", "sbom", "audit")
+NO_SELECTION = ("keygen", "registry", "verify", "attest", "catalog", "reproduce", "smoke", "sbom", "audit")
 
 
 def help_of(command: str, capsys: pytest.CaptureFixture[str]) -> str:

@@ -94,6 +94,23 @@ def test_the_verify_commands_are_the_ones_that_check_a_key_signature_offline() -
     assert [c for _, c in unsigned] == [f"builder verify --key cosign.pub {REF}"]
 
 
+def test_an_identity_signed_image_gets_commands_that_pin_its_signer() -> None:
+    who = {"subject": "https://github.com/o/torch-images/.github/workflows/build.yml@refs/heads/"
+                      "main", "issuer": "https://token.actions.githubusercontent.com"}
+    rows = howto.verify_commands(REF, {"present": False, "identities": [who]}, "cosign.pub", None)
+    pinned = (f"--certificate-identity {who['subject']} --certificate-oidc-issuer "
+              f"{who['issuer']}")
+    assert rows[1] == (f"signed keylessly by {who['subject']} (builder)",
+                       f"builder verify {pinned} {REF}")
+    assert rows[2][1] == f"cosign verify {pinned} {REF}"
+    assert rows[3][1] == (f"gh attestation verify oci://{REF} --bundle-from-oci --repo "
+                          f"o/torch-images --cert-identity {who['subject']} --cert-oidc-issuer "
+                          f"{who['issuer']}")
+    person = {"subject": "someone@example.com", "issuer": "https://accounts.google.com"}
+    rows = howto.verify_commands(REF, {"present": False, "identities": [person]}, "k", None)
+    assert len(rows) == 3  # no GitHub repository to name: no gh command
+
+
 def test_the_latest_audit_and_the_history_give_one_answer() -> None:
     inconclusive = {"audit": {"present": True, "vulnerabilities": 0,
                               "incomplete": ["debian-security"], "date": "2026-12-04"}}

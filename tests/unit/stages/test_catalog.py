@@ -264,13 +264,15 @@ class FakeRegistry:
 
     def head(self, repository: str, ref: str) -> oci.Descriptor | None:
         digest = self.tag_map.get(ref, ref)
+        if digest not in self.manifests:  # e.g. no `sha256-<hex>` referrers index
+            return None
         body, media_type = self.manifests[digest]
         return oci.Descriptor(digest, media_type, len(body))
 
     def manifest(self, repository: str, ref: str) -> tuple[bytes, oci.Descriptor] | None:
         self.reads += 1
         desc = self.head(repository, ref)
-        return self.manifests[desc.digest][0], desc
+        return None if desc is None else (self.manifests[desc.digest][0], desc)
 
     def config(self, repository: str, digest: str) -> dict[str, Any]:
         return json.loads(self.blobs[digest])
