@@ -10,10 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fixtures_published import (
-    Publication,
-    shared_publication,  # noqa: F401  (a fixture: the session's image)
-)
+from fixtures_published import Publication
 from helpers import run_builder
 from test_keyless_e2e import MAIN, by, mock, token  # noqa: F401  (mock: a fixture)
 

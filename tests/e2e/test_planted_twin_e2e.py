@@ -27,7 +27,6 @@ from fixtures_published import (
     Publication,
     moved_matrix,
     own_registry,
-    shared_publication,  # noqa: F401  (a fixture: the session's image)
 )
 from helpers import Saved, fake_image, run_builder
 
@@ -38,7 +37,7 @@ pytestmark = pytest.mark.docker
 
 
 @pytest.fixture(scope="module")
-def env(shared_publication: Publication,  # noqa: F811
+def env(shared_publication: Publication,
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A registry of this module's own, where the session's staged image (fixtures_published,
     only read) is published by the same key: the twins are planted there, never in the
