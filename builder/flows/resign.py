@@ -60,10 +60,15 @@ def restore(matrix: Matrix, group: Sequence[PlannedVariant], newest: Publication
 def lost(reg: oci.Registry, pub: Publication, keys: tuple[object, ...]) -> bool:
     """Whether the digest has no valid signature by the trusted keys while its SBOM, smoke
     report and provenance attestations verify against them."""
-    if not record.signed_for(reg, pub.repository, pub.digest, keys)[2]:
+    if not unsigned(reg, pub.repository, pub.digest, keys):
         return False
     found, _ = sign.verified_attestations(reg, pub.repository, pub.digest, list(keys))
-    return {"sbom", "smoke", "provenance"} <= set(found)
+    return set(sign.PREDICATES) <= set(found)
+
+
+def unsigned(reg: oci.Registry, repository: str, digest: str, keys: tuple[object, ...]) -> bool:
+    """Whether no signature of `digest` verifies against the trusted keys."""
+    return bool(record.signed_for(reg, repository, digest, keys)[2])
 
 
 def resign_twin(reg: oci.Registry, pub: Publication, vid: str, tags: Sequence[str],
@@ -72,7 +77,7 @@ def resign_twin(reg: oci.Registry, pub: Publication, vid: str, tags: Sequence[st
     the twin `twin.make` gives (nothing else is signed)."""
     head = reg.head(pub.repository, twin.tag_of(pub.dated_tag))
     if head is None or trust.key is None or \
-            not record.signed_for(reg, pub.repository, head.digest, trust.keys)[2]:
+            not unsigned(reg, pub.repository, head.digest, trust.keys):
         return
     if twin.make(reg, pub.repository, pub.digest).digest != head.digest:
         step(f"  [{vid}] `{twin.tag_of(pub.dated_tag)}` is not the twin of {pub.digest[:19]}: "

@@ -34,22 +34,25 @@ def rollback_to(matrix: Matrix, dated_tag: str, trust: keypair.Trust) -> dict[st
     reg = oci.Registry(matrix.registry)
     vid, target, newest = find(matrix, dated_tag, trust.keys)
     moving = sorted(moving_tags(reg, matrix.repository, target, newest, trust.keys))
-    sign.sign_image(reg, matrix.repository, target.digest, trust.key,
-                    annotations(vid, [target.dated_tag, *moving], target.dated_tag,
-                                newest.dated_tag))
-    moved = [*retag(reg, matrix.repository, target.digest, moving)]
+    moved = sign_and_move(reg, matrix.repository, target.digest, trust.key, vid,
+                          [target.dated_tag, *moving], newest.dated_tag)
     held = reg.head(matrix.repository, twin.tag_of(target.dated_tag))
     if held is not None:
-        twin_tags = [twin.tag_of(t) for t in moving]
-        sign.sign_image(reg, matrix.repository, held.digest, trust.key,
-                        annotations(vid, [twin.tag_of(target.dated_tag), *twin_tags],
-                                    twin.tag_of(target.dated_tag),
-                                    twin.tag_of(newest.dated_tag)))
-        moved += retag(reg, matrix.repository, held.digest, twin_tags)
+        moved += sign_and_move(reg, matrix.repository, held.digest, trust.key, vid,
+                               [twin.tag_of(t) for t in [target.dated_tag, *moving]],
+                               twin.tag_of(newest.dated_tag))
     step(f"  [{vid}] rolled back to `{target.dated_tag}` from `{newest.dated_tag}` (signed)")
     return {"id": vid, "status": "rolled-back", "digest": target.digest,
             "reference": target.reference, "dated_tag": target.dated_tag,
             "rollback_from": newest.dated_tag, "tags": moved}
+
+
+def sign_and_move(reg: oci.Registry, repository: str, digest: str, key: Any, vid: str,
+                  tags: list[str], since: str) -> list[str]:
+    """Sign `digest` as the rollback to `tags[0]` (its dated tag) from `since`, naming `tags`,
+    then point the rest of `tags` (the ones that move) at it; those tags."""
+    sign.sign_image(reg, repository, digest, key, annotations(vid, tags, tags[0], since))
+    return retag(reg, repository, digest, tags[1:])
 
 
 def annotations(vid: str, tags: list[str], to: str, since: str) -> dict[str, str]:
