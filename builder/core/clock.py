@@ -6,7 +6,7 @@ this module instead of `datetime.now()`. `TORCH_IMAGES_NOW` (an ISO 8601 instant
 names no zone) fixes the clock; tests use it to put a build at 23:59:59 and its publish on the
 next day. `TORCH_IMAGES_CLOCK_START` with `TORCH_IMAGES_CLOCK_ORIGIN` makes a clock that ticks:
 a command reads START plus the real time elapsed since ORIGIN, so a whole test session can be
-started at 23:45 and cross midnight 15 minutes in (tests/e2e/conftest.py `--clock-start`).
+started at 23:45 and cross midnight 15 minutes in (tests/conftest.py `--clock-start`).
 Durations (how long a step took) are not dates and keep their own timers.
 """
 

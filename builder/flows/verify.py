@@ -85,7 +85,9 @@ def verify(reference: Reference, policy: Policy = Policy()) -> tuple[str, list[R
                            f"`{reference.ref}`")
     body, desc = found  # the registry client checked the bytes against a digest ref
     manifest = json.loads(body)
-    row, payloads = signature_row(reg, reference.repository, desc.digest, policy)
+    by_identity = verify_keyless.statements(reg, reference.repository, desc.digest,
+                                            policy.by_identity) if policy.signed else None
+    row, payloads = signature_row(reg, reference.repository, desc.digest, policy, by_identity)
     rows = [row]
     if desc.media_type in (oci.OCI_INDEX, oci.DOCKER_LIST):
         rows += index_rows(reference, manifest, policy)
@@ -96,7 +98,8 @@ def verify(reference: Reference, policy: Policy = Policy()) -> tuple[str, list[R
         config_digest = (manifest.get("config") or {}).get("digest", "")
         config = reg.config(reference.repository, config_digest) if config_digest else {}
         image_labels = (config.get("config") or {}).get("Labels") or {}
-        docs, attestation_rows = evidence(reg, reference.repository, desc.digest, policy)
+        docs, attestation_rows = evidence(reg, reference.repository, desc.digest, policy,
+                                          by_identity)
         rows += [*attestation_rows, label_row(image_labels),
                  *smoke_rows(docs["smoke"], config_digest, image_labels, policy),
                  sbom_row(docs["sbom"]),
@@ -167,9 +170,11 @@ def twin_layer_problem(reg: oci.Registry, repository: str, manifest: dict[str, A
     return ""
 
 
-def signature_row(reg: oci.Registry, repository: str, digest: str, policy: Policy
+def signature_row(reg: oci.Registry, repository: str, digest: str, policy: Policy,
+                  by_identity: verify_keyless.Statements | None = None
                   ) -> tuple[Row, list[dict[str, Any]] | None]:
-    """The signature's row, and the verified payloads (None without keys: not checked)."""
+    """The signature's row, and the verified payloads (None without keys: not checked);
+    `by_identity`: the digest's bundles the trusted identities verified."""
     if not policy.signed:
         if not policy.contents_only:
             return Row("signature", BAD, NOT_CHECKED), None
@@ -187,13 +192,14 @@ def signature_row(reg: oci.Registry, repository: str, digest: str, policy: Polic
         except sign.SignatureError as exc:
             payloads = []
             found.append((None, str(exc)))
-    if policy.by_identity.identities:
-        found.append(verify_keyless.image_signature(reg, repository, digest, policy.by_identity))
+    if by_identity is not None:
+        found.append(verify_keyless.image_signature(by_identity, digest))
     verified, detail = verify_keyless.pick(found, policy.require_all)
     return Row("signature", BAD if verified is None else OK, detail), payloads
 
 
-def evidence(reg: oci.Registry, repository: str, digest: str, policy: Policy
+def evidence(reg: oci.Registry, repository: str, digest: str, policy: Policy,
+             by_identity: verify_keyless.Statements | None = None
              ) -> tuple[dict[str, Any], list[Row]]:
     """kind → the document to check, and one row per attestation (none without keys)."""
     def fetch(kind: str) -> Any:
@@ -208,7 +214,8 @@ def evidence(reg: oci.Registry, repository: str, digest: str, policy: Policy
         return plain, []
     docs: dict[str, Any] = dict.fromkeys(sign.PREDICATES)
     rows = []
-    for kind, found in signed_statements(reg, repository, digest, policy).items():
+    for kind, found in signed_statements(reg, repository, digest, policy,
+                                         by_identity).items():
         what = f"attestation {kind}"
         doc, detail = verify_keyless.pick(found, policy.require_all)
         if doc is None:
@@ -225,7 +232,8 @@ def evidence(reg: oci.Registry, repository: str, digest: str, policy: Policy
     return docs, rows
 
 
-def signed_statements(reg: oci.Registry, repository: str, digest: str, policy: Policy
+def signed_statements(reg: oci.Registry, repository: str, digest: str, policy: Policy,
+                      by_identity: verify_keyless.Statements | None
                       ) -> dict[str, list[verify_keyless.Found]]:
     """kind → what the trusted keys and what the trusted identities say of its attestation."""
     found: dict[str, list[verify_keyless.Found]] = {kind: [] for kind in sign.PREDICATES}
@@ -236,9 +244,8 @@ def signed_statements(reg: oci.Registry, repository: str, digest: str, policy: P
             found[kind].append((statements[kind], f"{ptype}, DSSE signed, subject "
                                 f"{digest[:19]}") if kind in statements
                                else (None, problems[kind]))
-    if policy.by_identity.identities:
-        for kind, one in verify_keyless.attestations(reg, repository, digest,
-                                                     policy.by_identity).items():
+    if by_identity is not None:
+        for kind, one in verify_keyless.attestations(by_identity, digest).items():
             found[kind].append(one)
     return found
 

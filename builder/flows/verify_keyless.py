@@ -9,23 +9,31 @@ from typing import Any
 from builder.core import keyless, oci, sign
 
 Found = tuple[Any, str]  # (the verified document, or None; the row's detail)
+# keyless.verified_statements of one digest: read and verified once, for every row that needs it
+Statements = tuple[dict[str, tuple[dict[str, Any], keyless.Signer]], list[str]]
 
 
-def image_signature(reg: oci.Registry, repository: str, digest: str,
-                    policy: keyless.KeylessPolicy) -> Found:
+def statements(reg: oci.Registry, repository: str, digest: str,
+               policy: keyless.KeylessPolicy) -> Statements | None:
+    """The digest's bundles verified by the trusted identities (None when none are given)."""
+    if not policy.identities:
+        return None
+    return keyless.verified_statements(reg, repository, digest, policy)
+
+
+def image_signature(verified: Statements, digest: str) -> Found:
     """(the signer, or None; the detail) of the image's keyless signature: a bundle of
     cosign's image predicate by a trusted identity."""
-    good, refused = keyless.verified_statements(reg, repository, digest, policy)
+    good, refused = verified
     if keyless.IMAGE_PREDICATE in good:
         signer = good[keyless.IMAGE_PREDICATE][1]
         return signer, f"sigstore bundle over {digest[:19]} by {signer.describe()}"
     return None, _why_not(refused)
 
 
-def attestations(reg: oci.Registry, repository: str, digest: str,
-                 policy: keyless.KeylessPolicy) -> dict[str, Found]:
+def attestations(verified: Statements, digest: str) -> dict[str, Found]:
     """kind → (the verified statement or None, the detail) for each evidence kind."""
-    good, refused = keyless.verified_statements(reg, repository, digest, policy)
+    good, refused = verified
     found: dict[str, Found] = {}
     for kind, predicate_type in sign.PREDICATES.items():
         if predicate_type in good:
