@@ -41,6 +41,13 @@ def clock_start(wanted: str, real: dt.datetime) -> dt.datetime:
     return start if start <= real else start - dt.timedelta(days=1)
 
 
+@pytest.fixture(autouse=True)
+def _clock() -> None:
+    """Each test's in-process commands read the clock again, as each builder command does
+    (TORCH_IMAGES_NOW, or the ticking clock, when set)."""
+    clock.reset()
+
+
 @pytest.fixture(scope="session")
 def shipped() -> matrix.Matrix:
     """The shipped matrix.yaml (read only)."""

@@ -270,6 +270,11 @@ def verify_image(reg: oci.Registry, repository: str, digest: str,
     """A line for the table when a simple signing of `.sig` verifies; SignatureError naming
     what is wrong otherwise."""
     verified_payloads(reg, repository, digest, keys)
+    return signature_line(digest, keys)
+
+
+def signature_line(digest: str, keys: list[Any]) -> str:
+    """The table's line for a `.sig` of `digest` that verified against `keys`."""
     return f"cosign signature over {digest[:19]} by key {key_id(keys[0])}"
 
 

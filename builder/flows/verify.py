@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.core import keyless, keypair, labels, oci, sign, zstd
+from builder.core import keyless, labels, oci, sign, zstd
 from builder.core.errors import BuilderError
 from builder.core.oci import RegistryError
 from builder.flows import verify_keyless, verify_tags
@@ -187,8 +187,7 @@ def signature_row(reg: oci.Registry, repository: str, digest: str, policy: Polic
     if policy.keys:
         try:
             payloads = sign.verified_payloads(reg, repository, digest, list(policy.keys))
-            found.append((payloads, f"cosign signature over {digest[:19]} by key "
-                          f"{keypair.key_id(policy.keys[0])}"))
+            found.append((payloads, sign.signature_line(digest, list(policy.keys))))
         except sign.SignatureError as exc:
             payloads = []
             found.append((None, str(exc)))

@@ -13,13 +13,13 @@ import shlex
 from pathlib import PurePosixPath
 from typing import Any
 
+from builder.core.keyless import GITHUB_ISSUER
 from builder.core.output import human_bytes
 from builder.model import accelerators, layer_reuse
 from smoke.checks import GPU_CHECKS
 from smoke.versions import numeric
 
 SHM = {"cuda": "8g", "cpu": "2g"}  # NCCL wants 512 MiB a GPU; DataLoader workers share /dev/shm
-GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
 STAND_IN = ("skip", "substituted", "degraded")  # a GPU check that did not fully run on a GPU
 
 

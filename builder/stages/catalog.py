@@ -313,12 +313,11 @@ def keyless_signers(reader: Reader, digest: str, tags: TagSet, digests: dict[str
 def verify_signed(reader: Reader, digest: str, keys: list[Any]) -> dict[str, Any]:
     repo = reader.source.repository
     try:
-        detail = sign.verify_image(reader.reg, repo, digest, keys)
         back = sign.rollbacks(sign.verified_payloads(reader.reg, repo, digest, keys))
     except sign.SignatureError as exc:
         return {"verified": False, "detail": str(exc)}
-    detail += "".join(f"; a signed rollback to `{to}` from `{since}`, made by that key"
-                      for to, since in back)
+    detail = sign.signature_line(digest, keys) + "".join(
+        f"; a signed rollback to `{to}` from `{since}`, made by that key" for to, since in back)
     attested, _ = sign.verified_attestations(reader.reg, repo, digest, keys)
     if attested:
         detail += f"; verified attestations: {', '.join(sorted(attested))}"

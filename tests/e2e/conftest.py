@@ -19,7 +19,7 @@ import pytest
 from fixtures_published import shared_publication  # noqa: F401  (one per session: here, not in modules)
 from helpers import PRIVATE_REPOSITORIES, free_port, missing
 
-from builder.core import clock, engine, registry
+from builder.core import engine, registry
 
 DOCKER = "/usr/bin/docker"
 
@@ -31,12 +31,6 @@ def engine_problem() -> str | None:
         return "no docker client (tools/setup.sh installs docker.io)"
     result = subprocess.run([docker, "info"], capture_output=True, check=False, timeout=60)
     return None if result.returncode == 0 else "no Docker engine answers (tools/setup.sh starts it)"
-
-
-@pytest.fixture(autouse=True)
-def _clock() -> None:
-    """Each test's in-process commands read the clock again, as each builder command does."""
-    clock.reset()
 
 
 @pytest.fixture(autouse=True)

@@ -137,8 +137,6 @@ def base_removed(suite: str = "bookworm") -> Iterator[None]:
     """The slim base's names removed (a fresh runner's engine), the image held under another tag
     (other tests on this engine may be building FROM it); its names put back afterwards
     whatever the code inside did."""
-    import uuid
-
     from builder.core import engine
     from builder.model.bases import bootstrap_ref
     from builder.stages import base
@@ -174,8 +172,7 @@ def trusting_registry(tmp: Path, alias: str, password: str) -> Iterator[dict[str
     addr = f"127.0.0.1:{free_port()}"
     matrix_path = cpu_alias_matrix(tmp, addr, alias, trust_keys=["ours/cosign.pub"])
     registry.start(addr, tmp / "registry")
-    environ = {**os.environ, "COSIGN_PASSWORD": password, "BUILDER_STATE": str(tmp / "state")}
-    environ.pop("COSIGN_PRIVATE_KEY", None)
+    environ = {**cosign_env(password), "BUILDER_STATE": str(tmp / "state")}
     (tmp / "ours").mkdir()
     try:
         run_builder("keygen", "--out", str(tmp / "ours"), env=environ)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from builder.core import clock, engine
+from builder.core import engine
 
 
 class Forbidden(AssertionError):
@@ -27,7 +27,6 @@ def _refuse(what: str) -> Any:
 @pytest.fixture(autouse=True)
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     engine.ensure_engine.cache_clear()  # an engine found by an e2e test earlier is not ours
-    clock.reset()  # each test's command reads its own clock (TORCH_IMAGES_NOW when set)
     monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "state"))
     monkeypatch.setattr(subprocess, "Popen", _refuse("run a command"))
     monkeypatch.setattr(socket.socket, "connect", _refuse("open a connection"))
