@@ -33,6 +33,7 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +68,21 @@ def sh(script: str, timeout: float = 3600) -> dict[str, float]:
     return timed(["bash", "-c", f"set -euo pipefail; {script}"], timeout)
 
 
-def best(runs: list[dict[str, float]]) -> dict[str, Any]:
-    """The fastest run, with every run's seconds and loads kept beside it."""
-    fastest = min(runs, key=lambda r: r["s"])
+def best(runs: list[dict[str, Any]], key: str = "s") -> dict[str, Any]:
+    """The fastest run (least `key`), with every run's figures and loads kept beside it."""
+    fastest = min(runs, key=lambda r: r[key])
     return {**fastest, "runs": runs}
+
+
+def alternating(runs: int, measure: Callable[[str, int], dict[str, Any]]
+                ) -> dict[str, list[dict[str, Any]]]:
+    """`measure(kind, n)` for gzip and zstd, `runs` times each, the order flipped every run (so
+    neither always goes first onto a machine the other warmed)."""
+    timings: dict[str, list[dict[str, Any]]] = {"gzip": [], "zstd": []}
+    for n in range(runs):
+        for kind in ("gzip", "zstd") if n % 2 == 0 else ("zstd", "gzip"):
+            timings[kind].append(measure(kind, n))
+    return timings
 
 
 # ---- containerd -------------------------------------------------------------------------------
@@ -228,14 +240,11 @@ def cri_runs(vetted: str, refs: dict[str, str], runs: int, variant_id: str
              ) -> dict[str, Any]:
     """As a kubelet pulls (bench/cri.py): each run a fresh containerd, a CRI pull, the first
     matmul; gzip and zstd alternate; the run with the least time to the first matmul is kept."""
-    timings: dict[str, list[dict[str, Any]]] = {"gzip": [], "zstd": []}
-    for n in range(runs):
-        for kind in ("gzip", "zstd") if n % 2 == 0 else ("zstd", "gzip"):
-            log(f"{variant_id}: CRI pull + first matmul, {kind} (run {n + 1}/{runs}, "
-                f"load {load()})")
-            timings[kind].append(cri.cold_start(vetted, refs[kind]))
-    return {kind: {**min(v, key=lambda r: r["to_matmul_s"]), "runs": v}
-            for kind, v in timings.items()}
+    def one(kind: str, n: int) -> dict[str, Any]:
+        log(f"{variant_id}: CRI pull + first matmul, {kind} (run {n + 1}/{runs}, load {load()})")
+        return cri.cold_start(vetted, refs[kind])
+
+    return {kind: best(v, key="to_matmul_s") for kind, v in alternating(runs, one).items()}
 
 
 def variant(variant_id: str, source: str, vetted: str, work: Path, runs: int,
@@ -246,12 +255,12 @@ def variant(variant_id: str, source: str, vetted: str, work: Path, runs: int,
     log(f"{variant_id}: promote into {vetted}, then its zstd twin (child process)")
     made = make_twin(source, vetted, digest)
     gz_ref, zs_ref = f"{vetted}/{REPO}:gzip", f"{vetted}/{REPO}:zstd"
-    timings: dict[str, list[dict[str, float]]] = {"gzip": [], "zstd": []}
-    for n in range(runs):
-        order = ("gzip", "zstd") if n % 2 == 0 else ("zstd", "gzip")
-        for kind in order:
-            log(f"{variant_id}: pull {kind} (run {n + 1}/{runs}, load {load()})")
-            timings[kind].append(pull(gz_ref if kind == "gzip" else zs_ref))
+
+    def one(kind: str, n: int) -> dict[str, Any]:
+        log(f"{variant_id}: pull {kind} (run {n + 1}/{runs}, load {load()})")
+        return pull(gz_ref if kind == "gzip" else zs_ref)
+
+    timings = alternating(runs, one)
     by_cri = cri_runs(vetted, {"gzip": gz_ref, "zstd": zs_ref}, cri_n, variant_id)
     split = {kind: fetch_then_unpack(gz_ref if kind == "gzip" else zs_ref)
              for kind in ("gzip", "zstd")}
