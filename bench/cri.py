@@ -184,13 +184,8 @@ class PrivateContainerd:
             self.channel = None
         for pid in shims(str(self.sock)):
             kill(pid)
-        if self.child is not None and self.child.poll() is None:
-            self.child.terminate()
-            try:
-                self.child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.child.kill()
-                self.child.wait()
+        if self.child is not None:
+            proc.stop_child(self.child, signal.SIGTERM, grace=15)
         for folder in (self.home, self.state):
             for target in mounts_under(folder):
                 subprocess.run(["umount", "-l", target], check=False)

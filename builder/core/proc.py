@@ -174,13 +174,13 @@ def _run_child(args: list[str], *, timeout: float | None, input: str | bytes | N
     return subprocess.CompletedProcess(args, child.returncode, stdout, stderr)
 
 
-def stop_child(child: subprocess.Popen[str], signum: int) -> None:
-    """Send `signum` to a running child, wait STOP_GRACE_S for it to end, then kill it."""
+def stop_child(child: subprocess.Popen[Any], signum: int, grace: float = STOP_GRACE_S) -> None:
+    """Send `signum` to a running child, wait `grace` seconds for it to end, then kill it."""
     if child.poll() is not None:
         return
     try:
         child.send_signal(signum)
-        child.wait(STOP_GRACE_S)
+        child.wait(grace)
     except subprocess.TimeoutExpired:
         pass
     finally:

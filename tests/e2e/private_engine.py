@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.core import proc
+
 DOCKERD = "/usr/sbin/dockerd"
 DOCKER = "/usr/bin/docker"
 START_TIMEOUT_S = 60.0
@@ -103,13 +105,7 @@ def _start(engine: Engine) -> subprocess.Popen[bytes]:
 
 def _stop(daemon: subprocess.Popen[bytes]) -> None:
     """SIGTERM (dockerd stops its containers and its containerd), SIGKILL after a while."""
-    if daemon.poll() is None:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+    proc.stop_child(daemon, signal.SIGTERM, grace=STOP_TIMEOUT_S)
 
 
 def _copy_image(image: str, engine: Engine) -> None:
