@@ -413,9 +413,8 @@ def evidence_statements(reg: oci.Registry, repository: str, digest: str
         except ValueError:
             continue
         if doc is not None:
-            predicate = doc.get("predicate") if kind == "provenance" and isinstance(doc, dict) \
-                else doc
-            found.append(sign.statement(name, digest, predicate_type, predicate))
+            found.append(sign.statement(name, digest, predicate_type,
+                                        sign.predicate_of(kind, doc)))
     return found
 
 

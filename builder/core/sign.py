@@ -273,6 +273,12 @@ def verify_image(reg: oci.Registry, repository: str, digest: str,
     return signature_line(digest, keys)
 
 
+def predicate_of(kind: str, doc: Any) -> Any:
+    """What an attestation of the attached `kind` document states: the document itself, or a
+    provenance file's predicate (the file is a whole in-toto statement already)."""
+    return doc.get("predicate") if kind == "provenance" and isinstance(doc, dict) else doc
+
+
 def signature_line(digest: str, keys: list[Any]) -> str:
     """The table's line for a `.sig` of `digest` that verified against `keys`."""
     return f"cosign signature over {digest[:19]} by key {key_id(keys[0])}"

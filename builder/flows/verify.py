@@ -222,7 +222,7 @@ def evidence(reg: oci.Registry, repository: str, digest: str, policy: Policy,
             continue
         signed_doc = doc if kind == "provenance" else doc["predicate"]
         attached = plain[kind]
-        if attached is not None and _predicate(kind, attached) != doc["predicate"]:
+        if attached is not None and sign.predicate_of(kind, attached) != doc["predicate"]:
             rows.append(Row(what, BAD, f"the attached {kind} differs from its signed "
                             "attestation"))
             continue
@@ -247,11 +247,6 @@ def signed_statements(reg: oci.Registry, repository: str, digest: str, policy: P
         for kind, one in verify_keyless.attestations(by_identity, digest).items():
             found[kind].append(one)
     return found
-
-
-def _predicate(kind: str, attached: Any) -> Any:
-    return attached.get("predicate") if kind == "provenance" and isinstance(attached, dict) \
-        else attached
 
 
 def index_rows(reference: Reference, index: dict[str, Any], policy: Policy) -> list[Row]:
