@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import run_wide
 
 from builder.core import clock
 from builder.model import matrix
@@ -24,13 +25,29 @@ def pytest_configure(config: pytest.Config) -> None:
     """`--clock-start` (or `TORCH_IMAGES_CLOCK_START` alone): every builder command of the
     session, and the tests' own reads of the clock, see START plus the time elapsed since the
     session began (the builder's processes inherit both variables). Here, not in tests/e2e's
-    conftest: an option must be known before pytest collects `tests`."""
+    conftest: an option must be known before pytest collects `tests`. An xdist worker keeps the
+    controller's two variables (it inherits its environment): one clock for the whole run."""
+    if hasattr(config, "workerinput"):
+        clock.reset()
+        return
     real = dt.datetime.now(dt.UTC).replace(microsecond=0)
     if wanted := config.getoption("--clock-start", None):
         os.environ[clock.START_ENV] = clock_start(wanted, real).strftime("%Y-%m-%dT%H:%M:%SZ")
     if os.environ.get(clock.START_ENV) and not os.environ.get(clock.ORIGIN_ENV):
         os.environ[clock.ORIGIN_ENV] = real.strftime("%Y-%m-%dT%H:%M:%SZ")
     clock.reset()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    run_wide.slowest_first(items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The xdist controller, once every worker has finished, undoes what they made once for
+    the whole run (run_wide: the shared registry, the shared publication's images)."""
+    config = session.config
+    if config.pluginmanager.hasplugin("dsession") and hasattr(config, "_tmp_path_factory"):
+        run_wide.finish_run(config._tmp_path_factory.getbasetemp())  # as xdist finds it
 
 
 def clock_start(wanted: str, real: dt.datetime) -> dt.datetime:

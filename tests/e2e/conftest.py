@@ -14,10 +14,13 @@ import shutil
 import socket
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+import run_wide
 from fixtures_published import shared_publication  # noqa: F401  (one per session: here, not in modules)
-from helpers import PRIVATE_REPOSITORIES, free_port, missing
+from helpers import PORTS, PRIVATE_REPOSITORIES, free_port, missing
 
 from builder.core import engine, registry
 
@@ -40,6 +43,7 @@ def _engine(request: pytest.FixtureRequest) -> None:
 
 
 LOOPBACK_REGISTRY = re.compile(r"127\.0\.0\.1:(\d+)/")
+TITLE = "org.opencontainers.image.title"  # `repository:variant` on every image the builder makes
 
 
 def answers(port: int) -> bool:
@@ -48,15 +52,30 @@ def answers(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def made_by_this_session(ref: str) -> bool:
-    """An image of a private repository of this session (helpers.private_matrix), or of a
-    loopback test registry that no longer answers (a module's registry, stopped). Never the
-    user's 127.0.0.1:5000, a cached base, or another session's running registry."""
-    repository = ref.rsplit(":", 1)[0].rsplit("/", 1)[-1]
-    if repository.startswith(tuple(PRIVATE_REPOSITORIES)):  # its -staging and -base too
-        return True
-    loopback = LOOPBACK_REGISTRY.match(ref)
-    return bool(loopback) and loopback[1] != "5000" and not answers(int(loopback[1]))
+@dataclass(frozen=True)
+class Made:
+    """What one module of this process made: its private repositories (helpers.private_matrix)
+    and the ports of its own registries (helpers.free_port). Under xdist the other worker's
+    module runs meanwhile, so "new since the module began" is no longer "this module's"."""
+
+    repositories: frozenset[str]
+    ports: frozenset[int]
+
+    def named(self, ref: str) -> bool:
+        """A reference of a private repository of the module (its -staging and -base too), or
+        of a registry of the module's that no longer answers (stopped). Never the user's
+        127.0.0.1:5000, a cached base, the run's shared registry or another worker's."""
+        repository = ref.rsplit(":", 1)[0].rsplit("/", 1)[-1]
+        if repository.startswith(tuple(self.repositories)):
+            return True
+        loopback = LOOPBACK_REGISTRY.match(ref)
+        return bool(loopback) and int(loopback[1]) in self.ports and not answers(int(loopback[1]))
+
+    def unnamed(self, labels: dict[str, str]) -> bool:
+        """A dangling image of the module's: built for one of its private repositories (a tag
+        moved to a newer build). Others' dangling images are theirs to remove."""
+        repository = labels.get(TITLE, "").rsplit(":", 1)[0]
+        return bool(repository) and repository.startswith(tuple(self.repositories))
 
 
 def local_images() -> dict[str, list[str]]:
@@ -76,27 +95,42 @@ def local_images() -> dict[str, list[str]]:
 @pytest.fixture(scope="module", autouse=True)
 def _remove_images_made_by_the_module() -> Iterator[None]:
     """Remove the images a test module made, so that the suite's disk use stays that of one
-    module (a run without CUDA still builds dozens of 1 GB images): new images whose every
-    reference is this session's (made_by_this_session), and new dangling ones."""
+    module per worker (a run without CUDA still builds dozens of 1 GB images): the module's
+    references (Made.named) and its new dangling images (Made.unnamed)."""
     if engine_problem():
         yield
         return
     before = set(local_images())
+    repositories, ports = set(PRIVATE_REPOSITORIES), set(PORTS)
     yield
+    made = Made(repositories=frozenset(PRIVATE_REPOSITORIES - repositories),
+                ports=frozenset(PORTS - ports))
     for image_id, refs in local_images().items():
-        if image_id not in before and all(made_by_this_session(ref) for ref in refs):
-            subprocess.run([DOCKER, "image", "rm", "-f", image_id], capture_output=True,
-                           check=False, timeout=300)
+        for ref in refs:
+            if made.named(ref):
+                engine.remove_image(ref)  # an image goes with its last name
+        if not refs and image_id not in before and made.unnamed(labels_of(image_id)):
+            engine.remove_image(image_id)
+
+
+def labels_of(image_id: str) -> dict[str, str]:
+    info = engine.inspect_image(image_id) or {}
+    return (info.get("Config") or {}).get("Labels") or {}
 
 
 @pytest.fixture(scope="session")
 def registry_addr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One real registry (Debian's docker-registry) on a free port for the session."""
-    folder = tmp_path_factory.mktemp("registry")
-    addr = f"127.0.0.1:{free_port()}"
-    registry.start(addr, folder)
-    yield addr
-    registry.stop(folder)
+    """One real registry (Debian's docker-registry) on a free port for the run, shared by the
+    xdist workers (run_wide: started by the first that asks, stopped after the last)."""
+
+    def start(folder: Path, undo: list[run_wide.Undo]) -> dict[str, str]:
+        addr = f"127.0.0.1:{free_port()}"
+        undo.append({"registry": str(folder)})
+        registry.start(addr, folder)
+        return {"addr": addr}
+
+    with run_wide.shared(tmp_path_factory, "registry", start) as record:
+        yield record["addr"]
 
 
 @pytest.fixture

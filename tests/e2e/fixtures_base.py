@@ -11,7 +11,10 @@ them instead, so that CI cannot pass by skipping.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+import run_wide
 from helpers import missing
 
 from builder.core.errors import BuilderError
@@ -33,6 +36,9 @@ def ensure_minbase() -> str:
 
 
 @pytest.fixture(scope="session")
-def minbase_image() -> str:
-    """`torch-images-base:bookworm`, present in the engine (kept afterwards: it is a cache)."""
-    return ensure_minbase()
+def minbase_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`torch-images-base:bookworm`, present in the engine (kept afterwards: it is a cache);
+    bootstrapped by one xdist worker at a time (run_wide), not by both at once."""
+    with run_wide.shared(tmp_path_factory, "minbase", lambda _, __: {"ref": ensure_minbase()}
+                         ) as record:
+        yield record["ref"]

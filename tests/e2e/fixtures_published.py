@@ -5,7 +5,8 @@ most of the e2e suite's time).
 `shared_publication` makes a `builder keygen` key pair, then `builder build --stage --key` and
 `builder publish --key` of the CPU runtime into the session registry (conftest's
 `registry_addr`), under a repository of its own, with its zstd twin and an alias, exactly as a
-user does; it returns a frozen record of what was published. conftest.py imports it, so that a
+user does; it returns a frozen record of what was published. Once per run: under xdist the
+first worker that asks makes it and the other reads its record (tests/run_wide.py). conftest.py imports it, so that a
 test asks for it by name: a module that imported it too would get a copy of its own, built again.
 
 Read it, never change it: a module that forges does so in a registry of its own
@@ -29,15 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import run_wide
 import yaml
-from helpers import (
-    cosign_env,
-    cpu_alias_matrix,
-    free_port,
-    remove_images_at,
-    remove_images_of,
-    run_builder,
-)
+from helpers import cosign_env, cpu_alias_matrix, free_port, remove_images_at, run_builder
 
 from builder.core import registry
 
@@ -97,14 +92,31 @@ def publish(matrix: Path, key: Path, env: dict[str, str], out: Path) -> dict[str
 @pytest.fixture(scope="session")
 def shared_publication(registry_addr: str, tmp_path_factory: pytest.TempPathFactory
                        ) -> Iterator[Publication]:
-    """The session's CPU runtime: built, staged with signed evidence, published and signed (with
-    its zstd twin and ALIAS). Its local images outlive every module (conftest removes only
-    images of private repositories or of stopped registries) and are removed at the session's
+    """The run's CPU runtime: built, staged with signed evidence, published and signed (with
+    its zstd twin and ALIAS), once for all xdist workers (run_wide). Its local images outlive
+    every module (conftest removes only a module's own images) and are removed at the run's
     end."""
-    tmp = tmp_path_factory.mktemp("published")
+    with run_wide.shared(tmp_path_factory, "published",
+                         lambda tmp, undo: publish_shared(registry_addr, tmp, undo)) as record:
+        paths = {name: Path(record[name]) for name in PATHS}
+        yield Publication(**(record | paths), env=publication_env(paths["state"]))
+
+
+PATHS = ("matrix", "key", "pub", "state")  # Publication's paths (strings in run_wide's record)
+
+
+def publication_env(state: Path) -> dict[str, str]:
+    """The environment to run `builder` with for the shared publication (this process's)."""
+    return {**cosign_env(PASSWORD), "BUILDER_STATE": str(state)}
+
+
+def publish_shared(addr: str, tmp: Path, undo: list[run_wide.Undo]) -> dict[str, Any]:
+    """`builder keygen`, `build --stage --key` and `publish --key` of the CPU runtime into `tmp`
+    and the registry at `addr`; Publication's fields as JSON (its env is made again)."""
     repository = f"e2e-shared-{uuid.uuid4().hex[:8]}-torch"
-    matrix = cpu_alias_matrix(tmp, registry_addr, ALIAS, repository=repository)
-    env = {**cosign_env(PASSWORD), "BUILDER_STATE": str(tmp / "state")}
+    matrix = cpu_alias_matrix(tmp, addr, ALIAS, repository=repository)
+    env = publication_env(tmp / "state")
+    undo.append({"images": f"{addr}/{repository}*"})  # the local images, its staging's too
     run_builder("keygen", "--out", str(tmp), env=env)
     outcomes = json.loads(run_builder("build", "--select", f"id={CPU}", "--stage", "--key",
                                       str(tmp / "cosign.key"), "--json", matrix=matrix,
@@ -112,13 +124,13 @@ def shared_publication(registry_addr: str, tmp_path_factory: pytest.TempPathFact
     [built] = outcomes
     staged_ref = built["message"]
     staging = f"{repository}-staging"
-    assert re.fullmatch(rf"{registry_addr}/{staging}@sha256:[0-9a-f]{{64}}", staged_ref)
+    assert re.fullmatch(rf"{addr}/{staging}@sha256:[0-9a-f]{{64}}", staged_ref)
     record = publish(matrix, tmp / "cosign.key", env, tmp / "published.json")
     assert record["digest"] == staged_ref.rsplit("@", 1)[1]
-    yield Publication(addr=registry_addr, matrix=matrix, repository=repository, staging=staging,
-                      key=tmp / "cosign.key", pub=tmp / "cosign.pub", env=env,
-                      state=tmp / "state", built=built, staged=record["digest"], record=record)
-    remove_images_of(matrix)
+    return {"addr": addr, "matrix": str(matrix), "repository": repository, "staging": staging,
+            "key": str(tmp / "cosign.key"), "pub": str(tmp / "cosign.pub"),
+            "state": str(tmp / "state"), "built": built, "staged": record["digest"],
+            "record": record}
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import run_wide
 
 from builder.core import oci
 
@@ -27,9 +28,15 @@ def missing(reason: str) -> None:
     pytest.skip(reason)
 
 
+# The loopback ports this process handed out (for its modules' registries): conftest removes
+# the images of a module's own registries once they are stopped, never another worker's.
+PORTS: set[int] = set()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
+        PORTS.add(s.getsockname()[1])
         return s.getsockname()[1]
 
 
@@ -46,8 +53,8 @@ def run_builder(*args: str, matrix: Path | None = None, env: dict[str, str] | No
     return result
 
 
-# The private repositories this session made (helpers.private_matrix): conftest removes their
-# images after each module; another session's are never touched.
+# The private repositories this process made (helpers.private_matrix): conftest removes their
+# images after the module that made them; another worker's or session's are never touched.
 PRIVATE_REPOSITORIES: set[str] = set()
 
 
@@ -70,13 +77,8 @@ def remove_images_of(matrix_path: Path) -> None:
     base repositories and their cache tags too)."""
     import yaml
 
-    from builder.core import engine
-
     data = yaml.safe_load(matrix_path.read_text())
-    refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}", "--filter",
-                         f"reference={data['registry']}/{data['repository']}*").stdout.split()
-    for ref in refs:
-        engine.remove_image(ref)
+    run_wide.remove_images(f"{data['registry']}/{data['repository']}*")
 
 
 def amd64_matrix(folder: Path, addr: str) -> Path:
@@ -105,12 +107,7 @@ def cpu_alias_matrix(folder: Path, addr: str, alias: str, **changes: object) -> 
 
 def remove_images_at(addr: str) -> None:
     """Remove every local image named after the registry at `addr` (a module's own)."""
-    from builder.core import engine
-
-    refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
-                         "--filter", f"reference={addr}/*").stdout.split()
-    for ref in refs:
-        engine.remove_image(ref)
+    run_wide.remove_images(f"{addr}/*")
 
 
 def smoke_with_fake_docker(tmp_path: Path, script: str, log: Path) -> subprocess.Popen[str]:

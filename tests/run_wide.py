@@ -1,0 +1,125 @@
+"""What a test run makes once for all its pytest-xdist workers (issue 39: `nox -s tests` runs
+the modules on two workers): the session registry, the minimal base, the shared publication.
+
+A session fixture is one per process, so under xdist each worker would start its own registry
+and build and publish its own CPU runtime. `shared` makes the thing in the first worker that
+asks, under a file lock in the run's folder (the controller's basetemp, each worker's basetemp's
+parent), and writes its JSON record there; a worker that asks later waits on the lock and reads
+the record. What undoes it (a registry to stop, images to remove) is recorded beside it, as
+data, and undone by the controller once every worker has finished (`finish_run`, from
+tests/conftest.py's pytest_sessionfinish): a worker that runs out of modules early must not stop
+the registry under the other one. Without xdist (`-p no:xdist`, `-n 0`) the fixture makes and
+undoes it itself, as a plain session fixture does. And the order the workers take the modules
+in: the slowest first (`slowest_first`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from filelock import FileLock
+
+# One undo step: {"registry": its folder} stops it, {"images": a reference filter such as
+# `127.0.0.1:5001/e2e-shared-1234abcd-torch*`} removes the local images it matches.
+Undo = dict[str, str]
+Make = Callable[[Path, list[Undo]], dict[str, Any]]
+
+
+# The slowest modules (seconds in a 2-core run), started first: xdist's `--dist loadfile` hands
+# out whole modules in collection order (noxfile.py turns its reordering by test count off), so
+# a long module begun last would run alone at the end.
+SLOWEST_FIRST = (
+    "tests/e2e/test_e2e.py",  # ~670 s (CUDA builds; skipped without a GPU)
+    "tests/e2e/test_reproduce_e2e.py",  # ~380 s
+    "tests/e2e/test_workflow_rehearsal.py",  # ~270 s
+    "tests/e2e/test_rebuild_e2e.py",  # ~260 s
+)
+
+
+def slowest_first(items: list[pytest.Item]) -> None:
+    """SLOWEST_FIRST's modules first, the rest in collection order (a stable sort)."""
+    rank = {module: index for index, module in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
+def worker() -> str | None:
+    """This process's xdist worker (gw0, gw1 …); None in a run without workers."""
+    return os.environ.get("PYTEST_XDIST_WORKER")
+
+
+@contextlib.contextmanager
+def shared(factory: pytest.TempPathFactory, name: str, make: Make) -> Iterator[dict[str, Any]]:
+    """The record `make(folder, undo)` returns, made once per run. `make` appends to `undo`
+    as it goes (before each step that leaves something behind), so that a failure halfway is
+    undone too; a failure is recorded, and a worker asking later fails with it instead of
+    paying for the same failure again (or skips, when it skipped)."""
+    if worker() is None:
+        undo: list[Undo] = []
+        try:
+            record = make(factory.mktemp(name), undo)
+            yield record
+        finally:
+            undo_all(undo)
+        return
+    root = factory.getbasetemp().parent
+    with FileLock(root / f"{name}.lock"):
+        if not (root / f"{name}.json").exists():
+            make_recorded(root, name, make)
+        saved = json.loads((root / f"{name}.json").read_text())
+    if "skip" in saved:
+        pytest.skip(saved["skip"])
+    if "error" in saved:
+        pytest.fail(f"the run's shared {name} failed in worker {saved['worker']}: "
+                    f"{saved['error']}", pytrace=False)
+    yield saved["record"]
+
+
+def make_recorded(root: Path, name: str, make: Make) -> None:
+    """`make` into root/name, its outcome (record or error) and undo steps into name.json."""
+    undo: list[Undo] = []
+    outcome: dict[str, Any] = {"worker": worker(), "undo": undo}
+    folder = root / name
+    folder.mkdir(exist_ok=True)
+    try:
+        outcome["record"] = make(folder, undo)
+    except pytest.skip.Exception as exc:
+        outcome["skip"] = exc.msg
+        raise
+    except BaseException as exc:
+        outcome["error"] = f"{type(exc).__name__}: {str(exc)[-2000:]}"
+        raise
+    finally:
+        (root / f"{name}.json").write_text(json.dumps(outcome))
+
+
+def finish_run(root: Path) -> None:
+    """Undo what the run's workers made once (called by the controller, after them all)."""
+    for path in sorted(root.glob("*.json")):
+        undo_all(json.loads(path.read_text()).get("undo", []))
+
+
+def undo_all(undo: list[Undo]) -> None:
+    """The undo steps, last first (images before the registry they were pushed to)."""
+    from builder.core import registry
+
+    for step in reversed(undo):
+        if "images" in step:
+            remove_images(step["images"])
+        if "registry" in step:
+            registry.stop(Path(step["registry"]))
+
+
+def remove_images(reference: str) -> None:
+    """Remove every local image reference matching `reference` (docker's reference filter)."""
+    from builder.core import engine
+
+    refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
+                         "--filter", f"reference={reference}").stdout.split()
+    for ref in refs:
+        engine.remove_image(ref)
