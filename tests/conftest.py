@@ -26,8 +26,10 @@ def pytest_configure(config: pytest.Config) -> None:
     session, and the tests' own reads of the clock, see START plus the time elapsed since the
     session began (the builder's processes inherit both variables). Here, not in tests/e2e's
     conftest: an option must be known before pytest collects `tests`. An xdist worker keeps the
-    controller's two variables (it inherits its environment): one clock for the whole run."""
+    controller's two variables (it inherits its environment): one clock for the whole run; and
+learns the run's folder (run_wide.RUN)."""
     if hasattr(config, "workerinput"):
+        run_wide.RUN.append(Path(config.option.basetemp).parent)  # xdist sets it per worker
         clock.reset()
         return
     real = dt.datetime.now(dt.UTC).replace(microsecond=0)

@@ -9,13 +9,15 @@ the record. What undoes it (a registry to stop, images to remove) is recorded be
 data, and undone by the controller once every worker has finished (`finish_run`, from
 tests/conftest.py's pytest_sessionfinish): a worker that runs out of modules early must not stop
 the registry under the other one. Without xdist (`-p no:xdist`, `-n 0`) the fixture makes and
-undoes it itself, as a plain session fixture does. And the order the workers take the modules
-in: the slowest first (`slowest_first`).
+undoes it itself, as a plain session fixture does. Also: the order the workers take the
+modules in, the slowest first (`slowest_first`); and `the_base`, the engine's bootstrapped base
+held by one worker's test that removes it while the other worker's commands wait.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -123,3 +125,28 @@ def remove_images(reference: str) -> None:
                          "--filter", f"reference={reference}").stdout.split()
     for ref in refs:
         engine.remove_image(ref)
+
+
+# The run's folder in an xdist worker (tests/conftest.py sets it: its basetemp's parent).
+RUN: list[Path] = []
+# Whether this process holds the base, exclusively or not, innermost last.
+HELD: list[bool] = []
+
+
+@contextlib.contextmanager
+def the_base(*, exclusive: bool) -> Iterator[None]:
+    """The engine's bootstrapped base, locked for the run (nothing to lock without workers): a
+    test that removes the base's names (a fresh runner's engine) takes it exclusively, each
+    `builder` command of the other worker shared, so that no build there bootstraps the base
+    again meanwhile, or finds its names gone mid-build."""
+    if not RUN or (any(HELD) and not exclusive):  # this process holds it already
+        yield
+        return
+    with (RUN[0] / "base.lock").open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        HELD.append(exclusive)
+        try:
+            yield
+        finally:
+            HELD.pop()
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -45,8 +45,9 @@ def run_builder(*args: str, matrix: Path | None = None, env: dict[str, str] | No
     """`python -m builder COMMAND [--matrix FILE] ARGS` as a user runs it, from the checkout;
     on an unexpected exit the test fails with the command's output."""
     argv = [*args[:1], "--matrix", str(matrix), *args[1:]] if matrix else list(args)
-    result = subprocess.run([sys.executable, "-m", "builder", *argv], cwd=ROOT, env=env,
-                            capture_output=True, text=True, check=False, timeout=3600)
+    with run_wide.the_base(exclusive=False):  # not while the other worker holds it aside
+        result = subprocess.run([sys.executable, "-m", "builder", *argv], cwd=ROOT, env=env,
+                                capture_output=True, text=True, check=False, timeout=3600)
     if check and result.returncode != 0:
         pytest.fail(f"builder {' '.join(argv)} exited {result.returncode}:\n"
                     f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}", pytrace=False)
@@ -133,23 +134,24 @@ def smoke_with_fake_docker(tmp_path: Path, script: str, log: Path) -> subprocess
 def base_removed(suite: str = "bookworm") -> Iterator[None]:
     """The slim base's names removed (a fresh runner's engine), the image held under another tag
     (other tests on this engine may be building FROM it); its names put back afterwards
-    whatever the code inside did."""
+    whatever the code inside did. The other xdist worker's `builder` commands wait meanwhile."""
     from builder.core import engine
     from builder.model.bases import bootstrap_ref
     from builder.stages import base
 
     ref, keyed = bootstrap_ref(suite), base.keyed_ref(suite)
     hold = f"e2e-hold-{uuid.uuid4().hex[:8]}:base"
-    engine.docker("tag", ref, hold)
-    for name in (keyed, ref):
-        engine.docker("image", "rm", name, check=False)
-    try:
-        yield
-    finally:
-        if not base.have_bootstrapped(suite):
-            engine.docker("tag", hold, ref)
-            engine.docker("tag", hold, keyed)
-        engine.docker("image", "rm", hold, check=False)
+    with run_wide.the_base(exclusive=True):  # the other xdist worker's commands wait
+        engine.docker("tag", ref, hold)
+        for name in (keyed, ref):
+            engine.docker("image", "rm", name, check=False)
+        try:
+            yield
+        finally:
+            if not base.have_bootstrapped(suite):
+                engine.docker("tag", hold, ref)
+                engine.docker("tag", hold, keyed)
+            engine.docker("image", "rm", hold, check=False)
 
 
 def cosign_env(password: str) -> dict[str, str]:

@@ -4,6 +4,7 @@ are handed out first."""
 
 from __future__ import annotations
 
+import fcntl
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +99,23 @@ def test_the_slowest_modules_are_handed_out_first() -> None:
     run_wide.slowest_first(items)  # type: ignore[arg-type]
     assert [item.nodeid for item in items] == [names[3], names[1], names[0], names[2], names[4]]
     assert all((Path(__file__).parents[2] / module).is_file() for module in run_wide.SLOWEST_FIRST)
+
+
+def test_the_base_held_aside_keeps_the_other_workers_commands_waiting(tmp_path, monkeypatch
+                                                                       ) -> None:
+    monkeypatch.setattr(run_wide, "RUN", [tmp_path])
+    with run_wide.the_base(exclusive=True):
+        with (tmp_path / "base.lock").open("a") as other, pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_SH | fcntl.LOCK_NB)  # another process's command
+        with run_wide.the_base(exclusive=False):  # this worker's own command runs
+            pass
+    with run_wide.the_base(exclusive=False), (tmp_path / "base.lock").open("a") as other:
+        fcntl.flock(other, fcntl.LOCK_SH | fcntl.LOCK_NB)  # commands share it
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_without_workers_nothing_is_locked(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(run_wide, "RUN", [])
+    with run_wide.the_base(exclusive=True), run_wide.the_base(exclusive=False):
+        assert run_wide.HELD == []
