@@ -106,10 +106,13 @@ def _remove_images_made_by_the_module() -> Iterator[None]:
     made = Made(repositories=frozenset(PRIVATE_REPOSITORIES - repositories),
                 ports=frozenset(PORTS - ports))
     for image_id, refs in local_images().items():
-        for ref in refs:
-            if made.named(ref):
-                engine.remove_image(ref)  # an image goes with its last name
-        if not refs and image_id not in before and made.unnamed(labels_of(image_id)):
+        mine = [ref for ref in refs if made.named(ref)]
+        if refs and mine == refs:
+            engine.remove_image(image_id)  # by id: a `repo:<none>` name (pulled by digest) too
+        elif mine:
+            for ref in mine:  # another's name keeps the image
+                engine.remove_image(ref)
+        elif not refs and image_id not in before and made.unnamed(labels_of(image_id)):
             engine.remove_image(image_id)
 
 
