@@ -6,19 +6,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from builder.core import keyless, oci, sign
+from builder.core import keyless, keyless_sig, oci, sign
 
 Found = tuple[Any, str]  # (the verified document, or None; the row's detail)
 # keyless.verified_statements of one digest: read and verified once, for every row that needs it
 Statements = tuple[dict[str, tuple[dict[str, Any], keyless.Signer]], list[str]]
+# what stands for the image's statement when cosign's older format (a certificate in .sig) signed
+SIG_FORMAT = {"predicateType": keyless.IMAGE_PREDICATE, "format": "cosign .sig"}
 
 
 def statements(reg: oci.Registry, repository: str, digest: str,
                policy: keyless.KeylessPolicy) -> Statements | None:
-    """The digest's bundles verified by the trusted identities (None when none are given)."""
+    """The digest's bundles verified by the trusted identities (None when none are given);
+    without a verified bundle of the image itself, its keyless signatures in cosign's older
+    format (builder.core.keyless_sig) stand in for one."""
     if not policy.identities:
         return None
-    return keyless.verified_statements(reg, repository, digest, policy)
+    good, refused = keyless.verified_statements(reg, repository, digest, policy)
+    if keyless.IMAGE_PREDICATE not in good:
+        signers, old = keyless_sig.verified_signers(reg, repository, digest, policy)
+        if signers:
+            good[keyless.IMAGE_PREDICATE] = SIG_FORMAT, signers[0]
+        refused += old
+    return good, refused
 
 
 def image_signature(verified: Statements, digest: str) -> Found:
@@ -26,8 +36,9 @@ def image_signature(verified: Statements, digest: str) -> Found:
     cosign's image predicate by a trusted identity."""
     good, refused = verified
     if keyless.IMAGE_PREDICATE in good:
-        signer = good[keyless.IMAGE_PREDICATE][1]
-        return signer, f"sigstore bundle over {digest[:19]} by {signer.describe()}"
+        statement, signer = good[keyless.IMAGE_PREDICATE]
+        what = "cosign keyless signature (.sig)" if statement is SIG_FORMAT else "sigstore bundle"
+        return signer, f"{what} over {digest[:19]} by {signer.describe()}"
     return None, _why_not(refused)
 
 
