@@ -41,6 +41,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from builder.core import oci, sign
 from builder.core.errors import BuilderError
 from builder.core.keyless import (
+    MAX_BUNDLES,
     KeylessError,
     KeylessPolicy,
     Signer,
@@ -81,15 +82,23 @@ def _trusted_root(root: Path) -> Any:
 
 
 def signed_layers(layers: list[sign.Layer]) -> list[sign.Layer]:
-    """The `.sig` layers in the keyless format (a certificate annotation); the key's have none."""
+    """The `.sig` layers in the keyless format (a certificate annotation; the key's have none),
+    at most keyless.MAX_BUNDLES of them: whoever can push can add layers, each costs checks."""
     return [x for x in layers if x.media_type == sign.SIMPLE_SIGNING
-            and CERTIFICATE_ANNOTATION in x.annotations]
+            and CERTIFICATE_ANNOTATION in x.annotations][:MAX_BUNDLES]
 
 
 def verify_layer(layer: sign.Layer, reference: str, digest: str, policy: KeylessPolicy
                  ) -> Signer:
     """Who signed `layer` when every check of the module docstring passes; KeylessError with
-    one line naming the first that does not."""
+    one line naming the first that does not (a malformed part, parsed lazily, included)."""
+    try:
+        return _verified(layer, reference, digest, policy)
+    except ValueError as exc:
+        raise KeylessError(f"a malformed keyless signature ({_one_line(exc)})") from None
+
+
+def _verified(layer: sign.Layer, reference: str, digest: str, policy: KeylessPolicy) -> Signer:
     certificate, signature, entry = _parts(layer.annotations)
     root = _trusted_root(policy.trusted_root)
     _check_set(root, entry)

@@ -86,6 +86,7 @@ def _later(bundle: str) -> str:
     ("a SET changed", "a signed entry timestamp that no log of the trusted root signed"),
     ("another payload", "the signature does not verify with the certificate's key"),
     ("no SET", "a keyless signature without its dev.sigstore.cosign/bundle"),
+    ("a malformed certificate", "a malformed keyless signature"),
     ("expired when logged", "a certificate outside its validity at signing time"),
 ])
 def test_a_forgery_is_refused_with_one_line_naming_why(case: str, reason: str) -> None:
@@ -114,6 +115,9 @@ def test_a_forgery_is_refused_with_one_line_naming_why(case: str, reason: str) -
     elif case == "no SET":
         layer = sign.Layer(layer.media_type, layer.data, {
             k: v for k, v in layer.annotations.items() if k != keyless_sig.BUNDLE_ANNOTATION})
+    elif case == "a malformed certificate":
+        layer = annotated(layer, **{keyless_sig.CERTIFICATE_ANNOTATION: "-----BEGIN CERTIFICATE"
+                                    "-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"})
     elif case == "expired when logged":
         layer, reference, digest = fixture("cosign_sig_expired.json")
         trusted = policy(root=MOCK / "cosign_sig_expired_trusted_root.json")
