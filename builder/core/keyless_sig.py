@@ -12,6 +12,11 @@ root's Fulcio CA and was valid at that time, carries a valid SCT, is for code si
 a trusted identity through the trusted issuer; the signature over the payload verifies with the
 certificate's key; the logged body is the hashedrekord of exactly this payload's sha256, this
 signature and this certificate; and the payload names this repository and digest.
+An attestation (`cosign attest` before bundles) is a DSSE envelope layer of `REPO:sha256-H.att`
+with the same annotations (its signature annotation empty): the same checks, the envelope's
+signature by the certificate's key, the statement's subject this digest, and the logged body an
+`intoto` entry (0.0.1 or 0.0.2) whose hash is the envelope's sha256 and whose key is this
+certificate (cosign's VerifyBundle compares exactly these).
 
 Why not `Bundle.from_parts` and sigstore-python's verifier: the old format has a SET but no
 inclusion proof, and sigstore-python (4.x) refuses any log entry without an inclusion proof and
@@ -27,11 +32,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -41,6 +47,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from builder.core import oci, sign
 from builder.core.errors import BuilderError
 from builder.core.keyless import (
+    IMAGE_PREDICATE,
     MAX_BUNDLES,
     KeylessError,
     KeylessPolicy,
@@ -53,6 +60,10 @@ from builder.core.keyless import (
 CERTIFICATE_ANNOTATION = "dev.sigstore.cosign/certificate"
 CHAIN_ANNOTATION = "dev.sigstore.cosign/chain"
 BUNDLE_ANNOTATION = "dev.sigstore.cosign/bundle"
+# what stands for the image's statement when a keyless `.sig` layer signed it
+IMAGE_STATEMENT = {"predicateType": IMAGE_PREDICATE, "format": "cosign .sig"}
+Verified = tuple[dict[str, Any], Signer]
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,25 +92,98 @@ def _trusted_root(root: Path) -> Any:
                            hint="give --trusted-root a trusted_root.json") from None
 
 
-def signed_layers(layers: list[sign.Layer]) -> list[sign.Layer]:
-    """The `.sig` layers in the keyless format (a certificate annotation; the key's have none),
-    at most keyless.MAX_BUNDLES of them: whoever can push can add layers, each costs checks."""
-    return [x for x in layers if x.media_type == sign.SIMPLE_SIGNING
+def keyless_layers(layers: list[sign.Layer], media_type: str) -> list[sign.Layer]:
+    """The `.sig`/`.att` layers of `media_type` in the keyless format (a certificate annotation;
+    the key's have none), at most MAX_BUNDLES: whoever can push can add layers."""
+    return [x for x in layers if x.media_type == media_type
             and CERTIFICATE_ANNOTATION in x.annotations][:MAX_BUNDLES]
 
 
 def verify_layer(layer: sign.Layer, reference: str, digest: str, policy: KeylessPolicy
                  ) -> Signer:
-    """Who signed `layer` when every check of the module docstring passes; KeylessError with
-    one line naming the first that does not (a malformed part, parsed lazily, included)."""
+    """Who signed the `.sig` layer when every check of the module docstring passes;
+    KeylessError with one line naming the first that does not."""
+    return _guarded(_signed_by, layer, reference, digest, policy)
+
+
+def verify_attestation(layer: sign.Layer, digest: str, policy: KeylessPolicy
+                       ) -> tuple[dict[str, Any], Signer]:
+    """The statement of an `.att` layer (`cosign attest` before bundles: a DSSE envelope, its
+    certificate and SET in the annotations, logged as an `intoto` entry whose hash is the
+    envelope's) and who signed it, checked as verify_layer checks a signature."""
+    return _guarded(_attested_by, layer, digest, policy)
+
+
+def _signed_by(layer: sign.Layer, reference: str, digest: str, policy: KeylessPolicy) -> Signer:
+    certificate, entry, signer = _vouched(layer, policy)
     try:
-        return _verified(layer, reference, digest, policy)
+        signature = base64.b64decode(layer.annotations[sign.SIGNATURE_ANNOTATION], validate=True)
+        _key(certificate).verify(signature, layer.data, ec.ECDSA(hashes.SHA256()))
+    except (KeyError, ValueError, InvalidSignature):
+        raise KeylessError("the signature does not verify with the certificate's key") \
+            from None
+    _check_body(entry, ("hashedrekord", hashlib.sha256(layer.data).hexdigest(), certificate,
+                        signature))
+    if problem := sign.check_payload(layer.data, reference, digest):
+        raise KeylessError(problem)
+    return signer
+
+
+def _attested_by(layer: sign.Layer, digest: str, policy: KeylessPolicy
+                 ) -> tuple[dict[str, Any], Signer]:
+    certificate, entry, signer = _vouched(layer, policy)
+    try:
+        statement = sign.open_envelope(layer.data, [_key(certificate)], digest)
+    except sign.SignatureError as exc:
+        raise KeylessError(f"the attestation: {exc}") from None
+    _check_body(entry, ("intoto", hashlib.sha256(layer.data).hexdigest(), certificate, None))
+    return statement, signer
+
+
+def verified_statements(reg: oci.Registry, repository: str, digest: str, policy: KeylessPolicy,
+                        have: Collection[str]) -> tuple[dict[str, Verified], list[str]]:
+    """predicate type → (statement, signer) of what `.sig` and `.att` hold in this format and
+    `have` (the bundles' verified predicate types) lacks; one reason per layer refused. The
+    image's signature stands as IMAGE_STATEMENT."""
+    good: dict[str, Verified] = {}
+    refused: list[str] = []
+    if IMAGE_PREDICATE not in have:
+        for layer in keyless_layers(sign.read_layers(reg, repository, sign.sig_tag(digest)),
+                                    sign.SIMPLE_SIGNING):
+            try:
+                signer = verify_layer(layer, f"{reg.registry}/{repository}", digest, policy)
+                good.setdefault(IMAGE_PREDICATE, (IMAGE_STATEMENT, signer))
+            except KeylessError as exc:
+                refused.append(f"cosign .sig: {exc}")
+    if set(sign.PREDICATES.values()) <= set(have):
+        return good, refused
+    for layer in keyless_layers(sign.read_layers(reg, repository, sign.att_tag(digest)),
+                                sign.DSSE_TYPE):
+        try:
+            statement, signer = verify_attestation(layer, digest, policy)
+        except KeylessError as exc:
+            refused.append(f"cosign .att: {exc}")
+            continue
+        if (ptype := str(statement.get("predicateType"))) not in have:
+            good.setdefault(ptype, (statement, signer))
+    return good, refused
+
+
+def _guarded(check: Callable[..., _T], *args: Any) -> _T:
+    """`check(*args)`, a part that fails to parse lazily (an extension, a key) one line."""
+    try:
+        return check(*args)
     except ValueError as exc:
         raise KeylessError(f"a malformed keyless signature ({_one_line(exc)})") from None
 
 
-def _verified(layer: sign.Layer, reference: str, digest: str, policy: KeylessPolicy) -> Signer:
-    certificate, signature, entry = _parts(layer.annotations)
+# ---- the parts and their checks ---------------------------------------------------------------
+
+
+def _vouched(layer: sign.Layer, policy: KeylessPolicy) -> tuple[x509.Certificate, Entry, Signer]:
+    """The certificate, log entry and signer of a layer whose SET, certificate (at the logged
+    time) and identity pass; what is signed is for the caller to check."""
+    certificate, entry = _parts(layer.annotations)
     root = _trusted_root(policy.trusted_root)
     _check_set(root, entry)
     logged = entry.logged_at()
@@ -112,42 +196,19 @@ def _verified(layer: sign.Layer, reference: str, digest: str, policy: KeylessPol
     signer = signer_of(certificate)
     if not policy.any_identity:
         _check_identity(signer, policy.identities)
-    try:
-        key = certificate.public_key()
-        if not isinstance(key, ec.EllipticCurvePublicKey):
-            raise KeylessError("the certificate's key is not an ECDSA key")
-        key.verify(signature, layer.data, ec.ECDSA(hashes.SHA256()))
-    except InvalidSignature:
-        raise KeylessError("the signature does not verify with the certificate's key") \
-            from None
-    _check_body(entry, layer.data, signature, certificate)
-    if problem := sign.check_payload(layer.data, reference, digest):
-        raise KeylessError(problem)
-    return signer
+    return certificate, entry, signer
 
 
-def verified_signers(reg: oci.Registry, repository: str, digest: str, policy: KeylessPolicy
-                     ) -> tuple[list[Signer], list[str]]:
-    """Who signed the keyless layers of `digest`'s `.sig` that verify (each once), and one
-    reason per layer that does not."""
-    good: list[Signer] = []
-    refused: list[str] = []
-    reference = f"{reg.registry}/{repository}"
-    for layer in signed_layers(sign.read_layers(reg, repository, sign.sig_tag(digest))):
-        try:
-            good.append(verify_layer(layer, reference, digest, policy))
-        except KeylessError as exc:
-            refused.append(f"cosign .sig: {exc}")
-    return list(dict.fromkeys(good)), refused
+def _key(certificate: x509.Certificate) -> ec.EllipticCurvePublicKey:
+    key = certificate.public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise KeylessError("the certificate's key is not an ECDSA key")
+    return key
 
 
-# ---- the parts and their checks ---------------------------------------------------------------
-
-
-def _parts(annotations: dict[str, str]) -> tuple[x509.Certificate, bytes, Entry]:
+def _parts(annotations: dict[str, str]) -> tuple[x509.Certificate, Entry]:
     try:
         certificate = x509.load_pem_x509_certificate(annotations[CERTIFICATE_ANNOTATION].encode())
-        signature = base64.b64decode(annotations[sign.SIGNATURE_ANNOTATION], validate=True)
         doc = json.loads(annotations[BUNDLE_ANNOTATION])
         payload = doc["Payload"]
         entry = Entry(body=str(payload["body"]), integrated_time=int(payload["integratedTime"]),
@@ -157,7 +218,7 @@ def _parts(annotations: dict[str, str]) -> tuple[x509.Certificate, bytes, Entry]
         raise KeylessError(f"a keyless signature without its {exc.args[0]}") from None
     except (ValueError, TypeError) as exc:
         raise KeylessError(f"a malformed keyless signature ({_one_line(exc)})") from None
-    return certificate, signature, entry
+    return certificate, entry
 
 
 def _check_set(root: Any, entry: Entry) -> None:
@@ -213,21 +274,35 @@ def _check_certificate(root: Any, certificate: x509.Certificate, logged: datetim
         raise KeylessError("a certificate that is not for code signing")
 
 
-def _check_body(entry: Entry, payload: bytes, signature: bytes,
-                certificate: x509.Certificate) -> None:
-    """The logged entry must be the hashedrekord of this payload, signature and certificate:
-    a genuine SET of another signature vouches for nothing here."""
+def _check_body(entry: Entry, expected: tuple[str, str, x509.Certificate, bytes | None]
+                ) -> None:
+    """The logged entry must be (kind, sha256 of the signed bytes, certificate, signature) of
+    this layer, as cosign's VerifyBundle compares them: a hashedrekord of the payload for a
+    signature; an intoto entry (0.0.1 or 0.0.2) of the envelope for an attestation, whose
+    signature is inside the hashed envelope (None: not compared). A genuine SET of another
+    signature vouches for nothing here."""
     try:
-        body = json.loads(base64.b64decode(entry.body))
-        spec = body["spec"]
-        logged = (body["kind"], spec["data"]["hash"]["algorithm"],
-                  spec["data"]["hash"]["value"], base64.b64decode(spec["signature"]["content"]),
-                  x509.load_pem_x509_certificate(
-                      base64.b64decode(spec["signature"]["publicKey"]["content"])))
-    except (ValueError, KeyError, TypeError):
-        raise KeylessError("a log entry that is not a hashedrekord of a certificate") from None
-    expected = ("hashedrekord", "sha256", hashlib.sha256(payload).hexdigest(), signature,
-                certificate)
-    if logged != expected:
+        logged = _logged(json.loads(base64.b64decode(entry.body)))
+    except (ValueError, KeyError, TypeError, IndexError):
+        raise KeylessError(f"a log entry that is not a {expected[0]} entry of a certificate") \
+            from None
+    if logged[:3] != expected[:3] or (expected[3] is not None and logged[3] != expected[3]):
         raise KeylessError("a log entry that does not include the signature (it logs "
                            "another payload, signature or certificate)")
+
+
+def _logged(body: dict[str, Any]) -> tuple[str, str, x509.Certificate, bytes | None]:
+    """(kind, sha256 hex, certificate, signature or None) of a Rekor entry body."""
+    spec, kind = body["spec"], body["kind"]
+    if kind == "hashedrekord":
+        digest, pem = spec["data"]["hash"], spec["signature"]["publicKey"]["content"]
+        signature: bytes | None = base64.b64decode(spec["signature"]["content"])
+    elif kind == "intoto":
+        digest, signature = spec["content"]["hash"], None
+        pem = spec["publicKey"] if body["apiVersion"] == "0.0.1" else \
+            spec["content"]["envelope"]["signatures"][0]["publicKey"]
+    else:
+        raise ValueError(kind)
+    if digest["algorithm"] != "sha256":
+        raise ValueError(digest["algorithm"])
+    return kind, digest["value"], x509.load_pem_x509_certificate(base64.b64decode(pem)), signature

@@ -9,48 +9,47 @@ from typing import Any
 from builder.core import keyless, keyless_sig, oci, sign
 
 Found = tuple[Any, str]  # (the verified document, or None; the row's detail)
-# keyless.verified_statements of one digest: read and verified once, for every row that needs it
-Statements = tuple[dict[str, tuple[dict[str, Any], keyless.Signer]], list[str]]
-# what stands for the image's statement when cosign's older format (a certificate in .sig) signed
-SIG_FORMAT = {"predicateType": keyless.IMAGE_PREDICATE, "format": "cosign .sig"}
+# keyless.verified_statements of one digest, read and verified once for every row that needs
+# it: predicate type → (statement, signer), the refusals, and the predicate types that came from
+# cosign's older format (builder.core.keyless_sig) rather than a bundle
+Statements = tuple[dict[str, tuple[dict[str, Any], keyless.Signer]], list[str], frozenset[str]]
 
 
 def statements(reg: oci.Registry, repository: str, digest: str,
                policy: keyless.KeylessPolicy) -> Statements | None:
     """The digest's bundles verified by the trusted identities (None when none are given);
-    without a verified bundle of the image itself, its keyless signatures in cosign's older
-    format (builder.core.keyless_sig) stand in for one."""
+    what no verified bundle says, keyless `.sig`/`.att` layers in cosign's older format
+    (builder.core.keyless_sig) may."""
     if not policy.identities:
         return None
     good, refused = keyless.verified_statements(reg, repository, digest, policy)
-    if keyless.IMAGE_PREDICATE not in good:
-        signers, old = keyless_sig.verified_signers(reg, repository, digest, policy)
-        if signers:
-            good[keyless.IMAGE_PREDICATE] = SIG_FORMAT, signers[0]
-        refused += old
-    return good, refused
+    older, older_refused = keyless_sig.verified_statements(reg, repository, digest, policy,
+                                                           set(good))
+    return good | older, refused + older_refused, frozenset(older)
 
 
 def image_signature(verified: Statements, digest: str) -> Found:
     """(the signer, or None; the detail) of the image's keyless signature: a bundle of
     cosign's image predicate by a trusted identity."""
-    good, refused = verified
+    good, refused, older = verified
     if keyless.IMAGE_PREDICATE in good:
-        statement, signer = good[keyless.IMAGE_PREDICATE]
-        what = "cosign keyless signature (.sig)" if statement is SIG_FORMAT else "sigstore bundle"
+        signer = good[keyless.IMAGE_PREDICATE][1]
+        what = ("cosign keyless signature (.sig)" if keyless.IMAGE_PREDICATE in older
+                else "sigstore bundle")
         return signer, f"{what} over {digest[:19]} by {signer.describe()}"
     return None, _why_not(refused)
 
 
 def attestations(verified: Statements, digest: str) -> dict[str, Found]:
     """kind → (the verified statement or None, the detail) for each evidence kind."""
-    good, refused = verified
+    good, refused, older = verified
     found: dict[str, Found] = {}
     for kind, predicate_type in sign.PREDICATES.items():
         if predicate_type in good:
             statement, signer = good[predicate_type]
-            found[kind] = statement, (f"{predicate_type}, sigstore bundle by "
-                                      f"{signer.describe()}, subject {digest[:19]}")
+            what = "cosign keyless .att" if predicate_type in older else "sigstore bundle"
+            found[kind] = statement, (f"{predicate_type}, {what} by {signer.describe()}, "
+                                      f"subject {digest[:19]}")
         else:
             found[kind] = None, _why_not(refused, f"no keyless {kind} attestation")
     return found

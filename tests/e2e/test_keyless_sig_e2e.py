@@ -1,7 +1,7 @@
-"""cosign's older keyless format end to end: a `.sig` layer made with cosign's steps against the
-mock sigstore (tests/e2e/legacy_cosign.py: Fulcio certificate, Rekor SET in its annotations),
-pushed beside a tiny image in a real registry, checked by `builder verify --certificate-identity
-…` against the mock's trusted root. Builds nothing."""
+"""cosign's older keyless format end to end: a `.sig` and an `.att` layer made with cosign's
+steps against the mock sigstore (tests/e2e/legacy_cosign.py: Fulcio certificate, Rekor SET in
+the annotations), pushed beside a tiny image in a real registry, checked by `builder verify
+--certificate-identity …` against the mock's trusted root. Builds nothing."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def signed(reg: oci.Registry, mock: Path, subject: str, title: str) -> tuple[str
     return digest, layer
 
 
-def test_a_cosign_keyless_sig_verifies_by_identity_and_forgeries_are_refused(
+def test_cosign_keyless_sig_and_att_verify_by_identity_and_forgeries_are_refused(
         reg: oci.Registry, mock: Path) -> None:
     root = mock / "trusted_root.json"
     digest, layer = signed(reg, mock, MAIN, "legacy")
@@ -35,6 +35,13 @@ def test_a_cosign_keyless_sig_verifies_by_identity_and_forgeries_are_refused(
     assert rows["signature"]["status"] == "ok", rows["signature"]
     assert rows["signature"]["detail"].startswith("cosign keyless signature (.sig) over ")
     assert MAIN in rows["signature"]["detail"]
+    sbom = legacy_cosign.attestation((mock / "url").read_text(), token(MAIN),
+                                     f"{reg.registry}/{REPOSITORY}", digest,
+                                     sign.PREDICATES["sbom"], {"bomFormat": "CycloneDX"})
+    sign.write_layers(reg, REPOSITORY, sign.att_tag(digest), [sbom])
+    rows, _ = verify(reg, digest, *by(), root=root)
+    assert rows["attestation sbom"]["status"] == "ok", rows["attestation sbom"]
+    assert "cosign keyless .att by " + MAIN in rows["attestation sbom"]["detail"]
 
     pulled, _ = signed(reg, mock, PULL, "legacy-pull")
     rows, _ = verify(reg, pulled, *by(), root=root)

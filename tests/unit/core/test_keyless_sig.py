@@ -162,7 +162,8 @@ def test_verify_reads_the_old_format_from_sig_when_no_bundle_signs_the_image() -
     assert signer == keyless.Signer(MAIN, ISSUER)
     assert detail == f"cosign keyless signature (.sig) over {digest[:19]} by {signer.describe()}"
     assert verified[1] == [f"cosign .sig: it signs sha256:{'cd' * 32}, not {digest}"]
-    assert keyless_sig.signed_layers([key_signed, other, layer]) == [other, layer]
+    assert keyless_sig.keyless_layers([key_signed, other, layer], sign.SIMPLE_SIGNING) == [
+        other, layer]
 
 
 def test_an_unverified_old_format_signature_is_named_in_the_row() -> None:
@@ -175,3 +176,41 @@ def test_an_unverified_old_format_signature_is_named_in_the_row() -> None:
         None, f"keyless: cosign .sig: another identity: signed by {MAIN}, trusted: "
         f"{WORKFLOW}@refs/heads/dev ({ISSUER})")
 
+
+
+def test_a_keyless_attestation_verifies_and_its_forgeries_are_refused() -> None:
+    """`cosign attest` before bundles: a DSSE envelope in `.att`, logged as an intoto entry."""
+    layer, _, digest = fixture("cosign_att.json")
+    statement, signer = keyless_sig.verify_attestation(layer, digest, policy())
+    assert (statement["predicateType"], signer) == (sign.PREDICATES["sbom"],
+                                                     keyless.Signer(MAIN, ISSUER))
+    assert statement["predicate"] == {"bomFormat": "CycloneDX"}
+    envelope = json.loads(layer.data)
+    envelope["payload"] = base64.b64encode(json.dumps(
+        {**statement, "predicate": {"bomFormat": "forged"}}).encode()).decode()
+    forged = sign.Layer(layer.media_type, json.dumps(envelope).encode(), layer.annotations)
+    spliced = annotated(layer, **{keyless_sig.BUNDLE_ANNOTATION: _set_of("cosign_sig.json")})
+    for bad, trusted, why in [
+            (forged, policy(), "the attestation: its signature does not verify"),
+            (spliced, policy(), "a log entry that does not include the signature"),
+            (layer, policy(keyless.Identity(ISSUER, f"{WORKFLOW}@refs/heads/dev")),
+             "another identity"),
+    ]:
+        with pytest.raises(keyless.KeylessError, match=why):
+            keyless_sig.verify_attestation(bad, digest, trusted)
+    with pytest.raises(keyless.KeylessError, match="the attestation: its subject is not"):
+        keyless_sig.verify_attestation(layer, "sha256:" + "cd" * 32, policy())
+
+
+def test_verify_takes_an_attestation_from_att_when_no_bundle_states_it() -> None:
+    layer, _, digest = fixture("cosign_att.json")
+    reg = _registry_with([], digest)
+    sign.write_layers(reg, "torch", sign.att_tag(digest), [layer])
+    verified = verify_keyless.statements(reg, "torch", digest, policy())
+    assert verified is not None
+    found = verify_keyless.attestations(verified, digest)
+    assert found["sbom"][0]["predicate"] == {"bomFormat": "CycloneDX"}
+    assert found["sbom"][1] == (f"{sign.PREDICATES['sbom']}, cosign keyless .att by "
+                                f"{MAIN} ({ISSUER}), subject {digest[:19]}")
+    assert found["smoke"][0] is None
+    assert verify_keyless.image_signature(verified, digest) == (None, "no sigstore bundle attached")
