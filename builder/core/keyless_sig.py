@@ -223,13 +223,15 @@ def _parts(annotations: dict[str, str]) -> tuple[x509.Certificate, Entry]:
 
 def _check_set(root: Any, entry: Entry) -> None:
     """The log's signature over its promise (RFC 8785 JSON of the four fields), by a Rekor key
-    of the trusted root: only then is integratedTime a signing time anyone vouched for."""
-    import rfc8785
+    of the trusted root: only then is integratedTime a signing time anyone vouched for. For two
+    integers and two strings, RFC 8785 is JSON with sorted keys, no spaces and UTF-8 (a string
+    that needs other escaping than json's is not base64 or hex: its SET does not verify)."""
     from sigstore._internal.trust import KeyringPurpose
     from sigstore.errors import VerificationError
 
-    promise = rfc8785.dumps({"body": entry.body, "integratedTime": entry.integrated_time,
-                             "logID": entry.log_id, "logIndex": entry.log_index})
+    promise = json.dumps({"body": entry.body, "integratedTime": entry.integrated_time,
+                          "logID": entry.log_id, "logIndex": entry.log_index},
+                         sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
     try:
         root.rekor_keyring(KeyringPurpose.VERIFY).verify(
             key_id=bytes.fromhex(entry.log_id), signature=entry.signed_entry_timestamp,
