@@ -227,7 +227,7 @@ def twin_step(run: Run, g: Going) -> Going:
     assert g.top is not None
     return replace(g, twins=promote_twins(run.matrix, g.top, [(p.vetted, p.cand)
                                                              for p in g.promoted],
-                                          [g.dated[0], *g.tags]))
+                                          [g.dated[0], *g.tags], g.platform_tags))
 
 
 def sign_step(run: Run, g: Going) -> Going:

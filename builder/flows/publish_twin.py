@@ -49,13 +49,15 @@ class Twins:
 
 
 def promote_twins(matrix: Matrix, top: Staged, images: Sequence[tuple[Staged, Candidate]],
-                  tags: Sequence[str]) -> Twins | None:
+                  tags: Sequence[str], platform_tags: dict[str, str] | None = None
+                  ) -> Twins | None:
     """Step `twin` of `builder publish` (none when the matrix's `compression` lacks zstd): the
     zstd twin of the promoted manifest or index, always recompressed (never found), each
     platform's twin with the same SBOM and smoke report attached and its own provenance (naming
-    its gzip sibling). A different twin already under one of `tags`' twin tags is reported; the
-    tags step replaces it. Not signed and not tagged yet: `sign_twins` signs them with their
-    tags, `write_twin_tags` writes those last."""
+    its gzip sibling). A different twin already under one of `tags`' twin tags, or in an index
+    under a platform's content tag's twin (`platform_tags`), is reported; the tags step
+    replaces it. Not signed and not tagged yet: `sign_twins` signs them with their tags,
+    `write_twin_tags` writes those last."""
     if not matrix.zstd_twins:
         return None
     reg, report, start = oci.Registry(top.registry), twin.Report(), time.monotonic()
@@ -73,12 +75,20 @@ def promote_twins(matrix: Matrix, top: Staged, images: Sequence[tuple[Staged, Ca
     step(f"  zstd twin {desc.digest[:19]} of {top.digest[:19]}: "
          f"{human_bytes(report.gzip_bytes)} gzip → {human_bytes(report.zstd_bytes)} zstd "
          f"in {report.seconds:.0f} s")
-    for tag, held in twin.stale(reg, top.repository, desc, top.digest,
-                                [twin.tag_of(t) for t in tags]):
-        step(f"  zstd twin `{tag}` held {held[:19]}, not the twin made of {top.digest[:19]}: "
-             "replacing it")
+    report_stale(reg, top.repository, desc, top.digest, tags)
+    for gzip_digest, tag in (platform_tags or {}).items():
+        report_stale(reg, top.repository, report.twins[gzip_digest], gzip_digest, [tag])
     return Twins(twins.get(top.digest) or Staged(top.registry, top.repository, desc, ""),
                      twins, report)
+
+
+def report_stale(reg: oci.Registry, repository: str, made: oci.Descriptor, source: str,
+                 tags: Sequence[str]) -> None:
+    """One line for each twin of `tags` that holds another manifest than the twin `made` of
+    `source` while claiming it (twin.stale): the tags step overwrites it, and says so here."""
+    for tag, held in twin.stale(reg, repository, made, source, [twin.tag_of(t) for t in tags]):
+        step(f"  zstd twin `{tag}` held {held[:19]}, not the twin made of {source[:19]}: "
+             "replacing it")
 
 
 def twin_provenance(statement: bytes, gzip_digest: str) -> bytes:

@@ -117,12 +117,7 @@ def test_the_same_image_gives_the_same_twin_in_two_registries() -> None:
 def test_an_index_twins_each_platform() -> None:
     reg = MemoryRegistry()
     amd, arm = push_image(reg, "amd64"), push_image(reg, "arm64")
-    entries = [{"mediaType": oci.DOCKER_MANIFEST, "digest": d, "size": len(reg.manifests[d][0]),
-                "platform": {"os": "linux", "architecture": a}}
-               for d, a in ((amd, "amd64"), (arm, "arm64"))]
-    index = reg.put_manifest("torch", "multi", json.dumps(
-        {"schemaVersion": 2, "mediaType": oci.OCI_INDEX, "manifests": entries}).encode(),
-        oci.OCI_INDEX)
+    index = push_index(reg, (amd, "amd64"), (arm, "arm64"))
     desc = twin.make(reg, "torch", index)  # type: ignore[arg-type]
     doc = doc_of(reg, desc.digest)
     assert desc.media_type == oci.OCI_INDEX
@@ -166,6 +161,48 @@ def test_a_twin_under_its_tag_is_never_reused_and_a_planted_one_is_stale() -> No
         "t-zstd", "old-zstd"]
     assert twin.tag_of("2.15.0-py3.11-cuda13.2-cudnn9-slim") == \
         "2.15.0-py3.11-cuda13.2-cudnn9-slim-zstd"
+
+
+def push_index(reg: MemoryRegistry, *sources: tuple[str, str]) -> str:
+    """An image index of (digest, architecture) platform manifests."""
+    entries = [{"mediaType": oci.DOCKER_MANIFEST, "digest": d, "size": len(reg.manifests[d][0]),
+                "platform": {"os": "linux", "architecture": a}} for d, a in sources]
+    return reg.put_manifest("torch", "multi", json.dumps(
+        {"schemaVersion": 2, "mediaType": oci.OCI_INDEX, "manifests": entries}).encode(),
+        oci.OCI_INDEX)
+
+
+def test_a_platform_twin_planted_in_an_index_is_reported_like_the_top_one(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 40: the per-platform content-tag twins of a multi-platform publication are
+    overwritten by the tags step; each one held by a planted twin gets its own line."""
+    from types import SimpleNamespace
+
+    from builder.flows import publish_twin
+    from builder.model.staged import Staged
+
+    reg = MemoryRegistry()
+    amd, arm = push_image(reg, "amd64"), push_image(reg, "arm64")
+    index = push_index(reg, (amd, "amd64"), (arm, "arm64"))
+    planted = json.dumps({"annotations": {twin.SOURCE_ANNOTATION: amd}}).encode()
+    reg.put_manifest("torch", "hash-amd-zstd", planted, oci.OCI_MANIFEST)
+    monkeypatch.setattr(publish_twin.oci, "Registry", lambda _addr: reg)
+    monkeypatch.setattr(publish_twin, "attach", lambda *_a: {})
+    monkeypatch.setattr(publish_twin, "provenance_of", lambda *_a: json.dumps(
+        {"predicate": {"buildDefinition": {"internalParameters": {}}}}).encode())
+
+    def staged(digest: str) -> Staged:
+        return Staged(reg.registry, "torch", reg.head("torch", digest), "")  # type: ignore[arg-type]
+
+    cand = SimpleNamespace(evidence={"sbom": b"{}", "smoke": b"{}"}, trust=None)
+    made = publish_twin.promote_twins(
+        SimpleNamespace(zstd_twins=True), staged(index),  # type: ignore[arg-type]
+        [(staged(amd), cand), (staged(arm), cand)], ["dated", "floating"],  # type: ignore[list-item]
+        {amd: "hash-amd", arm: "hash-arm"})
+    assert made is not None and set(made.platforms) == {amd, arm}
+    replaced = [line.strip() for line in capsys.readouterr().err.splitlines() if "replacing" in line]
+    assert replaced == [f"zstd twin `hash-amd-zstd` held {oci.sha256(planted)[:19]}, not the "
+                        f"twin made of {amd[:19]}: replacing it"]
 
 
 def test_the_catalog_sets_twin_tags_apart_and_offers_both() -> None:
