@@ -148,6 +148,7 @@ class Going:
     top: Staged | None = None  # the manifest or index that takes the variant's tags
     dated: tuple[str, bool] = ("", False)  # publish.next_dated
     twins: Twins | None = None
+    audits: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # digest → report
     signed: dict[str, Any] = field(default_factory=dict)
     zstd_tags: tuple[str, ...] = ()
     results: tuple[dict[str, Any], ...] | None = None
@@ -208,11 +209,11 @@ def promote(run: Run, g: Going) -> Going:
 
 
 def audit_step(run: Run, g: Going) -> Going:
-    """Step `audit`: every promoted image audited by default (builder.flows.vuln_audit)."""
-    for p in g.promoted:
-        vuln_audit.audit_published(p.vetted, p.cand.evidence["sbom"], p.cand.planned.variant.key,
-                                   run.trust.key)
-    return g
+    """Step `audit`: every promoted image audited by default (builder.flows.vuln_audit); each
+    report kept for step `twin`, which attaches it to the platform's twin too."""
+    return replace(g, audits={p.vetted.digest: vuln_audit.audit_published(
+        p.vetted, p.cand.evidence["sbom"], p.cand.planned.variant.key, run.trust.key)
+        for p in g.promoted})
 
 
 def index(run: Run, g: Going) -> Going:
@@ -227,7 +228,7 @@ def twin_step(run: Run, g: Going) -> Going:
     assert g.top is not None
     return replace(g, twins=promote_twins(run.matrix, g.top, [(p.vetted, p.cand)
                                                              for p in g.promoted],
-                                          [g.dated[0], *g.tags], g.platform_tags))
+                                          [g.dated[0], *g.tags], g.platform_tags, g.audits))
 
 
 def sign_step(run: Run, g: Going) -> Going:
@@ -281,10 +282,7 @@ def already_published(known: dict[str, Publication], group: list[PlannedVariant]
     hash) under a publication that counts (signed by a trusted key, when keys are given)."""
     vid = group[0].variant.id
     pub = known.get(vid)
-    if pub is None:
-        return None
-    held = {pub.content_hash, *(e.content_hash for e in pub.platforms)}
-    if not all(p.content_hash in held for p in group):
+    if pub is None or not tag_repair.holds(pub, group):
         return None
     message = f"already published as {pub.reference} (dated {pub.dated_tag})"
     step(f"  [{vid}] {message}")

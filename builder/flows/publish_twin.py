@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from builder.core import keypair, oci, reproducible, sign, zstd
 from builder.core.output import human_bytes, step
+from builder.flows import vuln_audit
 from builder.model.matrix import Matrix
 from builder.model.staged import Staged
 from builder.stages import build, provenance, publish, staging, twin
@@ -49,15 +51,16 @@ class Twins:
 
 
 def promote_twins(matrix: Matrix, top: Staged, images: Sequence[tuple[Staged, Candidate]],
-                  tags: Sequence[str], platform_tags: dict[str, str] | None = None
-                  ) -> Twins | None:
+                  tags: Sequence[str], platform_tags: dict[str, str] | None = None,
+                  audits: Mapping[str, dict[str, Any] | None] | None = None) -> Twins | None:
     """Step `twin` of `builder publish` (none when the matrix's `compression` lacks zstd): the
     zstd twin of the promoted manifest or index, always recompressed (never found), each
-    platform's twin with the same SBOM and smoke report attached and its own provenance (naming
-    its gzip sibling). A different twin already under one of `tags`' twin tags, or in an index
-    under a platform's content tag's twin (`platform_tags`), is reported; the tags step
-    replaces it. Not signed and not tagged yet: `sign_twins` signs them with their tags,
-    `write_twin_tags` writes those last."""
+    platform's twin with the same SBOM and smoke report attached, its own provenance (naming
+    its gzip sibling) and its gzip sibling's vulnerability report (`audits`: a node pulling the
+    twin asks about the twin's digest). A different twin already under one of `tags`' twin
+    tags, or in an index under a platform's content tag's twin (`platform_tags`), is reported;
+    the tags step replaces it. Not signed and not tagged yet: `sign_twins` signs them with
+    their tags, `write_twin_tags` writes those last."""
     if not matrix.zstd_twins:
         return None
     reg, report, start = oci.Registry(top.registry), twin.Report(), time.monotonic()
@@ -70,6 +73,8 @@ def promote_twins(matrix: Matrix, top: Staged, images: Sequence[tuple[Staged, Ca
             attach(mine, kind, cand.evidence[kind], cand.trust)
         attach(mine, "provenance", twin_provenance(provenance_of(mine, cand.trust),
                                                    vetted.digest), cand.trust)
+        if (found := (audits or {}).get(vetted.digest)) is not None:
+            vuln_audit.attach(mine, found, cand.trust.key)
         twins[vetted.digest] = mine
     report.seconds = time.monotonic() - start
     step(f"  zstd twin {desc.digest[:19]} of {top.digest[:19]}: "

@@ -172,10 +172,11 @@ def push_index(reg: MemoryRegistry, *sources: tuple[str, str]) -> str:
         oci.OCI_INDEX)
 
 
-def test_a_platform_twin_planted_in_an_index_is_reported_like_the_top_one(
+def test_index_twins_get_their_audit_and_a_planted_platform_twin_is_reported(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 40: the per-platform content-tag twins of a multi-platform publication are
-    overwritten by the tags step; each one held by a planted twin gets its own line."""
+    overwritten by the tags step; each one held by a planted twin gets its own line (like the
+    top one's)."""
     from types import SimpleNamespace
 
     from builder.flows import publish_twin
@@ -187,19 +188,29 @@ def test_a_platform_twin_planted_in_an_index_is_reported_like_the_top_one(
     planted = json.dumps({"annotations": {twin.SOURCE_ANNOTATION: amd}}).encode()
     reg.put_manifest("torch", "hash-amd-zstd", planted, oci.OCI_MANIFEST)
     monkeypatch.setattr(publish_twin.oci, "Registry", lambda _addr: reg)
-    monkeypatch.setattr(publish_twin, "attach", lambda *_a: {})
+    attached: list[tuple[str, str]] = []
+    monkeypatch.setattr(publish_twin, "attach",
+                        lambda staged, kind, *_a: attached.append((staged.digest, kind)))
+    monkeypatch.setattr(publish_twin.vuln_audit, "attach",
+                        lambda staged, found, key: attached.append((staged.digest, found["id"])))
     monkeypatch.setattr(publish_twin, "provenance_of", lambda *_a: json.dumps(
         {"predicate": {"buildDefinition": {"internalParameters": {}}}}).encode())
 
     def staged(digest: str) -> Staged:
         return Staged(reg.registry, "torch", reg.head("torch", digest), "")  # type: ignore[arg-type]
 
-    cand = SimpleNamespace(evidence={"sbom": b"{}", "smoke": b"{}"}, trust=None)
+    cand = SimpleNamespace(evidence={"sbom": b"{}", "smoke": b"{}"},
+                           trust=SimpleNamespace(key=None))
     made = publish_twin.promote_twins(
         SimpleNamespace(zstd_twins=True), staged(index),  # type: ignore[arg-type]
         [(staged(amd), cand), (staged(arm), cand)], ["dated", "floating"],  # type: ignore[list-item]
-        {amd: "hash-amd", arm: "hash-arm"})
+        {amd: "hash-amd", arm: "hash-arm"}, audits={amd: {"id": "audit of amd"}})
     assert made is not None and set(made.platforms) == {amd, arm}
+    # Issue 41.7: the twin carries its gzip sibling's audit (only where one was made).
+    twin_amd, twin_arm = made.platforms[amd].digest, made.platforms[arm].digest
+    assert [kind for d, kind in attached if d == twin_amd] == [
+        "sbom", "smoke", "provenance", "audit of amd"]
+    assert [kind for d, kind in attached if d == twin_arm] == ["sbom", "smoke", "provenance"]
     replaced = [line.strip() for line in capsys.readouterr().err.splitlines() if "replacing" in line]
     assert replaced == [f"zstd twin `hash-amd-zstd` held {oci.sha256(planted)[:19]}, not the "
                         f"twin made of {amd[:19]}: replacing it"]
