@@ -18,7 +18,7 @@ from builder.commands.options import (
 )
 from builder.core import keypair
 from builder.core.output import emit_json, human_bytes, table
-from builder.flows import relock_report
+from builder.flows import audit_check, relock_report
 from builder.flows.rebuild import Action, RebuildOptions, plan_actions, rebuild
 from builder.flows.rebuild_check import (
     REASONS,
@@ -26,6 +26,7 @@ from builder.flows.rebuild_check import (
     Finding,
     check,
     exit_code,
+    latest_publications,
     published_variants,
     source_summary,
 )
@@ -85,24 +86,29 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     evidence; narrow with --select) ask: Debian updates inside the image, Python vulnerabilities
     with a fix (pip-audit on the lock), a moved base digest, changed inputs. --check only
     reports (exit 0 nothing to do, 1 something to rebuild, 2 nothing decided: only sources that
-    could not be asked); otherwise rebuilds, publishes and prints the SBOM diff of exactly those
-    variants. --skip-source leaves a source unasked (reported as skipped, never clean)."""
+    could not be asked; each image's latest signed audit is reported too, its vulnerabilities
+    with a fix one line each); otherwise rebuilds, publishes and prints the SBOM diff of exactly
+    those variants. --skip-source leaves a source unasked (reported as skipped, never clean)."""
     ignore_old_record(args.manifest)
     matrix, variants = _selected(args)
     skip = sorted(set(getattr(args, "skip_source", None) or ()))
     if not variants:
         return nothing_checked(args, skip)
-    findings = check(matrix, variants, locks_dir=args.locks, skip=skip,
-                     keys=trusted_keys(args, matrix))
+    keys = trusted_keys(args, matrix)
+    findings = check(matrix, variants, locks_dir=args.locks, skip=skip, keys=keys)
     unknown = warn_unknown(findings)
     summary = {"checked": sorted({v.id for v in variants}),
                "sources": source_summary(findings, skip), "skipped": skip, "unknown": unknown}
     if args.check:
+        # The latest signed audit of each image: a CVE with a fix is in the daily output.
+        audits = audit_check.audits(latest_publications(matrix, keys), variants, keys)
         if args.json:
             emit_json({"findings": [f.as_json() for f in findings], **summary,
-                       "exit_code": exit_code(findings)})
+                       "audits": [a.as_json() for a in audits], "exit_code": exit_code(findings)})
         else:
             print_findings(findings, skip)
+            for line in audit_check.lines(audits):
+                print(line)
         return exit_code(findings)
     publishes = not args.dry_run and bool(plan_actions(findings))
     trust = (keypair.trust(args.key, args.trust_key or configured_keys(matrix), args.unsigned)

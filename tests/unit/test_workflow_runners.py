@@ -83,3 +83,11 @@ def test_the_daily_job_repairs_drifted_tags_with_the_key_on_a_hosted_runner() ->
     assert "builder rebuild --check" in runs[publish + 1]
     assert "repair" in wf["report-failure"]["needs"]
     assert "needs.repair.result == 'failure'" in wf["report-failure"]["if"]
+
+
+def test_the_daily_check_prints_each_vulnerability_with_a_fix_from_the_signed_audit() -> None:
+    """Issue 41.7: `rebuild --check --json` reports the latest signed audit of each image
+    (builder.flows.audit_check); each vulnerability with a fix becomes a warning annotation."""
+    script = check_script()
+    assert "jq -r '.audits[]? |" in script and ".fixes[]?" in script
+    assert "::warning title=vulnerability with a fix::" in script

@@ -34,7 +34,7 @@ def clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "state"))
     info = {"Config": {"Labels": {checking.BASE_DIGEST_LABEL: BASE_OLD,
                                   labels.CONTENT_HASH: HASH}}}
-    for module in (checking, rebuild):
+    for module in (checking, rebuild, rebuild_cmd):
         monkeypatch.setattr(module, "latest_publications", lambda *_a, **_k: {VID: PUB})
     monkeypatch.setattr(checking, "published_image", lambda pub: (pub.reference, info))
     monkeypatch.setattr(checking, "debian_upgradable", lambda image: {})
@@ -306,6 +306,8 @@ def test_cli_check_exit_codes(clean, tmp_path: Path, capsys, findings, code) -> 
     assert main(["rebuild", "--check", "--json", "--manifest", str(manifest)]) == code
     out = json.loads(capsys.readouterr().out)
     assert out["exit_code"] == code and len(out["findings"]) == len(findings)
+    # the latest signed audit of each image (audit_check): none is read without a trusted key
+    assert [(a["variant"], a["state"]) for a in out["audits"]] == [(VID, "no key")]
 
 
 def test_cli_rebuild_nothing_to_do(clean, tmp_path: Path, capsys) -> None:
