@@ -4,9 +4,10 @@ A build that stages with a key pushes its local bootstrap there once (our regist
 engine's own config bytes and rootfs tarball), signs the manifest digest (cosign's `.sig`, its
 payload naming the tag) and attests its provenance (cosign's `.att`: the mmdebstrap inputs, the
 image id and the base digest). A runner without the base reads it back only after the signature
-and the attestation verify against the trusted keys — never by tag alone — and every byte it
-then fetches is checked against those signed digests (builder.core.rootfs_image). Anything that
-does not verify is an `Unverified` naming why; the caller bootstraps instead.
+and the attestation verify against the trusted keys or identities (builder.core.vouch) — never
+by tag alone — and every byte it then fetches is checked against those signed digests
+(builder.core.rootfs_image). Anything that does not verify is an `Unverified` naming why; the
+caller bootstraps instead.
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric import ec
-
-from builder.core import oci, rootfs_image, sign
+from builder.core import oci, rootfs_image, sign, vouch
 from builder.core.errors import BuilderError
-from builder.core.keypair import SigningKey
+from builder.core.keypair import SigningKey, Vouchers
 from builder.model import platforms
 from builder.model.matrix import Matrix
 from builder.model.platforms import Platform
@@ -110,17 +109,17 @@ def publish(reg: oci.Registry, at: Where, config: bytes, tar: Path, key: Signing
     return digest
 
 
-def verify(reg: oci.Registry, at: Where, keys: list[ec.EllipticCurvePublicKey],
-           suite: str) -> Verified:
-    """The base at `at`, verified: a signature by one of `keys` over its digest that names
+def verify(reg: oci.Registry, at: Where, vouchers: Vouchers, suite: str) -> Verified:
+    """The base at `at`, verified: a signature by one of `vouchers` over its digest that names
     its tag, and a signed provenance about this suite and key whose image id is the manifest's
     config and whose base digest is its layer's. `Unverified` saying why not."""
-    return _verified(reg, at, keys, suite, lambda signed: [at.tag] if at.tag in signed else [],
+    return _verified(reg, at, vouchers, suite,
+                     lambda signed: [at.tag] if at.tag in signed else [],
                      f"does not name the tag `{at.tag}` (the tag was moved to another signed "
                      "digest?)")
 
 
-def _verified(reg: oci.Registry, at: Where, keys: list[ec.EllipticCurvePublicKey], suite: str,
+def _verified(reg: oci.Registry, at: Where, vouchers: Vouchers, suite: str,
               keyed: Callable[[set[str]], list[str]], unnamed: str) -> Verified:
     """verify's path: `keyed` picks, from the tags the signatures
     name, those the provenance may be about (`unnamed` says why there are none)."""
@@ -128,10 +127,10 @@ def _verified(reg: oci.Registry, at: Where, keys: list[ec.EllipticCurvePublicKey
         found = reg.head(at.repository, at.tag)
         if found is None:
             raise Absent(f"`{at.reference}` is absent")
-        tags = keyed(signed_tags(reg, at, found.digest, keys))
+        tags = keyed(signed_tags(reg, at, found.digest, vouchers))
         if not tags:
             raise Unverified(f"the signature of `{at.reference}` {unnamed}")
-        doc = provenance(reg, at, found.digest, keys)
+        doc = provenance(reg, at, found.digest, vouchers)
         image = rootfs_image.layout(reg, at.repository, found.digest)
     except oci.RegistryError as exc:
         raise Unverified(f"`{at.reference}` cannot be read: {exc}") from None
@@ -140,17 +139,17 @@ def _verified(reg: oci.Registry, at: Where, keys: list[ec.EllipticCurvePublicKey
 
 
 def signed_tags(reg: oci.Registry, at: Where, digest: str,
-                keys: list[ec.EllipticCurvePublicKey]) -> set[str]:
-    """The tags that the signatures of `digest` by `keys` name."""
+                vouchers: Vouchers) -> set[str]:
+    """The tags that the signatures of `digest` by `vouchers` (keys, identities) name."""
     try:
-        return sign.tags_signed_by(reg, at.repository, digest, keys)
+        return vouch.tags_signed_by(reg, at.repository, digest, vouchers)
     except sign.SignatureError as exc:
         raise Unverified(f"the signature of `{at.reference}` did not verify: {exc}") from None
 
 
 def provenance(reg: oci.Registry, at: Where, digest: str,
-               keys: list[ec.EllipticCurvePublicKey]) -> dict[str, Any]:
-    found, problems = sign.verified_attestations(reg, at.repository, digest, keys)
+               vouchers: Vouchers) -> dict[str, Any]:
+    found, problems = vouch.attestations(reg, at.repository, digest, vouchers)
     if "provenance" not in found:
         raise Unverified(f"the provenance of `{at.reference}` did not verify: "
                          f"{problems.get('provenance', 'none')}")
