@@ -138,3 +138,14 @@ def test_the_signed_base_reads_a_provenance_an_identity_attested(reg) -> None:
     assert doc == {"buildDefinition": {"buildType": "torch-images"}}
     with pytest.raises(signed_base.Unverified, match="another identity"):
         signed_base.provenance(reg, at, DIGEST, OTHER)  # type: ignore[arg-type]
+
+
+def test_the_catalog_shows_as_history_the_dated_tags_a_trusted_identity_signed(reg) -> None:
+    from builder.stages import catalog
+
+    by_tag = {VID: DIGEST, DATED: DIGEST, f"{VID}-20261202": DIGEST}
+    for trusted, history in [(TRUSTED, {VID: DIGEST, DATED: DIGEST}), (OTHER, {VID: DIGEST})]:
+        reader = catalog.Reader(catalog.Source(reg.registry, "torch"), catalog.Cache(None),
+                                Path("site"), [], ROOT, trusted.identities)
+        reader.reg = reg
+        assert catalog.signed_dated(reader, by_tag) == history
