@@ -52,7 +52,7 @@ def payloads(reg: oci.Registry, repository: str, digest: str, vouchers: Vouchers
         except SignatureError as exc:
             problems.append(str(exc))
     if vouchers.identities:
-        signed, refused = _image_statements(reg, repository, digest, vouchers)
+        signed, refused = identity_payloads(reg, repository, digest, policy(vouchers))
         found += signed
         problems += refused or ([] if signed else ["no sigstore bundle by a trusted identity"])
     if not found:
@@ -60,10 +60,11 @@ def payloads(reg: oci.Registry, repository: str, digest: str, vouchers: Vouchers
     return found
 
 
-def _image_statements(reg: oci.Registry, repository: str, digest: str, vouchers: Vouchers
-                      ) -> tuple[list[dict[str, Any]], list[str]]:
-    """The payload shape of each verified image bundle that names this repository."""
-    good, refused = keyless.checked(reg, repository, digest, policy(vouchers))
+def identity_payloads(reg: oci.Registry, repository: str, digest: str,
+                      trusted: keyless.KeylessPolicy) -> tuple[list[dict[str, Any]], list[str]]:
+    """The payload shape of each image bundle a trusted identity signed that names this
+    repository, and why the other bundles do not count."""
+    good, refused = keyless.checked(reg, repository, digest, trusted)
     name = f"{reg.registry}/{repository}"
     found = []
     for statement, _signer in good:
