@@ -11,6 +11,8 @@ from builder.commands.options import (
     add_command,
     add_identity_options,
     add_key_option,
+    add_keyless_options,
+    keyless_signer,
     load_selected,
     vouchers,
 )
@@ -45,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "report and SBOM attached, for other machines (GPU smoke, publish)")
     add_key_option(p, "the smoke report and SBOM attached at --stage (their attestations), "
                    "the build cache image and the bootstrapped base kept in the registry")
+    add_keyless_options(p)  # --stage with an OIDC token: the kept base signed keylessly
     add_base_trust_option(p, "the matrix's `trust.keys`, else the --key's own public key")
     p.add_argument("--require-gpu", action="store_true",
                    help="GPU checks that cannot run on this host fail instead of being skipped")
@@ -149,4 +152,5 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
                         fail_fast=args.fail_fast, smoke=not args.no_smoke, sbom=not args.no_sbom,
                         resmoke=args.resmoke, stage=args.stage, require_gpu=args.require_gpu,
                         apt_refresh=args.apt_refresh, registry_cache=not args.no_registry_cache,
-                        key=keypair.signing_key(args.key) if args.stage or args.key else None)
+                        key=keypair.signing_key(args.key) if args.stage or args.key else None,
+                        keyless=keyless_signer(args) if args.stage else None)

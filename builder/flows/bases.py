@@ -28,7 +28,7 @@ from pathlib import Path
 
 from builder.core import clock, engine, oci, reproducible, rootfs_image, vouch
 from builder.core.errors import BuilderError
-from builder.core.keypair import NOBODY, SigningKey, Vouchers, key_id
+from builder.core.keypair import NOBODY, KeylessSigner, SigningKey, Vouchers, key_id
 from builder.core.output import step
 from builder.model import platforms
 from builder.model.bases import bootstrap_ref, registry_served
@@ -49,6 +49,11 @@ class BaseOptions:
     trusted: Vouchers = NOBODY
     signer: SigningKey | None = None
     from_registry: bool = True
+    keyless: KeylessSigner | None = None  # signs a pushed base keylessly (an OIDC token)
+
+    @property
+    def signs(self) -> bool:
+        return self.signer is not None or self.keyless is not None
 
     @property
     def verifying(self) -> Vouchers:
@@ -84,8 +89,8 @@ def ensure(matrix: Matrix, variant: Variant, options: BaseOptions,
     if not base.have_bootstrapped(suite):
         take(matrix, suite, options, progress)
     digest = base.ensure_variant(matrix, variant, progress=progress)
-    if options.signer is not None:
-        keep(matrix, suite, options.signer, progress)
+    if options.signs:
+        keep(matrix, suite, options, progress)
     return digest
 
 
@@ -130,28 +135,30 @@ def ensure_foreign(matrix: Matrix, suite: str, platform: platforms.Platform,
                  f"and provenance verified against {vouch.describe(trusted)}")
     except signed_base.Unverified as exc:
         progress(f"base {at.reference}: bootstrapping: {exc}")
-        verified = push_foreign(reg, at, suite, key, platform, options.signer, progress)
+        verified = push_foreign(reg, at, suite, key, platform, options, progress)
     return Served(verified.base_digest, f"{at.registry}/{at.repository}@{verified.layout.digest}")
 
 
 def push_foreign(reg: oci.Registry, at: signed_base.Where, suite: str, key: str,
-                 platform: platforms.Platform, signer: SigningKey | None,
+                 platform: platforms.Platform, options: BaseOptions,
                  progress: Progress) -> signed_base.Verified:
     """Bootstrap today's suite for `platform` and push it: signed and attested under its keyed
-    tag `at` with `signer`; without one, under the floating tag only (the keyed tag is a signed
-    base's alone). The floating tag names it either way. Returns what was pushed (ours)."""
+    tag `at` with the options' key or OIDC token; without either, under the floating tag only
+    (the keyed tag is a signed base's alone). The floating tag names it either way. Returns
+    what was pushed (ours)."""
     floating = platforms.base_tag(suite, platform.arch)
     with tempfile.TemporaryDirectory() as tmp:
         config, tar = base.bootstrap_foreign(suite, platform, key, Path(tmp), progress)
-        if signer is None:
+        if not options.signs:
             digest = rootfs_image.push(reg, at.repository, tar, config, [floating])
         else:
-            digest = signed_base.publish(reg, at, config, tar, signer,
-                                         base.mmdebstrap_inputs(suite, platform.arch, key))
+            digest = signed_base.publish(reg, at, config, tar, options.signer,
+                                         base.mmdebstrap_inputs(suite, platform.arch, key),
+                                         options.keyless)
             reg.tag(at.repository, digest, floating)
     layout = rootfs_image.layout(reg, at.repository, digest)
     progress(f"base {at.reference}: pushed ({digest[:19]})" + (
-        f", signed and attested by key {key_id(signer.public)}" if signer else
+        f", signed and attested by {signed_by(options)}" if options.signs else
         f", unsigned: as `{floating}` only"))
     return signed_base.Verified(layout)
 
@@ -204,26 +211,37 @@ def forget(suite: str) -> None:
         engine.docker("image", "rm", ref, check=False)
 
 
-def keep(matrix: Matrix, suite: str, key: SigningKey, progress: Progress) -> None:
-    """Today's local bootstrap of `suite` in the registry, signed with `key` and attested,
-    unless a base there verifies against `key` already; a failure is one warning line."""
+def keep(matrix: Matrix, suite: str, options: BaseOptions, progress: Progress) -> None:
+    """Today's local bootstrap of `suite` in the registry, signed and attested with the
+    options' key and/or OIDC token, unless a base there verifies against the key (or a trusted
+    identity) already; a failure is one warning line."""
     at = where(matrix, suite)
     reg = oci.Registry(matrix.registry)
+    mine = replace(options.trusted, keys=(options.signer.public,)) if options.signer \
+        else options.trusted
     try:
-        signed_base.verify(reg, at, Vouchers(keys=(key.public,)), suite)
-        return
+        if mine:
+            signed_base.verify(reg, at, mine, suite)
+            return
     except signed_base.Unverified:
         pass
     try:
         with tempfile.TemporaryDirectory() as tmp:
             config, tar = base.export_bootstrapped(suite, Path(tmp))
-            digest = signed_base.publish(reg, at, config, tar, key, base.mmdebstrap_inputs(suite))
+            digest = signed_base.publish(reg, at, config, tar, options.signer,
+                                         base.mmdebstrap_inputs(suite), options.keyless)
     except BuilderError as exc:
         progress(f"warning: the base was not kept signed in the registry ({exc}); a runner "
                  "without it bootstraps it again")
         return
     progress(f"base {bootstrap_ref(suite)}: pushed as `{at.reference}` ({digest[:19]}), signed "
-             f"and attested by key {key_id(key.public)}")
+             f"and attested by {signed_by(options)}")
+
+
+def signed_by(options: BaseOptions) -> str:
+    """Who signed a base this build pushed, for its line."""
+    named = [f"key {key_id(options.signer.public)}"] if options.signer else []
+    return " and ".join([*named, *(["this job's OIDC identity"] if options.keyless else [])])
 
 
 def known_digests(matrix: Matrix, variants: list[Variant],

@@ -62,6 +62,7 @@ class BuildOptions:
     apt_refresh: str = ""
     registry_cache: bool = True  # --cache-from the registry's cache image of the variant
     key: keypair.SigningKey | None = None  # signs the evidence attached at staging
+    keyless: keypair.KeylessSigner | None = None  # an OIDC token: signs a kept base keylessly
     # who a base or cache taken from the registry must be signed by (no key: `key`'s own)
     trusted: keypair.Vouchers = keypair.NOBODY
 
@@ -76,7 +77,7 @@ class BuildOptions:
     def base_options(self) -> bases.BaseOptions:
         """What the bases are lent: who vouches, the key a staged base is signed with."""
         return bases.BaseOptions(self.cache_vouchers, self.key if self.stage else None,
-                                 self.registry_cache)
+                                 self.registry_cache, self.keyless if self.stage else None)
 
 
 @dataclass(frozen=True, kw_only=True)

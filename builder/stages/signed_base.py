@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.core import oci, rootfs_image, sign, vouch
+from builder.core import keyless, oci, rootfs_image, sign, vouch
 from builder.core.errors import BuilderError
-from builder.core.keypair import SigningKey, Vouchers
+from builder.core.keypair import KeylessSigner, SigningKey, Vouchers
 from builder.model import platforms
 from builder.model.matrix import Matrix
 from builder.model.platforms import Platform
@@ -97,15 +97,24 @@ def _sha(digest: str) -> dict[str, str]:
     return {"sha256": digest.removeprefix("sha256:")}
 
 
-def publish(reg: oci.Registry, at: Where, config: bytes, tar: Path, key: SigningKey,
-            inputs: dict[str, Any]) -> str:
+def publish(reg: oci.Registry, at: Where, config: bytes, tar: Path, key: SigningKey | None,
+            inputs: dict[str, Any], keyless_signer: KeylessSigner | None = None) -> str:
     """Push the base (config bytes and rootfs tarball) under `at`, sign its digest naming the
-    tag, attest its provenance; returns the manifest digest. Each step is idempotent."""
+    tag and attest its provenance, with the key (cosign's `.sig`, `.att`) and/or keylessly
+    (sigstore bundles of the same statements); returns the manifest digest. Each step is
+    idempotent."""
     digest = rootfs_image.push(reg, at.repository, tar, config, [at.tag])
     image = rootfs_image.layout(reg, at.repository, digest)
-    sign.sign_image(reg, at.repository, digest, key, sign.tag_annotations("base", [at.tag]))
-    sign.attest(reg, at.repository, digest, key, "provenance", predicate(
-        inputs, image.config_digest, platforms.layers_digest([image.diff_id])))
+    named = sign.tag_annotations("base", [at.tag])
+    doc = predicate(inputs, image.config_digest, platforms.layers_digest([image.diff_id]))
+    if key is not None:
+        sign.sign_image(reg, at.repository, digest, key, named)
+        sign.attest(reg, at.repository, digest, key, "provenance", doc)
+    if keyless_signer is not None:
+        statement = sign.statement(f"{reg.registry}/{at.repository}", digest,
+                                   sign.PREDICATES["provenance"], doc)
+        keyless.sign_and_attach(reg, at.repository, digest, keyless_signer.token,
+                                keyless_signer.config, [statement], named)
     return digest
 
 

@@ -140,3 +140,23 @@ def test_provenance_naming_another_image_id_is_refused() -> None:
     doc["runDetails"]["byproducts"][0]["digest"]["sha256"] = "9" * 64
     with pytest.raises(signed_base.Unverified, match="names the image id sha256:9999"):
         signed_base.check_provenance(doc, layout(), "bookworm", WHERE.tag)
+
+
+def test_a_base_pushed_with_an_oidc_token_alone_is_signed_keylessly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No key: the base's image statement names its tag and its provenance is attested, both
+    as sigstore bundles (what a runner trusting the workflow identity verifies); no `.sig`."""
+    from builder.core import keyless, sign
+
+    made = []
+    monkeypatch.setattr(keyless, "sign_and_attach", lambda reg, repository, digest, token,
+                        config, statements, optional: made.append((token, statements, optional)))
+    reg = MemoryRegistry()
+    config, tar = rootfs(tmp_path)
+    digest = signed_base.publish(reg, WHERE, config, tar, None, INPUTS,  # type: ignore[arg-type]
+                                 keypair.KeylessSigner("TOKEN"))
+    [(token, [statement], optional)] = made
+    assert token == "TOKEN" and sign.signed_tags(optional) == {WHERE.tag}
+    assert statement["predicateType"] == sign.PREDICATES["provenance"]
+    assert statement["subject"][0]["digest"]["sha256"] == digest.removeprefix("sha256:")
+    assert reg.head(WHERE.repository, sign.sig_tag(digest)) is None
