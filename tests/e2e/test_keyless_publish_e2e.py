@@ -25,16 +25,19 @@ DEV = MAIN.replace("heads/main", "heads/dev")
 
 
 def stage_without_signatures(shared: Publication, addr: str) -> str:
-    """The shared staged digest and its `.sbom`/`.smoke`/`.provenance` files (no `.sig`, no
+    """The shared staged digest and its evidence files (`.sbom`, `.smoke`; no `.sig`, no
     `.att`: nothing a key vouched for) in the same staging repository at `addr`."""
     source, target = oci.Registry(shared.addr), oci.Registry(addr)
     oci.promote(source, shared.staging, target, shared.staging, shared.staged)
+    target.tag(shared.staging, shared.staged, shared.record["hash_tag"])  # what publish finds
+    copied = []
     for kind in sign.PREDICATES:
         tag = oci.artifact_tag(shared.staged, kind)
-        desc = source.head(shared.staging, tag)
-        assert desc is not None, f"the staged image has no {kind}"
-        oci.promote(source, shared.staging, target, shared.staging, desc.digest)
-        target.tag(shared.staging, desc.digest, tag)
+        if (desc := source.head(shared.staging, tag)) is not None:
+            oci.promote(source, shared.staging, target, shared.staging, desc.digest)
+            target.tag(shared.staging, desc.digest, tag)
+            copied.append(kind)
+    assert {"sbom", "smoke"} <= set(copied), copied
     assert target.head(shared.staging, sign.att_tag(shared.staged)) is None
     return f"{addr}/{shared.staging}@{shared.staged}"
 
