@@ -54,7 +54,7 @@ def payloads(reg: oci.Registry, repository: str, digest: str, vouchers: Vouchers
     if vouchers.identities:
         signed, refused = identity_payloads(reg, repository, digest, policy(vouchers))
         found += signed
-        problems += refused or ([] if signed else ["no sigstore bundle by a trusted identity"])
+        problems += refused or ([] if signed else ["no image bundle by a trusted identity"])
     if not found:
         raise SignatureError("; ".join(problems) or "no trusted key or identity to verify with")
     return found
