@@ -16,7 +16,8 @@ every mounted input do not. Then:
     line that the cache was not used and why, never offers it, and the `.pth` file is not in the
     built image (its files listed).
 The sources that need the network or a base (debian-security, python-vuln, base-moved) are
-skipped: `inputs-changed` alone decides.
+skipped: `inputs-changed` alone decides. First, on the restaged publication, the daily
+`rebuild --check` reports the audit `publish --key` attested (issue 41.7).
 """
 
 from __future__ import annotations
@@ -87,6 +88,20 @@ def published(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     assert action["reasons"] == ["inputs-changed"], action
     assert action["state"] == "published", action
     return action
+
+
+def test_the_daily_check_reports_the_signed_audit_publish_attached(env) -> None:
+    """Issue 41.7: `rebuild --check` (the daily job: a public key, no signing key) reports the
+    latest publication's audit that `publish --key` attested by default."""
+    pub: Publication = env["pub"]
+    result = run_builder("rebuild", "--check", "--json", "--select", f"id={CPU}", *SKIP,
+                         "--trust-key", str(pub.pub), matrix=pub.matrix, env=env["env"],
+                         check=False)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    [audit] = json.loads(result.stdout)["audits"]
+    assert (audit["variant"], audit["state"]) == (CPU, "audited"), audit
+    assert audit["reference"].endswith(pub.digest) and audit["audited_at"], audit
+    assert audit["fixes"] == [] or all(f["fixed"] for f in audit["fixes"])
 
 
 def test_rebuild_uses_a_genuine_signed_cache_by_its_digest(env) -> None:
