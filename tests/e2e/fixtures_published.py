@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shutil
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -39,7 +40,7 @@ from helpers import (
     run_builder,
 )
 
-from builder.core import registry
+from builder.core import oci, registry, sign
 
 CPU = "2.13.0-py3.11-cpu-runtime"
 ALIAS = "latest-cpu-runtime"
@@ -167,3 +168,27 @@ def restage(shared: Publication, folder: Path, addr: str, **changes: object) -> 
     record = publish(matrix, shared.key, shared.env, folder / "published.json")
     assert record["digest"] == staged
     return replace(shared, addr=addr, matrix=matrix, built=built, staged=staged, record=record)
+
+
+def evidence_state(shared: Publication, folder: Path) -> Path:
+    """A state folder `folder` holding what the session's build left by image id (its smoke
+    report, SBOM and build times): a runner that built that image id before, for a module
+    whose proof starts after the smoke test (a rebuild from the build cache reuses them)."""
+    for part in ("reports", "sbom", "builds"):
+        shutil.copytree(shared.state / part, folder / part)
+    return folder
+
+
+def copy_signed(shared: Publication, addr: str, repository: str, tag: str) -> str:
+    """`repository:tag` of the session's registry and its `.sig` copied, by digest and under
+    the same names, into the registry at `addr` (blobs streamed registry to registry: nothing
+    pushed from the engine, nothing compressed again); returns its digest."""
+    source, target = oci.Registry(shared.addr), oci.Registry(addr)
+    found = source.head(repository, tag)
+    assert found is not None, f"no `{repository}:{tag}` in the session's registry"
+    for name in (tag, sign.sig_tag(found.digest)):
+        desc = source.head(repository, name)
+        assert desc is not None, f"no `{repository}:{name}` in the session's registry"
+        oci.promote(source, repository, target, repository, desc.digest)
+        target.tag(repository, desc.digest, name)
+    return found.digest
