@@ -3,8 +3,10 @@
 `base-moved`, `rebuild` publishes a new dated tag, moves the floating tag and prints the SBOM diff.
 
 Like tests/e2e/test_e2e.py: the shipped matrix with the registry moved to a private port, and the
-3.11 base replaced by a local image this test makes (`torch-images-e2e-base:rebuild`, from the
-bootstrapped `torch-images-base:bookworm`), so it never touches the user's registry or base.
+3.11 base replaced by a name of this module's own (`torch-images-e2e-base:rebuild-…`), so it never
+touches the user's registry or base. That name starts as a second tag of the bootstrapped
+`torch-images-base:bookworm-slim` (the same image: the first build takes the steps the session's
+builds cached) and is then moved to a base with one more package, made FROM it.
 Only the CPU runtime variant is built, and published without zstd twins (`compression: [gzip]`:
 each twin is a recompression of the whole image, and this module proves nothing about them).
 
@@ -56,8 +58,8 @@ def make_base(tmp: Path, name: str, dockerfile: str) -> str:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    """A private registry, a matrix whose 3.11 base is BASE_REF, and that base; all removed
-    afterwards (registry, pushed/built images, both versions of the base)."""
+    """A private registry, a matrix whose 3.11 base is BASE_REF, and that base (a name of the
+    bootstrap); all removed afterwards (registry, pushed/built images, the moved base)."""
     tmp = tmp_path_factory.mktemp("rebuild-e2e")
     port = free_port()
     addr = f"127.0.0.1:{port}"
@@ -69,13 +71,11 @@ def env(tmp_path_factory):
     matrix_path.write_text(yaml.safe_dump(data, sort_keys=False))
     storage = tmp / "registry"
     manifest = tmp / "published.json"
-    had_base = engine.inspect_image(BASE_REF) is not None
-    base.ensure(SOURCE_BASE, progress=print)  # torch-images-base:bookworm (bootstrap if absent)
-    made: list[str] = []
+    base.ensure(SOURCE_BASE, progress=print)  # torch-images-base:bookworm-slim (bootstrap if absent)
+    engine.docker("tag", bases.local_ref(SOURCE_BASE), BASE_REF)
+    made: list[str] = []  # the moved base: never the bootstrap's id (BASE_REF is only a name)
     registry.start(addr, storage)
     try:
-        made.append(make_base(tmp, "base-1", f"FROM {bases.local_ref(SOURCE_BASE)}\n"
-                              "LABEL io.torch-images.e2e=rebuild\n"))
         yield {"matrix": matrix_path, "addr": addr, "tmp": tmp, "manifest": manifest,
                "made": made, "state": tmp / "state"}  # never the user's .state/ (#25)
     finally:
@@ -86,14 +86,8 @@ def env(tmp_path_factory):
         if manifest.exists():
             for entry in json.loads(manifest.read_text())["variants"].values():
                 ids += [p["image_id"] for p in entry["publications"]]
-        for ref in refs:
+        for ref in [*refs, *ids, BASE_REF, *made]:
             engine.remove_image(ref)
-        for image_id in ids:
-            engine.remove_image(image_id)
-        if not had_base:
-            engine.remove_image(BASE_REF)
-        for image_id in made:
-            engine.remove_image(image_id)
 
 
 def builder(env, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
