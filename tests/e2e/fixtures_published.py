@@ -40,7 +40,7 @@ from helpers import (
     run_builder,
 )
 
-from builder.core import oci, registry, sign
+from builder.core import registry
 
 CPU = "2.13.0-py3.11-cpu-runtime"
 ALIAS = "latest-cpu-runtime"
@@ -178,17 +178,3 @@ def evidence_state(shared: Publication, folder: Path) -> Path:
         shutil.copytree(shared.state / part, folder / part)
     return folder
 
-
-def copy_signed(shared: Publication, addr: str, repository: str, tag: str) -> str:
-    """`repository:tag` of the session's registry and its `.sig` copied, by digest and under
-    the same names, into the registry at `addr` (blobs streamed registry to registry: nothing
-    pushed from the engine, nothing compressed again); returns its digest."""
-    source, target = oci.Registry(shared.addr), oci.Registry(addr)
-    found = source.head(repository, tag)
-    assert found is not None, f"no `{repository}:{tag}` in the session's registry"
-    for name in (tag, sign.sig_tag(found.digest)):
-        desc = source.head(repository, name)
-        assert desc is not None, f"no `{repository}:{name}` in the session's registry"
-        oci.promote(source, repository, target, repository, desc.digest)
-        target.tag(repository, desc.digest, name)
-    return found.digest

@@ -6,10 +6,6 @@ repository replaces a layer of the cache image (a layer adding a `.pth` file to 
 its diff id in the config), the build says the cache was not used and why, BuildKit is never
 offered it, and the `.pth` file is not in the built image (its files listed).
 
-The staged build is the session's (fixtures_published: `build --stage --key` of the CPU
-runtime), its staging only read; its signed cache image is copied (with its `.sig`) into a
-registry of this module's own, where the builds here take it and where it is poisoned.
-
 On the shared engine (never pruned): BuildKit's local cache may hold the same steps, so the
 proof that the poisoned cache was never used is that BuildKit was never given it.
 """
@@ -27,32 +23,40 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_published import Publication, copy_signed, moved_matrix, own_registry
-from helpers import run_builder
+from helpers import cosign_env, free_port, private_matrix, remove_images_of, run_builder
 
-from builder.core import engine, keypair, oci, sign
+from builder.core import engine, keypair, oci, registry, sign
 
 pytestmark = pytest.mark.docker
 
 VARIANT = "2.13.0-py3.11-cpu-runtime"
 CPU = ("--select", f"id={VARIANT}", "--select", "platform=linux/amd64")
+PASSWORD = "signed-cache-e2e"
 EVIL = "opt/venv/lib/python3.11/site-packages/zz-evil.pth"
 
 
 @pytest.fixture(scope="module")
-def env(shared_publication: Publication, tmp_path_factory: pytest.TempPathFactory
-        ) -> Iterator[dict[str, Any]]:
-    """The session's matrix moved to a registry of this module's own, holding a copy of the
-    session's signed cache image; the session's key; a state folder of its own."""
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A private matrix on a registry of its own, our key pair; the variant built and staged
+    with our key (so its cache image is pushed and signed)."""
+    import yaml
+
     tmp = tmp_path_factory.mktemp("signed-cache")
-    shared = shared_publication
-    tag = "cache-" + shared.built["image"].rsplit(":", 1)[1]
-    with own_registry(tmp) as addr:
-        copy_signed(shared, addr, shared.staging, tag)
-        yield {"matrix": moved_matrix(shared, tmp, addr), "addr": addr, "shared": shared,
-               "env": {**shared.env, "BUILDER_STATE": str(tmp / "state")},
-               "key": str(shared.key), "staging": shared.staging, "cache_tag": tag,
-               "public": keypair.load_public(shared.pub)}
+    addr = f"127.0.0.1:{free_port()}"
+    matrix_path = private_matrix(tmp, registry=addr)
+    registry.start(addr, tmp / "registry")
+    environ = cosign_env(PASSWORD)
+    run_builder("keygen", "--out", str(tmp), env=environ)
+    data = yaml.safe_load(matrix_path.read_text())
+    env = {"matrix": matrix_path, "addr": addr, "env": environ, "key": str(tmp / "cosign.key"),
+           "staging": f"{data['repository']}-staging",
+           "public": keypair.load_public(tmp / "cosign.pub")}
+    try:
+        env["staged"] = build(env, "--stage", "--key", env["key"])
+        yield env
+    finally:
+        registry.stop(tmp / "registry")
+        remove_images_of(matrix_path)
 
 
 def build(env: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
@@ -68,6 +72,11 @@ def cache_line(result: subprocess.CompletedProcess[str]) -> str:
 def build_log(result: subprocess.CompletedProcess[str]) -> str:
     [log] = re.findall(r"building \(log: (\S+)\)", result.stderr)
     return Path(log).read_text(errors="replace")
+
+
+def cache_tag(env: dict[str, Any]) -> str:
+    [outcome] = json.loads(env["staged"].stdout)
+    return "cache-" + outcome["image"].rsplit(":", 1)[1]
 
 
 def image_files(image: str) -> set[str]:
@@ -106,18 +115,18 @@ def poison(reg: oci.Registry, repository: str, tag: str) -> str:
 
 
 def test_staging_signs_the_cache_image_naming_its_tag(env) -> None:
-    reg = oci.Registry(env["shared"].addr)  # where the session's build staged it
-    found = reg.head(env["staging"], env["cache_tag"])
-    assert found is not None
-    assert sign.names_tag(reg, env["staging"], found.digest, env["cache_tag"], [env["public"]])
+    reg = oci.Registry(env["addr"])
+    found = reg.head(env["staging"], cache_tag(env))
+    assert found is not None, env["staged"].stderr[-3000:]
+    assert sign.names_tag(reg, env["staging"], found.digest, cache_tag(env), [env["public"]])
 
 
 def test_a_genuine_signed_cache_is_used_by_its_digest(env) -> None:
-    digest = oci.Registry(env["addr"]).head(env["staging"], env["cache_tag"]).digest
+    digest = oci.Registry(env["addr"]).head(env["staging"], cache_tag(env)).digest
     result = build(env, "--force", "--key", env["key"])
     pinned = f"{env['addr']}/{env['staging']}@{digest}"
     assert cache_line(result).endswith(f"registry cache `{env['addr']}/{env['staging']}:"
-                                       f"{env['cache_tag']}`: used as `{pinned}`, its signature "
+                                       f"{cache_tag(env)}`: used as `{pinned}`, its signature "
                                        f"verified against key {keypair.key_id(env['public'])}")
     log = build_log(result)
     assert f"importing cache manifest from {pinned}" in log, log[-3000:]
@@ -126,10 +135,10 @@ def test_a_genuine_signed_cache_is_used_by_its_digest(env) -> None:
 
 def test_a_poisoned_cache_is_not_used_and_its_layer_is_not_in_the_image(env) -> None:
     reg = oci.Registry(env["addr"])
-    poisoned = poison(reg, env["staging"], env["cache_tag"])
+    poisoned = poison(reg, env["staging"], cache_tag(env))
     result = build(env, "--force", "--key", env["key"])
     assert cache_line(result).endswith(
-        f"registry cache `{env['addr']}/{env['staging']}:{env['cache_tag']}`: not used: its "
+        f"registry cache `{env['addr']}/{env['staging']}:{cache_tag(env)}`: not used: its "
         f"signature did not verify: published unsigned: no signature ({sign.sig_tag(poisoned)} "
         "is missing)"), result.stderr[-3000:]
     log = build_log(result)
