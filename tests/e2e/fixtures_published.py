@@ -40,7 +40,7 @@ from helpers import (
     run_builder,
 )
 
-from builder.core import registry
+from builder.core import engine, registry
 
 CPU = "2.13.0-py3.11-cpu-runtime"
 ALIAS = "latest-cpu-runtime"
@@ -178,3 +178,18 @@ def evidence_state(shared: Publication, folder: Path) -> Path:
         shutil.copytree(shared.state / part, folder / part)
     return folder
 
+
+@contextlib.contextmanager
+def own_staging(shared: Publication, name: str) -> Iterator[str]:
+    """`registry/repository` of a staging repository of the caller's own in the session's
+    registry (a matrix's `staging`): `docker push` there mounts the layers the session's staging
+    holds instead of compressing them again, as a push to another registry must. Its local
+    names (the kept cache image) removed afterwards."""
+    ref = f"{shared.addr}/e2e-{name}-{uuid.uuid4().hex[:8]}-staging"
+    try:
+        yield ref
+    finally:
+        names = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
+                              "--filter", f"reference={ref}").stdout.split()
+        for local in names:
+            engine.remove_image(local)

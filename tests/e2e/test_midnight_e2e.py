@@ -8,8 +8,9 @@ the staged image on that next day without building, under the publish day's date
 That build is the session's CPU runtime (fixtures_published) again, under its key, into a
 registry of this module's own: the build cache's layers, the same image id, so the runner's state
 folder (fixtures_published.evidence_state) has its smoke report and SBOM (evidence by image id,
-not what this module proves); the staging and everything after it are this module's own, and it
-publishes no zstd twins (`compression: [gzip]`).
+not what this module proves). Its staging is a repository of this module's own in the session's
+registry (`own_staging`: the push mounts the session's layers); the staging and everything after
+it are this module's own, and it publishes no zstd twins (`compression: [gzip]`).
 
 The base's names are held aside for the fresh runner and put back (helpers.base_removed).
 """
@@ -23,7 +24,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fixtures_published import Publication, evidence_state, moved_matrix, own_registry
+from fixtures_published import (
+    Publication,
+    evidence_state,
+    moved_matrix,
+    own_registry,
+    own_staging,
+)
 from helpers import base_removed, run_builder
 
 from builder.core import clock, engine
@@ -42,16 +49,17 @@ BUILD_DAY = NEXT_DAY - dt.timedelta(days=1)
 @pytest.fixture(scope="module")
 def env(shared_publication: Publication, tmp_path_factory: pytest.TempPathFactory
         ) -> Iterator[dict[str, Any]]:
-    """The session's matrix moved to a registry of this module's own, its key, and the runner's
-    state folder `ci` (the session's evidence); its images removed afterwards."""
+    """The session's matrix moved to a registry of this module's own (its staging a repository
+    of its own in the session's registry), its key, and the runner's state folder `ci` (the
+    session's evidence); its images removed afterwards."""
     tmp = tmp_path_factory.mktemp("midnight")
     shared = shared_publication
     evidence_state(shared, tmp / "ci")
     environ = dict(shared.env)
     environ.pop(clock.ENV, None)
-    with own_registry(tmp) as addr:
+    with own_registry(tmp) as addr, own_staging(shared, "midnight") as staging:
         # no zstd twins: each is a recompression of the image, and test_zstd_twins proves them
-        matrix = moved_matrix(shared, tmp, addr, compression=["gzip"])
+        matrix = moved_matrix(shared, tmp, addr, compression=["gzip"], staging=staging)
         yield {"matrix": matrix, "addr": addr, "tmp": tmp,
                "env": environ, "key": shared.key, "pub": shared.pub,
                "repo": shared.repository, "image_id": shared.built["image_id"]}
