@@ -172,10 +172,12 @@ def layer_twins(reg: oci.Registry, repository: str, pairs: list[tuple[dict[str, 
                 workers: int | None, report: Report) -> list[dict[str, Any]]:
     """The twin descriptor of each (layer, diff id), in order: up to pool_size() layers at
     once (download, inflate and upload of one overlap another's compression, and a machine's
-    second core is used), each distinct layer once, the largest first (it sets the wall time).
+    second core is used), the cores' zstd workers shared among them (memory stays that of one
+    layer at a time), each distinct layer once, the largest first (it sets the wall time).
     One progress line per layer."""
     by_key = {(layer["digest"], diff_id): layer for layer, diff_id in pairs}
     distinct = sorted(by_key, key=lambda key: -int(by_key[key]["size"]))
+    workers = workers or max(1, zstd.threads() // pool_size())  # zstd's threads: the cores
     made: dict[tuple[str, str], Made] = {}
     stop = threading.Event()  # set when one layer fails: the others stop within a piece
     with concurrent.futures.ThreadPoolExecutor(pool_size(), "zstd-layer") as pool:

@@ -165,6 +165,8 @@ def test_a_layer_that_is_not_its_diff_id_is_refused() -> None:
     made = [zstandard.ZstdDecompressor().decompressobj().decompress(reg.blobs[d])
             for d in set(reg.blobs) - before]
     assert TARS[1] not in made and len(made) <= 2  # only layers that match; no manifest
+    wrong = doc_of(reg, "gz")["layers"][1]["digest"]
+    assert not (twin_cache.folder() / f"{wrong.removeprefix('sha256:')}.json").exists()
     assert all(json.loads(body).get("annotations") is None
                for body, _ in reg.manifests.values())
 
