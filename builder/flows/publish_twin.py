@@ -72,7 +72,7 @@ def promote_twins(matrix: Matrix, top: Staged, images: Sequence[tuple[Staged, Ca
     report.seconds = time.monotonic() - start
     step(f"  zstd twin {desc.digest[:19]} of {top.digest[:19]}: "
          f"{human_bytes(report.gzip_bytes)} gzip → {human_bytes(report.zstd_bytes)} zstd "
-         f"in {report.seconds:.0f} s")
+         f"in {report.seconds:.0f} s ({report.reused} of {report.layers} layers made before)")
     for tag, held in twin.stale(reg, top.repository, desc, top.digest,
                                 [twin.tag_of(t) for t in tags]):
         step(f"  zstd twin `{tag}` held {held[:19]}, not the twin made of {top.digest[:19]}: "
