@@ -79,7 +79,7 @@ def promote_twins(matrix: Matrix, top: Staged, images: Sequence[tuple[Staged, Ca
     report.seconds = time.monotonic() - start
     step(f"  zstd twin {desc.digest[:19]} of {top.digest[:19]}: "
          f"{human_bytes(report.gzip_bytes)} gzip → {human_bytes(report.zstd_bytes)} zstd "
-         f"in {report.seconds:.0f} s")
+         f"in {report.seconds:.0f} s ({report.reused} of {report.layers} layers made before)")
     report_stale(reg, top.repository, desc, top.digest, tags)
     for gzip_digest, tag in (platform_tags or {}).items():
         report_stale(reg, top.repository, report.twins[gzip_digest], gzip_digest, [tag])

@@ -90,6 +90,16 @@ def _remove_images_made_by_the_module() -> Iterator[None]:
                            check=False, timeout=300)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _twin_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One zstd twin cache (builder.core.twin_cache) for the session's `builder` runs, never
+    the user's: a publish of layers an earlier module twinned copies them instead of
+    recompressing. A test that must recompress names a folder of its own."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BUILDER_TWIN_CACHE", str(tmp_path_factory.mktemp("twin-cache")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def registry_addr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One real registry (Debian's docker-registry) on a free port for the session."""

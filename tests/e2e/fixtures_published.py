@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shutil
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -39,7 +40,7 @@ from helpers import (
     run_builder,
 )
 
-from builder.core import registry
+from builder.core import engine, registry
 
 CPU = "2.13.0-py3.11-cpu-runtime"
 ALIAS = "latest-cpu-runtime"
@@ -167,3 +168,28 @@ def restage(shared: Publication, folder: Path, addr: str, **changes: object) -> 
     record = publish(matrix, shared.key, shared.env, folder / "published.json")
     assert record["digest"] == staged
     return replace(shared, addr=addr, matrix=matrix, built=built, staged=staged, record=record)
+
+
+def evidence_state(shared: Publication, folder: Path) -> Path:
+    """A state folder `folder` holding what the session's build left by image id (its smoke
+    report, SBOM and build times): a runner that built that image id before, for a module
+    whose proof starts after the smoke test (a rebuild from the build cache reuses them)."""
+    for part in ("reports", "sbom", "builds"):
+        shutil.copytree(shared.state / part, folder / part)
+    return folder
+
+
+@contextlib.contextmanager
+def own_staging(shared: Publication, name: str) -> Iterator[str]:
+    """`registry/repository` of a staging repository of the caller's own in the session's
+    registry (a matrix's `staging`): `docker push` there mounts the layers the session's staging
+    holds instead of compressing them again, as a push to another registry must. Its local
+    names (the kept cache image) removed afterwards."""
+    ref = f"{shared.addr}/e2e-{name}-{uuid.uuid4().hex[:8]}-staging"
+    try:
+        yield ref
+    finally:
+        names = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
+                              "--filter", f"reference={ref}").stdout.split()
+        for local in names:
+            engine.remove_image(local)
