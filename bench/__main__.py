@@ -25,6 +25,11 @@ if sys.argv[1:2] == ["pull-twin"]:  # the measured process of `bench pull`: prom
 
     sys.exit(twin_worker(sys.argv[2:]))
 
+if sys.argv[1:2] == ["twin"]:  # publish's zstd twin: layers at once, the local cache
+    from bench.twin import main as twin_main
+
+    sys.exit(twin_main(sys.argv[2:]))
+
 if sys.argv[1:2] == ["catalog"]:  # builder catalog on a 200-tag registry
     from bench.catalog import main as catalog_main
 

@@ -86,7 +86,7 @@ def publish_variants(matrix: Matrix, planned: list[PlannedVariant], *,
     engine.ensure_engine()
     results: list[dict[str, Any]] = []
     try:
-        found = record.history(matrix, trust.keys)  # a registry down: the same hint as below
+        found = record.history(matrix, trust.vouchers)  # a registry down: the same hint as below
         known = {vid: pubs[0] for vid, pubs in found.items()}
         for group in groups(planned):
             vid = group[0].variant.id
@@ -96,7 +96,7 @@ def publish_variants(matrix: Matrix, planned: list[PlannedVariant], *,
             if held := already_published(known, group):
                 if not dry_run:
                     tag_repair.repair(oci.Registry(matrix.registry), known[held["id"]],
-                                      group[0].tags, trust.keys)
+                                      group[0].tags, trust.vouchers)
                 results.append(held)
                 report(manifest, {held["id"]: known[held["id"]]})
                 continue
@@ -148,6 +148,7 @@ class Going:
     top: Staged | None = None  # the manifest or index that takes the variant's tags
     dated: tuple[str, bool] = ("", False)  # publish.next_dated
     twins: Twins | None = None
+    audits: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # digest → report
     signed: dict[str, Any] = field(default_factory=dict)
     zstd_tags: tuple[str, ...] = ()
     results: tuple[dict[str, Any], ...] | None = None
@@ -208,18 +209,18 @@ def promote(run: Run, g: Going) -> Going:
 
 
 def audit_step(run: Run, g: Going) -> Going:
-    """Step `audit`: every promoted image audited by default (builder.flows.vuln_audit)."""
-    for p in g.promoted:
-        vuln_audit.audit_published(p.vetted, p.cand.evidence["sbom"], p.cand.planned.variant.key,
-                                   run.trust.key)
-    return g
+    """Step `audit`: every promoted image audited by default (builder.flows.vuln_audit); each
+    report kept for step `twin`, which attaches it to the platform's twin too."""
+    return replace(g, audits={p.vetted.digest: vuln_audit.audit_published(
+        p.vetted, p.cand.evidence["sbom"], p.cand.planned.variant.key, run.trust.key)
+        for p in g.promoted})
 
 
 def index(run: Run, g: Going) -> Going:
     """Step `index`: several platforms' image index (else the manifest), and its dated tag."""
     top = push_index(run.matrix, list(g.promoted)) if g.multi else g.promoted[0].vetted
     return replace(g, top=top, dated=publish.next_dated(top, g.first.floating_tag,
-                                                             g.cands[0].trust.keys))
+                                                             g.cands[0].trust.vouchers))
 
 
 def twin_step(run: Run, g: Going) -> Going:
@@ -227,7 +228,7 @@ def twin_step(run: Run, g: Going) -> Going:
     assert g.top is not None
     return replace(g, twins=promote_twins(run.matrix, g.top, [(p.vetted, p.cand)
                                                              for p in g.promoted],
-                                          [g.dated[0], *g.tags]))
+                                          [g.dated[0], *g.tags], g.platform_tags, g.audits))
 
 
 def sign_step(run: Run, g: Going) -> Going:
@@ -281,10 +282,7 @@ def already_published(known: dict[str, Publication], group: list[PlannedVariant]
     hash) under a publication that counts (signed by a trusted key, when keys are given)."""
     vid = group[0].variant.id
     pub = known.get(vid)
-    if pub is None:
-        return None
-    held = {pub.content_hash, *(e.content_hash for e in pub.platforms)}
-    if not all(p.content_hash in held for p in group):
+    if pub is None or not tag_repair.holds(pub, group):
         return None
     message = f"already published as {pub.reference} (dated {pub.dated_tag})"
     step(f"  [{vid}] {message}")

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from builder.core import keypair, oci, reproducible, sign, zstd
 from builder.core.output import human_bytes, step
+from builder.flows import vuln_audit
 from builder.model.matrix import Matrix
 from builder.model.staged import Staged
 from builder.stages import build, provenance, publish, staging, twin
@@ -49,13 +51,16 @@ class Twins:
 
 
 def promote_twins(matrix: Matrix, top: Staged, images: Sequence[tuple[Staged, Candidate]],
-                  tags: Sequence[str]) -> Twins | None:
+                  tags: Sequence[str], platform_tags: dict[str, str] | None = None,
+                  audits: Mapping[str, dict[str, Any] | None] | None = None) -> Twins | None:
     """Step `twin` of `builder publish` (none when the matrix's `compression` lacks zstd): the
     zstd twin of the promoted manifest or index, always recompressed (never found), each
-    platform's twin with the same SBOM and smoke report attached and its own provenance (naming
-    its gzip sibling). A different twin already under one of `tags`' twin tags is reported; the
-    tags step replaces it. Not signed and not tagged yet: `sign_twins` signs them with their
-    tags, `write_twin_tags` writes those last."""
+    platform's twin with the same SBOM and smoke report attached, its own provenance (naming
+    its gzip sibling) and its gzip sibling's vulnerability report (`audits`: a node pulling the
+    twin asks about the twin's digest). A different twin already under one of `tags`' twin
+    tags, or in an index under a platform's content tag's twin (`platform_tags`), is reported;
+    the tags step replaces it. Not signed and not tagged yet: `sign_twins` signs them with
+    their tags, `write_twin_tags` writes those last."""
     if not matrix.zstd_twins:
         return None
     reg, report, start = oci.Registry(top.registry), twin.Report(), time.monotonic()
@@ -68,17 +73,27 @@ def promote_twins(matrix: Matrix, top: Staged, images: Sequence[tuple[Staged, Ca
             attach(mine, kind, cand.evidence[kind], cand.trust)
         attach(mine, "provenance", twin_provenance(provenance_of(mine, cand.trust),
                                                    vetted.digest), cand.trust)
+        if (found := (audits or {}).get(vetted.digest)) is not None:
+            vuln_audit.attach(mine, found, cand.trust.key)
         twins[vetted.digest] = mine
     report.seconds = time.monotonic() - start
     step(f"  zstd twin {desc.digest[:19]} of {top.digest[:19]}: "
          f"{human_bytes(report.gzip_bytes)} gzip → {human_bytes(report.zstd_bytes)} zstd "
-         f"in {report.seconds:.0f} s")
-    for tag, held in twin.stale(reg, top.repository, desc, top.digest,
-                                [twin.tag_of(t) for t in tags]):
-        step(f"  zstd twin `{tag}` held {held[:19]}, not the twin made of {top.digest[:19]}: "
-             "replacing it")
+         f"in {report.seconds:.0f} s ({report.reused} of {report.layers} layers made before)")
+    report_stale(reg, top.repository, desc, top.digest, tags)
+    for gzip_digest, tag in (platform_tags or {}).items():
+        report_stale(reg, top.repository, report.twins[gzip_digest], gzip_digest, [tag])
     return Twins(twins.get(top.digest) or Staged(top.registry, top.repository, desc, ""),
                      twins, report)
+
+
+def report_stale(reg: oci.Registry, repository: str, made: oci.Descriptor, source: str,
+                 tags: Sequence[str]) -> None:
+    """One line for each twin of `tags` that holds another manifest than the twin `made` of
+    `source` while claiming it (twin.stale): the tags step overwrites it, and says so here."""
+    for tag, held in twin.stale(reg, repository, made, source, [twin.tag_of(t) for t in tags]):
+        step(f"  zstd twin `{tag}` held {held[:19]}, not the twin made of {source[:19]}: "
+             "replacing it")
 
 
 def twin_provenance(statement: bytes, gzip_digest: str) -> bytes:

@@ -28,6 +28,7 @@ ARTIFACT_TAG = re.compile(r"^sha256-([0-9a-f]{64})(?:\.([a-z]+))?$")
 REFERRERS = "referrers"
 DATED_TAG = re.compile(r"^(?P<floating>.+)-(?P<date>\d{8})(?:\.(?P<n>\d+))?$")
 BUILD_TAG = re.compile(r"^build-[0-9a-f]+$")
+MAX_FIXES = 200  # "fix available" rows kept per audit (the count is always the whole)
 TWIN_SUFFIX = "-zstd"  # builder.stages.twin.SUFFIX (the model does not import stages)
 # cosign's annotation of a keyless (Fulcio certificate) signature.
 CERTIFICATE_ANNOTATION = "dev.sigstore.cosign/certificate"
@@ -164,10 +165,15 @@ def arch_list(checks: list[dict[str, Any]]) -> list[str] | None:
 def audit_summary(doc: dict[str, Any]) -> dict[str, Any]:
     sources = {name: (s.get("status") if isinstance(s, dict) else s)
                for name, s in (doc.get("sources") or {}).items()}
+    vulns = [v for v in doc.get("vulnerabilities") or [] if isinstance(v, dict)]
     return {"vulnerabilities": len(doc.get("vulnerabilities") or []), "ok": doc.get("ok"),
             "sources": sources, "date": doc.get("audited_at") or doc.get("date"),
             "unknown": len(doc.get("unknown") or []),
-            "incomplete": sorted(name for name, status in sources.items() if status != "ok")}
+            "incomplete": sorted(name for name, status in sources.items() if status != "ok"),
+            "fixes": [{"id": str(v.get("id") or ""), "package": str(v.get("name") or ""),
+                       "version": str(v.get("version") or ""),
+                       "fixed": [str(f) for f in v["fix_versions"]]}
+                      for v in vulns if v.get("fix_versions")][:MAX_FIXES]}
 
 
 def rebuild_summary(doc: dict[str, Any]) -> dict[str, Any]:
@@ -248,6 +254,7 @@ def variants(by_tag: dict[str, str], images: dict[str, dict[str, Any]]) -> list[
                    for date, _, tag in sorted(dated.get(name, []))]
         for before, after in itertools.pairwise(history):
             after["changes"] = changes(images[before["digest"]], images[after["digest"]])
+        fixes_taken(history, images)
         digest = by_tag.get(name) or (history[-1]["digest"] if history else None)
         aliases = sorted(t for t, d in by_tag.items()
                          if d == digest and t != name and not dated_key(t) and t not in dated)
@@ -276,7 +283,24 @@ def history_entry(tag: str, date: str, digest: str,
             "size": first.get("size"), "vulnerabilities": vulnerabilities(ev),
             "audit": audit["state"],
             "reasons": rebuild.get("reasons") or [], "reason_detail": rebuild.get("detail"),
-            "changes": None}
+            "changes": None, "fixes": [dict(f) for f in (ev.get("audit") or {}).get("fixes") or []]}
+
+
+def fixes_taken(history: list[dict[str, Any]], images: dict[str, dict[str, Any]]) -> None:
+    """Each "fix available" row of a dated build names the rebuild that took it (issue 41.7):
+    the first later dated build of the variant whose SBOM holds the package at a fixed
+    version (`taken_in`, its dated tag); None while no later build has it."""
+    for n, entry in enumerate(history):
+        for fix in entry["fixes"]:
+            fix["taken_in"] = next((later["tag"] for later in history[n + 1:] if holds_version(
+                images[later["digest"]], fix["package"], fix["fixed"])), None)
+
+
+def holds_version(image: dict[str, Any], package: str, versions: list[str]) -> bool:
+    """Whether the image's SBOM (its first platform's) lists `package` at one of `versions`."""
+    sbom = ((image["platforms"] or [{}])[0].get("evidence") or {}).get("sbom") or {}
+    return any(c.get("name") == package and c.get("version") in versions
+               for c in sbom.get("components") or [])
 
 
 def audit_state(ev: dict[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """"Bytes needed to start": the startup working set `python -m bench pull` measured, on the
 catalog's pages beside the pull size.
 
-The figure comes from a bench results file the operator names (`builder catalog --startup
-bench/results.json`: the `pull` entry, per variant the bytes of the unpacked image a cold
-`import torch` + first matmul read; bench/workingset.py), never from the registry: it is a
+The figure comes from a bench results file (`bench/results.json` of the folder the catalog runs
+in, when present, or the file `builder catalog --startup` names; none with `--no-startup`: the
+`pull` entry, per variant the bytes of the unpacked image a cold `import torch` + first matmul
+read; bench/workingset.py), never from the registry: it is a
 measurement of ours, not a claim anyone with push rights can write. It is matched by digest
 (the gzip image or its zstd twin the bench pulled); failing that, by the image's variant, and
 then the page says it was measured on another build of the variant.
@@ -17,6 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from builder.core.errors import BuilderError
+
+# What `python -m bench pull` writes in a checkout: the catalog reads it when it is there.
+DEFAULT = Path("bench") / "results.json"
+
+
+def results_path(given: Path | None, off: bool = False) -> Path | None:
+    """The bench results the pages read: `given` (--startup), else DEFAULT; None with
+    --no-startup. A missing file is read as nothing measured (`load`), never an error: a
+    catalog run outside a checkout shows "not measured"."""
+    if off:
+        return None
+    return given or DEFAULT
 
 
 def load(path: Path | None) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ import pytest
 import run_wide
 from fixtures_published import shared_publication  # noqa: F401  (one per session: here, not in modules)
 from helpers import PORTS, PRIVATE_REPOSITORIES, free_port, missing
+from keyless_mock import mock  # noqa: F401  (the mock sigstore services: here, not in modules)
 
 from builder.core import engine, registry
 
@@ -119,6 +120,16 @@ def _remove_images_made_by_the_module() -> Iterator[None]:
 def labels_of(image_id: str) -> dict[str, str]:
     info = engine.inspect_image(image_id) or {}
     return (info.get("Config") or {}).get("Labels") or {}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _twin_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One zstd twin cache (builder.core.twin_cache) for the session's `builder` runs, never
+    the user's: a publish of layers an earlier module twinned copies them instead of
+    recompressing. A test that must recompress names a folder of its own."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BUILDER_TWIN_CACHE", str(tmp_path_factory.mktemp("twin-cache")))
+        yield
 
 
 @pytest.fixture(scope="session")

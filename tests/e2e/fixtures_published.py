@@ -6,8 +6,9 @@ most of the e2e suite's time).
 `builder publish --key` of the CPU runtime into the session registry (conftest's
 `registry_addr`), under a repository of its own, with its zstd twin and an alias, exactly as a
 user does; it returns a frozen record of what was published. Once per run: under xdist the
-first worker that asks makes it and the other reads its record (tests/run_wide.py). conftest.py imports it, so that a
-test asks for it by name: a module that imported it too would get a copy of its own, built again.
+first worker that asks makes it and the other reads its record (tests/run_wide.py). conftest.py
+imports it, so that a test asks for it by name: a module that imported it too would get a copy
+of its own, built again.
 
 Read it, never change it: a module that forges does so in a registry of its own
 (`own_registry`), which it fills cheaply: a signature binds `registry/repository`, and the
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shutil
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -34,7 +36,7 @@ import run_wide
 import yaml
 from helpers import cosign_env, cpu_alias_matrix, free_port, remove_images_at, run_builder
 
-from builder.core import registry
+from builder.core import engine, registry
 
 CPU = "2.13.0-py3.11-cpu-runtime"
 ALIAS = "latest-cpu-runtime"
@@ -179,3 +181,28 @@ def restage(shared: Publication, folder: Path, addr: str, **changes: object) -> 
     record = publish(matrix, shared.key, shared.env, folder / "published.json")
     assert record["digest"] == staged
     return replace(shared, addr=addr, matrix=matrix, built=built, staged=staged, record=record)
+
+
+def evidence_state(shared: Publication, folder: Path) -> Path:
+    """A state folder `folder` holding what the session's build left by image id (its smoke
+    report, SBOM and build times): a runner that built that image id before, for a module
+    whose proof starts after the smoke test (a rebuild from the build cache reuses them)."""
+    for part in ("reports", "sbom", "builds"):
+        shutil.copytree(shared.state / part, folder / part)
+    return folder
+
+
+@contextlib.contextmanager
+def own_staging(shared: Publication, name: str) -> Iterator[str]:
+    """`registry/repository` of a staging repository of the caller's own in the session's
+    registry (a matrix's `staging`): `docker push` there mounts the layers the session's staging
+    holds instead of compressing them again, as a push to another registry must. Its local
+    names (the kept cache image) removed afterwards."""
+    ref = f"{shared.addr}/e2e-{name}-{uuid.uuid4().hex[:8]}-staging"
+    try:
+        yield ref
+    finally:
+        names = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
+                              "--filter", f"reference={ref}").stdout.split()
+        for local in names:
+            engine.remove_image(local)

@@ -66,7 +66,7 @@ def site(registry_addr: str, tmp_path_factory: pytest.TempPathFactory) -> Site:
     pub.write_bytes(keypair.public_pem(key.public))
     out = folder / "site"
     result = json.loads(run_builder("catalog", f"{registry_addr}/{REPO}", "--out", str(out),
-                                    "--json").stdout)
+                                    "--json", "--no-startup").stdout)
     assert result["fetched"] > 0 and result["tags"] == 9 and result["variants"] == 4
     return Site(out, f"{registry_addr}/{REPO}", digests, pub)
 
@@ -91,7 +91,7 @@ def test_catalog_json_matches_the_shipped_schema_and_says_what_was_published(sit
 def test_a_second_run_fetches_nothing_and_rewrites_nothing(site: Site) -> None:
     before = {p: p.stat().st_mtime_ns for p in site.out.rglob("*") if p.is_file()}
     result = json.loads(run_builder("catalog", site.source, "--out", str(site.out),
-                                    "--json").stdout)
+                                    "--json", "--no-startup").stdout)
     assert (result["fetched"], result["files_written"]) == (0, 0)
     assert {p: p.stat().st_mtime_ns for p in before} == before
 
@@ -300,7 +300,8 @@ def test_an_image_page_says_how_to_run_and_verify_it_and_what_it_runs_as(
 
 def test_an_older_dated_page_pins_its_own_zstd_twin_and_says_not_measured(site: Site) -> None:
     """Issue 42: every page's pod pins the twin of its own digest (here the first dated build,
-    no longer floating), names the gzip digest for Docker 20.10; no --startup: not measured."""
+    no longer floating), names the gzip digest for Docker 20.10; --no-startup (the site's runs
+    ignore the checkout's bench/results.json): not measured."""
     dated = f"{CPU_OLD.floating}-20261201"
     reg = oci.Registry(site.source.split("/")[0])
     gzip, twin = (reg.head(REPO, tag).digest for tag in (dated, f"{dated}-zstd"))
@@ -366,7 +367,7 @@ def test_an_audit_attached_later_is_the_latest_audit_and_says_when_inconclusive(
                          closed, check=False)
     assert result.returncode in (1, 2), result.stderr  # never "clean" with a source missing
     out = json.loads(run_builder("catalog", site.source, "--out", str(site.out),
-                                 "--json").stdout)
+                                 "--json", "--no-startup").stdout)
     assert out["fetched"] >= 1  # the new audit artifact, nothing else
     page = (site.out / "tags" / f"{CPU_SLIM.floating}.html").read_text()
     assert "Not conclusive</strong>: debian-security" in page

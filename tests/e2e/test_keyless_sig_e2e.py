@@ -10,12 +10,13 @@ from pathlib import Path
 import legacy_cosign
 import pytest
 from helpers import fake_image
-from test_keyless_e2e import MAIN, PULL, REPOSITORY, by, mock, reg, token, verify
+from keyless_mock import MAIN, PULL, by, token
+from test_keyless_e2e import REPOSITORY, reg, verify
 
 from builder.core import keyless_sig, oci, sign
 
 pytestmark = pytest.mark.docker
-__all__ = ["mock", "reg"]  # the module fixtures this file shares
+__all__ = ["reg"]  # the module fixture this file shares (`mock` is conftest's)
 
 
 def signed(reg: oci.Registry, mock: Path, subject: str, title: str) -> tuple[str, sign.Layer]:

@@ -5,6 +5,13 @@ would publish it; and a fresh runner (another state folder, no base in the engin
 the staged image on that next day without building, under the publish day's dated tag, and
 `verify --key` is ok. One build: nothing is built after 23:59:59.
 
+That build is the session's CPU runtime (fixtures_published) again, under its key, into a
+registry of this module's own: the build cache's layers, the same image id, so the runner's state
+folder (fixtures_published.evidence_state) has its smoke report and SBOM (evidence by image id,
+not what this module proves). Its staging is a repository of this module's own in the session's
+registry (`own_staging`: the push mounts the session's layers); the staging and everything after
+it are this module's own, and it publishes no zstd twins (`compression: [gzip]`).
+
 The base's names are held aside for the fresh runner and put back (helpers.base_removed).
 """
 
@@ -12,21 +19,26 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import amd64_matrix, base_removed, free_port, run_builder
+from fixtures_published import (
+    Publication,
+    evidence_state,
+    moved_matrix,
+    own_registry,
+    own_staging,
+)
+from helpers import base_removed, run_builder
 
-from builder.core import clock, engine, registry
+from builder.core import clock, engine
 from builder.model.bases import bootstrap_ref
 
 pytestmark = pytest.mark.docker
 
 CPU = "2.13.0-py3.11-cpu-runtime"
-PASSWORD = "midnight-e2e"
 # The build day ends at 23:59:59; the next day is the session's day by the one clock (dates after
 # today are not publications; under `--clock-start` it is the ticking clock's), so the build day
 # is the day before.
@@ -35,22 +47,22 @@ BUILD_DAY = NEXT_DAY - dt.timedelta(days=1)
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A linux/amd64 matrix on a fresh registry and a key pair; its images removed afterwards."""
+def env(shared_publication: Publication, tmp_path_factory: pytest.TempPathFactory
+        ) -> Iterator[dict[str, Any]]:
+    """The session's matrix moved to a registry of this module's own (its staging a repository
+    of its own in the session's registry), its key, and the runner's state folder `ci` (the
+    session's evidence); its images removed afterwards."""
     tmp = tmp_path_factory.mktemp("midnight")
-    addr = f"127.0.0.1:{free_port()}"
-    matrix_path = amd64_matrix(tmp, addr)
-    registry.start(addr, tmp / "registry")
-    environ = {**os.environ, "COSIGN_PASSWORD": PASSWORD}
-    for name in ("COSIGN_PRIVATE_KEY", clock.ENV):
-        environ.pop(name, None)
-    run_builder("keygen", "--out", str(tmp), env=environ)
-    yield {"matrix": matrix_path, "addr": addr, "tmp": tmp, "env": environ}
-    registry.stop(tmp / "registry")
-    refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
-                         "--filter", f"reference={addr}/*").stdout.split()
-    for ref in refs:
-        engine.remove_image(ref)
+    shared = shared_publication
+    evidence_state(shared, tmp / "ci")
+    environ = dict(shared.env)
+    environ.pop(clock.ENV, None)
+    with own_registry(tmp) as addr, own_staging(shared, "midnight") as staging:
+        # no zstd twins: each is a recompression of the image, and test_zstd_twins proves them
+        matrix = moved_matrix(shared, tmp, addr, compression=["gzip"], staging=staging)
+        yield {"matrix": matrix, "addr": addr, "tmp": tmp,
+               "env": environ, "key": shared.key, "pub": shared.pub,
+               "repo": shared.repository, "image_id": shared.built["image_id"]}
 
 
 def at(env: dict[str, Any], when: str, state: str, *args: str, check: bool = True
@@ -73,8 +85,9 @@ def next_day(env: dict[str, Any], state: str, *args: str) -> Any:
 def staged(env: dict[str, Any]) -> dict[str, Any]:
     """Built, smoked, described and staged with signed evidence at 23:59:59 (state `ci`)."""
     [outcome] = before_midnight(env, "ci", "build", "--select", f"id={CPU}", "--stage",
-                                "--key", str(env["tmp"] / "cosign.key"), "--json")
+                                "--key", str(env["key"]), "--json")
     assert outcome["state"] == "built", outcome
+    assert outcome["image_id"] == env["image_id"], outcome  # the session's image, rebuilt
     [planned] = before_midnight(env, "ci", "plan", "--select", f"id={CPU}", "--json")["include"]
     return {"ref": outcome["message"], "digest": outcome["message"].rsplit("@", 1)[1],
             "plan": planned}
@@ -87,7 +100,7 @@ def test_the_next_day_the_same_runner_finds_it_up_to_date_and_publishable(env, s
     [outcome] = next_day(env, "ci", "build", "--select", f"id={CPU}", "--json")
     assert outcome["state"] == "up-to-date", outcome
     [would] = next_day(env, "ci", "publish", "--select", f"id={CPU}", "--dry-run", "--json",
-                       "--key", str(env["tmp"] / "cosign.key"))
+                       "--key", str(env["key"]))
     assert would["status"] == "would-publish", would
     assert would["staged"] == staged["ref"]
     assert would["tags"][0].endswith(f"-{NEXT_DAY:%Y%m%d}[.n]")  # the publish day's
@@ -99,7 +112,7 @@ def test_a_fresh_runner_publishes_it_the_next_day_without_building(env, staged) 
     with base_removed():
         assert engine.inspect_image(bootstrap_ref("bookworm")) is None
         result = at(env, f"{NEXT_DAY.isoformat()}T00:00:30Z", "fresh", "publish", "--select",
-                    f"id={CPU}", "--json", "--key", str(env["tmp"] / "cosign.key"),
+                    f"id={CPU}", "--json", "--key", str(env["key"]),
                     "--manifest", str(env["tmp"] / "published.json"))
         assert engine.inspect_image(bootstrap_ref("bookworm")) is None  # nothing bootstrapped
     [published] = json.loads(result.stdout)
@@ -107,6 +120,6 @@ def test_a_fresh_runner_publishes_it_the_next_day_without_building(env, staged) 
     assert published["digest"] == staged["digest"]  # the staged image itself: not rebuilt
     dated = f"{CPU}-{NEXT_DAY:%Y%m%d}"
     assert dated in published["tags"], published
-    verified = run_builder("verify", f"{env['addr']}/torch:{dated}", "--key",
-                           str(env["tmp"] / "cosign.pub"), env=env["env"], check=False)
+    verified = run_builder("verify", f"{env['addr']}/{env['repo']}:{dated}", "--key",
+                           str(env["pub"]), env=env["env"], check=False)
     assert verified.returncode == 0, verified.stdout + verified.stderr

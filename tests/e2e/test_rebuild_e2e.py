@@ -2,10 +2,16 @@
 `rebuild` pushes nothing; rebuild its base with one more package → `rebuild --check` names
 `base-moved`, `rebuild` publishes a new dated tag, moves the floating tag and prints the SBOM diff.
 
-Like tests/e2e/test_e2e.py: the shipped matrix with the registry moved to a private port, and the
-3.11 base replaced by a local image this test makes (`torch-images-e2e-base:rebuild`, from the
-bootstrapped `torch-images-base:bookworm`), so it never touches the user's registry or base.
-Only the CPU runtime variant is built.
+Like tests/e2e/test_e2e.py: the shipped matrix under a repository of this module's own in the
+session's registry, and the 3.11 base replaced by a name of this module's own
+(`torch-images-e2e-base:rebuild-…`), so it never touches the user's registry or base. That name
+starts as a second tag of the bootstrapped `torch-images-base:bookworm-slim`, the session's
+publication's base (fixtures_published, asked for first): the first build takes the steps its
+build cached and `docker push` mounts the layers its staging holds instead of compressing them
+again. Then the name is moved to a base with one more package, made FROM it, and everything after
+it is built, smoked and pushed anew. Only the CPU runtime variant is built, and published without
+zstd twins (`compression: [gzip]`: each twin is a recompression of the whole image, and this
+module proves nothing about them).
 
 PyPI's vulnerability data may be unreachable (pinned releases unknown to it): then python-vuln
 is `unknown` (exit 2), never clean; the test checks that once and skips that source otherwise.
@@ -22,9 +28,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import free_port, run_builder
+from helpers import private_matrix, remove_images_of, run_builder
 
-from builder.core import engine, oci, registry
+from builder.core import engine, oci
 from builder.core.oci import registry_url
 from builder.model import bases
 from builder.model.matrix import Base
@@ -39,7 +45,6 @@ BASE_REF = f"torch-images-e2e-base:rebuild-{uuid.uuid4().hex[:8]}"
 SOURCE_BASE = Base("mmdebstrap:bookworm")
 NEW_PACKAGE = "less"  # not in the images (OS_PACKAGES_APT): the SBOM diff must list it
 SKIP = ("--skip-source", "python-vuln")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_base(tmp: Path, name: str, dockerfile: str) -> str:
@@ -54,44 +59,32 @@ def make_base(tmp: Path, name: str, dockerfile: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    """A private registry, a matrix whose 3.11 base is BASE_REF, and that base; all removed
-    afterwards (registry, pushed/built images, both versions of the base)."""
+def env(shared_publication, registry_addr, tmp_path_factory):
+    """A repository of this module's own in the session's registry, a matrix whose 3.11 base is
+    BASE_REF, and that base (a name of the bootstrap); all removed afterwards (pushed/built
+    images, the moved base)."""
     tmp = tmp_path_factory.mktemp("rebuild-e2e")
-    port = free_port()
-    addr = f"127.0.0.1:{port}"
-    data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
-    data["registry"] = addr
+    # no zstd twins: test_zstd_twins proves them, not this module
+    matrix_path = private_matrix(tmp, registry=registry_addr, compression=["gzip"])
+    data = yaml.safe_load(matrix_path.read_text())
     data["bases"]["3.11"] = {"image": BASE_REF, "python_from": "apt"}
-    matrix_path = tmp / "matrix.yaml"
     matrix_path.write_text(yaml.safe_dump(data, sort_keys=False))
-    storage = tmp / "registry"
     manifest = tmp / "published.json"
-    had_base = engine.inspect_image(BASE_REF) is not None
-    base.ensure(SOURCE_BASE, progress=print)  # torch-images-base:bookworm (bootstrap if absent)
-    made: list[str] = []
-    registry.start(addr, storage)
+    base.ensure(SOURCE_BASE, progress=print)  # torch-images-base:bookworm-slim (bootstrap if absent)
+    engine.docker("tag", bases.local_ref(SOURCE_BASE), BASE_REF)
+    made: list[str] = []  # the moved base: never the bootstrap's id (BASE_REF is only a name)
     try:
-        made.append(make_base(tmp, "base-1", f"FROM {bases.local_ref(SOURCE_BASE)}\n"
-                              "LABEL io.torch-images.e2e=rebuild\n"))
-        yield {"matrix": matrix_path, "addr": addr, "tmp": tmp, "manifest": manifest,
-               "made": made, "state": tmp / "state"}  # never the user's .state/ (#25)
+        yield {"matrix": matrix_path, "addr": registry_addr, "tmp": tmp, "manifest": manifest,
+               "repository": data["repository"], "made": made,
+               "state": tmp / "state"}  # never the user's .state/ (#25)
     finally:
-        registry.stop(storage)
-        refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
-                             "--filter", f"reference={addr}/*").stdout.split()
+        remove_images_of(matrix_path)
         ids = []
         if manifest.exists():
             for entry in json.loads(manifest.read_text())["variants"].values():
                 ids += [p["image_id"] for p in entry["publications"]]
-        for ref in refs:
+        for ref in [*ids, BASE_REF, *made]:
             engine.remove_image(ref)
-        for image_id in ids:
-            engine.remove_image(image_id)
-        if not had_base:
-            engine.remove_image(BASE_REF)
-        for image_id in made:
-            engine.remove_image(image_id)
 
 
 def builder(env, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -116,12 +109,12 @@ def check_json(env, *args: str) -> tuple[int, dict]:
 
 
 def registry_digest(env, tag: str) -> str | None:
-    desc = oci.Registry(env["addr"]).head("torch", tag)
+    desc = oci.Registry(env["addr"]).head(env["repository"], tag)
     return desc.digest if desc else None
 
 
 def registry_tags(env) -> list[str]:
-    url = f"{registry_url(env['addr'])}/v2/torch/tags/list"
+    url = f"{registry_url(env['addr'])}/v2/{env['repository']}/tags/list"
     with urllib.request.urlopen(url, timeout=10) as response:
         return sorted(json.loads(response.read())["tags"])
 
@@ -222,7 +215,7 @@ def test_moved_base_is_rebuilt_and_republished(env, published):
     # the catalog, from the registry alone, shows both dated builds of the real image: the
     # second's changelog names the package the base gained, and why `rebuild` rebuilt it
     site = env["tmp"] / "site"
-    run_builder("catalog", f"{env['addr']}/torch", "--out", str(site))
+    run_builder("catalog", f"{env['addr']}/{env['repository']}", "--out", str(site))
     history = {v["tag"]: v for v in json.loads((site / "catalog.json").read_text())["variants"]}
     entries = history[FLOATING]["history"]
     assert [e["tag"] for e in entries] == [old["dated_tag"], new["dated_tag"]]

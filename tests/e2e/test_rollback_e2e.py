@@ -2,42 +2,35 @@
 reports it as a signed rollback (ok), the catalog names it and the key; a hand-moved tag, or a
 rollback made stale by a newer publication, still fails.
 
-One CPU runtime image is built, staged and published with a key on day 1 (`TORCH_IMAGES_NOW`),
-with its zstd twin. The newer publication of day 2 is made beside it as the pipeline would sign
-it (a tiny image wearing the real labels but other content, and its twin, signed by the trusted
-key naming its dated tag, the floating tag and the alias, those tags moved onto it): cheaper than
-a second build, and the same record to every command. Then, on day 2, `publish --rollback-to`
-the day-1 publication.
+The session's CPU runtime (fixtures_published: built and staged with signed evidence once, only
+read) is published by its key on day 1 (`TORCH_IMAGES_NOW`), with its zstd twin, into a registry
+of this module's own whose matrix trusts that key: nothing is built. The newer publication of
+day 2 is made beside it as the pipeline would sign it (a tiny image wearing the real labels but
+other content, and its twin, signed by the trusted key naming its dated tag, the floating tag and
+the alias, those tags moved onto it): cheaper than a second build, and the same record to every
+command. Then, on day 2, `publish --rollback-to` the day-1 publication.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from helpers import (
-    Saved,
-    cpu_alias_matrix,
-    fake_image,
-    free_port,
-    real_labels,
-    remove_images_at,
-    run_builder,
-)
+from fixtures_published import PASSWORD, Publication, moved_matrix, own_registry, republish
+from helpers import Saved, fake_image, real_labels, run_builder
 from packageurl import PackageURL
 
-from builder.core import keypair, labels, oci, registry, sign
+from builder.core import keypair, labels, oci, sign
 from builder.model import tags as tag_rules
 
 pytestmark = pytest.mark.docker
 
 CPU = "2.13.0-py3.11-cpu-runtime"
 ALIAS = "latest-cpu-runtime"
-PASSWORD = "correct horse"
 DAY1, DAY2 = "2026-01-01T12:00:00Z", "2026-01-02T12:00:00Z"
 OLD, NEW, NEWER = f"{CPU}-20260101", f"{CPU}-20260102", f"{CPU}-20260102.1"
 MOVING = (CPU, ALIAS)
@@ -48,23 +41,18 @@ def twin(tag: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A fresh registry, a key pair, a matrix trusting that key (an alias for the CPU runtime);
-    the registry and its images removed afterwards."""
+def env(shared_publication: Publication, tmp_path_factory: pytest.TempPathFactory
+        ) -> Iterator[dict[str, Any]]:
+    """A registry of this module's own, a matrix trusting the session's key (an alias for the
+    CPU runtime); the registry and its images removed afterwards."""
     tmp = tmp_path_factory.mktemp("rollback")
-    addr = f"127.0.0.1:{free_port()}"
-    matrix_path = cpu_alias_matrix(tmp, addr, ALIAS, trust_keys=["ours/cosign.pub"])
-    registry.start(addr, tmp / "registry")
-    environ = {**os.environ, "COSIGN_PASSWORD": PASSWORD, "BUILDER_STATE": str(tmp / "state"),
-               "TORCH_IMAGES_NOW": DAY1}
-    environ.pop("COSIGN_PRIVATE_KEY", None)
-    (tmp / "ours").mkdir()
-    run_builder("keygen", "--out", str(tmp / "ours"), env=environ)
-    yield {"matrix": matrix_path, "addr": addr, "tmp": tmp, "env": environ,
-           "key": tmp / "ours" / "cosign.key", "pub": tmp / "ours" / "cosign.pub",
-           "reg": oci.Registry(addr)}
-    registry.stop(tmp / "registry")
-    remove_images_at(addr)
+    shared = replace(shared_publication,
+                     env={**shared_publication.env, "TORCH_IMAGES_NOW": DAY1})
+    with own_registry(tmp) as addr:
+        yield {"addr": addr, "tmp": tmp, "env": shared.env, "key": shared.key,
+               "pub": shared.pub, "reg": oci.Registry(addr), "repo": shared.repository,
+               "shared": shared, "matrix": moved_matrix(shared, tmp, addr,
+                                                        trust_keys=[str(shared.pub)])}
 
 
 def builder(env: dict[str, Any], *args: str, day: str = DAY2, check: bool = False
@@ -74,12 +62,12 @@ def builder(env: dict[str, Any], *args: str, day: str = DAY2, check: bool = Fals
 
 
 def verify(env: dict[str, Any], tag: str) -> subprocess.CompletedProcess[str]:
-    return run_builder("verify", f"{env['addr']}/torch:{tag}", "--key", str(env["pub"]),
+    return run_builder("verify", f"{env['addr']}/{env['repo']}:{tag}", "--key", str(env["pub"]),
                        env={**env["env"], "TORCH_IMAGES_NOW": DAY2}, check=False)
 
 
 def head(env: dict[str, Any], tag: str) -> str | None:
-    desc = env["reg"].head("torch", tag)
+    desc = env["reg"].head(env["repo"], tag)
     return desc.digest if desc else None
 
 
@@ -89,14 +77,11 @@ def ours(env: dict[str, Any]) -> keypair.SigningKey:
 
 @pytest.fixture(scope="module")
 def day1(env: dict[str, Any]) -> dict[str, Any]:
-    """The real publication of day 1: built, staged with signed evidence, published with the
-    key (and its zstd twin)."""
-    builder(env, "build", "--select", f"id={CPU}", "--stage", "--key", str(env["key"]),
-            day=DAY1, check=True)
-    result = builder(env, "publish", "--select", f"id={CPU}", "--key", str(env["key"]),
-                     "--json", day=DAY1, check=True)
-    print(result.stderr)  # each step's line, the audit's among them (pytest -rP)
-    [pub] = json.loads(result.stdout)
+    """The real publication of day 1: the session's staged image published with the key (and
+    its zstd twin) into this module's registry (fixtures_published.republish)."""
+    (env["tmp"] / "day1").mkdir()
+    pub = republish(env["shared"], env["tmp"] / "day1", env["addr"],
+                    trust_keys=[str(env["pub"])]).record
     assert pub["dated_tag"] == OLD, pub
     assert head(env, twin(OLD)) is not None, "the matrix publishes zstd twins"
     return pub
@@ -107,14 +92,14 @@ def newer_publication(env: dict[str, Any], day1: dict[str, Any], dated: str,
     """A newer publication as the pipeline signs and tags it: other content (a tiny image with
     the real labels), its twin, each signed naming its tags, then the tags moved onto them."""
     reg = env["reg"]
-    found = real_labels(reg, "torch", day1["digest"]) | {labels.CONTENT_HASH: content_hash}
+    found = real_labels(reg, env["repo"], day1["digest"]) | {labels.CONTENT_HASH: content_hash}
     tags = [dated, tag_rules.HASH_TAG_PREFIX + content_hash[:20], *MOVING]
     made = {}
     for name, names in (("gzip", tags), ("zstd", [twin(t) for t in tags])):
-        digest = fake_image(reg, "torch", found)
-        sign.sign_image(reg, "torch", digest, ours(env), sign.tag_annotations(CPU, names))
+        digest = fake_image(reg, env["repo"], found)
+        sign.sign_image(reg, env["repo"], digest, ours(env), sign.tag_annotations(CPU, names))
         for tag in names:
-            reg.tag("torch", digest, tag)
+            reg.tag(env["repo"], digest, tag)
         made[name] = digest
     return made
 
@@ -151,7 +136,7 @@ def test_verify_reports_the_signed_rollback(env, rolled) -> None:
 def catalog(env: dict[str, Any], rolled: dict[str, Any]) -> dict[str, Any]:
     """`builder catalog --key` of the repository after the rollback (day 2)."""
     site = env["tmp"] / "site"
-    run_builder("catalog", f"{env['addr']}/torch", "--out", str(site), "--key", str(env["pub"]),
+    run_builder("catalog", f"{env['addr']}/{env['repo']}", "--out", str(site), "--key", str(env["pub"]),
                 env={**env["env"], "TORCH_IMAGES_NOW": DAY2})
     return json.loads((site / "catalog.json").read_text())
 
@@ -173,9 +158,9 @@ def with_key(doc: Any, key: str) -> Iterator[dict[str, Any]]:
             yield from with_key(value, key)
 
 
-def sbom_python_names(reg: oci.Registry, digest: str) -> set[str]:
+def sbom_python_names(reg: oci.Registry, repository: str, digest: str) -> set[str]:
     """The names of the PyPI packages the attached SBOM lists."""
-    doc = json.loads(reg.fetch_artifact("torch", digest, "sbom"))
+    doc = json.loads(reg.fetch_artifact(repository, digest, "sbom"))
     return {PackageURL.from_string(c["purl"]).name for c in with_key(doc, "purl")
             if c["purl"].startswith("pkg:pypi/")}
 
@@ -185,8 +170,8 @@ def test_a_plain_publish_is_audited_signed_and_the_catalog_shows_it(env, day1, c
     name CVE ids from changelogs, Python rows are `unknown` where PyPI cannot be asked; the
     catalog shows the audit on the image and on its dated tag."""
     reg, digest = env["reg"], day1["digest"]
-    report = json.loads(reg.fetch_artifact("torch", digest, "audit"))
-    attested, _ = sign.verified_attestations(reg, "torch", digest,
+    report = json.loads(reg.fetch_artifact(env["repo"], digest, "audit"))
+    attested, _ = sign.verified_attestations(reg, env["repo"], digest,
                                              [keypair.load_public(env["pub"])])
     assert attested["audit"]["predicate"]["scanner"]["result"] == report
     print(json.dumps(report["sources"], indent=2), len(report["vulnerabilities"]),
@@ -194,7 +179,7 @@ def test_a_plain_publish_is_audited_signed_and_the_catalog_shows_it(env, day1, c
     debian = [v for v in report["vulnerabilities"] if v["source"] == "debian-security"]
     assert all(a.startswith(("CVE-", "DSA-", "DLA-")) for v in debian for a in v["aliases"])
     if report["sources"]["pypi"]["status"] != "ok":
-        python = sbom_python_names(reg, digest)
+        python = sbom_python_names(reg, env["repo"], digest)
         assert python and python <= {u["name"] for u in report["unknown"]}, report["unknown"]
         assert not report["ok"]  # never a clean bill
     [image] = catalog["images"][digest]["platforms"]
@@ -215,11 +200,11 @@ def test_a_hand_moved_tag_still_fails(env, day1, rolled) -> None:
     saved = Saved(env["addr"])
     try:
         for tag in MOVING:  # as the rollback left them
-            saved.keep("torch", tag)
-            saved.keep("torch", twin(tag))
+            saved.keep(env["repo"], tag)
+            saved.keep(env["repo"], twin(tag))
         older = newer_publication(env, day1, f"{CPU}-20251231", "2" * 64)["gzip"]
         for tag in MOVING:  # newer_publication moved them; the floating tag goes to `older`
-            env["reg"].tag("torch", older if tag == CPU else day1["digest"], tag)
+            env["reg"].tag(env["repo"], older if tag == CPU else day1["digest"], tag)
         moved = verify(env, CPU)
         assert moved.returncode == 1 and f"`{CPU}` is rolled back" in moved.stdout, moved.stdout
     finally:
@@ -231,7 +216,7 @@ def test_a_rollback_made_stale_by_a_newer_publication_fails(env, day1, rolled) -
     """Last (it adds a publication): after a newer publication, the old rollback signature
     (rollback-from: the day-2 one) no longer excuses the floating tag on day 1's digest."""
     newer_publication(env, day1, NEWER, "3" * 64)
-    env["reg"].tag("torch", day1["digest"], CPU)  # moved back by hand, with the old signature
+    env["reg"].tag(env["repo"], day1["digest"], CPU)  # moved back by hand, with the old signature
     stale = verify(env, CPU)
     assert stale.returncode == 1 and f"`{CPU}` is rolled back" in stale.stdout, stale.stdout
     assert f"`{NEWER}`" in stale.stdout, stale.stdout

@@ -12,27 +12,22 @@ proof that the poisoned cache was never used is that BuildKit was never given it
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
-import re
 import subprocess
-import tarfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from cache_poison import EVIL, build_log, cache_line, image_files, poison
 from helpers import cosign_env, free_port, private_matrix, remove_images_of, run_builder
 
-from builder.core import engine, keypair, oci, registry, sign
+from builder.core import keypair, oci, registry, sign
 
 pytestmark = pytest.mark.docker
 
 VARIANT = "2.13.0-py3.11-cpu-runtime"
 CPU = ("--select", f"id={VARIANT}", "--select", "platform=linux/amd64")
 PASSWORD = "signed-cache-e2e"
-EVIL = "opt/venv/lib/python3.11/site-packages/zz-evil.pth"
 
 
 @pytest.fixture(scope="module")
@@ -64,54 +59,9 @@ def build(env: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
                        matrix=env["matrix"], env=env["env"])
 
 
-def cache_line(result: subprocess.CompletedProcess[str]) -> str:
-    [line] = [x.strip() for x in result.stderr.splitlines() if "registry cache `" in x]
-    return line
-
-
-def build_log(result: subprocess.CompletedProcess[str]) -> str:
-    [log] = re.findall(r"building \(log: (\S+)\)", result.stderr)
-    return Path(log).read_text(errors="replace")
-
-
 def cache_tag(env: dict[str, Any]) -> str:
     [outcome] = json.loads(env["staged"].stdout)
     return "cache-" + outcome["image"].rsplit(":", 1)[1]
-
-
-def image_files(image: str) -> set[str]:
-    """Every path in the image's filesystem (a container created, exported, removed)."""
-    container = engine.docker("create", image, "true").stdout.strip()
-    try:
-        listing = subprocess.run(f"/usr/bin/docker export {container} | tar -t", shell=True,
-                                 capture_output=True, text=True, check=True, timeout=600)
-    finally:
-        engine.docker("rm", "-f", container, check=False)
-    return {line.rstrip("/") for line in listing.stdout.splitlines()}
-
-
-def poison(reg: oci.Registry, repository: str, tag: str) -> str:
-    """What someone with push rights to the staging repository does: the cache image's last
-    layer replaced by one adding a `.pth` file to site-packages, its diff id in the config too
-    (the inline cache kept); returns the poisoned manifest's digest."""
-    body, _ = reg.manifest(repository, tag) or (b"", None)
-    manifest = json.loads(body)
-    config = reg.config(repository, manifest["config"]["digest"])
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as tar:
-        payload = b"import os; os.environ.setdefault('POISONED', '1')\n"
-        info = tarfile.TarInfo(EVIL)
-        info.size = len(payload)
-        tar.addfile(info, io.BytesIO(payload))
-    layer = gzip.compress(raw.getvalue(), mtime=0)
-    config["rootfs"]["diff_ids"][-1] = oci.sha256(raw.getvalue())
-    config_bytes = json.dumps(config).encode()
-    manifest["layers"][-1] = {**manifest["layers"][-1], "size": len(layer),
-                              "digest": reg.push_blob(repository, layer)}
-    manifest["config"] = {**manifest["config"], "size": len(config_bytes),
-                          "digest": reg.push_blob(repository, config_bytes)}
-    return reg.put_manifest(repository, tag, json.dumps(manifest).encode(),
-                            manifest["mediaType"])
 
 
 def test_staging_signs_the_cache_image_naming_its_tag(env) -> None:

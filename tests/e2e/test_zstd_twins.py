@@ -1,24 +1,30 @@
 """zstd twins, for real: the CPU runtime built and staged once (signed evidence): the session's
 publication (fixtures_published), published with `builder publish --key` into registry A; the
-same staged image published into an empty registry B and, with `compression: [gzip]`, into a
-registry C. Every tag gets `<tag>-zstd` with only tar+zstd layers and the gzip tag's config;
-`verify --key` passes on both; containerd (dockerd's own, through `ctr`, a fresh namespace)
-pulls and runs the twin; the twin digest is the same in both registries; [gzip] writes none.
+same staged image published into an empty registry B with an empty twin cache (recompressed
+from nothing), into D with the session's cache (every layer copied, none recompressed) and, with
+`compression: [gzip]`, into a registry C. Every tag gets `<tag>-zstd` with only tar+zstd layers
+and the gzip tag's config; `verify --key` passes on both; containerd (dockerd's own, through
+`ctr`, a fresh namespace) pulls and runs the twin; the twin digest is the same in A, B and D;
+[gzip] writes none.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fixtures_published import (
+    CPU,
     Publication,
+    moved_matrix,
     own_registry,
     republish,
 )
@@ -52,7 +58,8 @@ def published(env: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """A's publication; the same staged image published into B and (gzip only) into C."""
     shared: Publication = env["shared"]
     tmp, addrs = env["tmp"], env["addrs"]
-    return {"a": shared.record, "b": republish(shared, tmp / "b", addrs["b"]).record,
+    cold = replace(shared, env={**shared.env, "BUILDER_TWIN_CACHE": str(tmp / "b" / "cache")})
+    return {"a": shared.record, "b": republish(cold, tmp / "b", addrs["b"]).record,
             "c": republish(shared, tmp / "c", addrs["c"], compression=["gzip"]).record}
 
 
@@ -92,6 +99,27 @@ def test_verify_key_passes_on_both(env, published) -> None:
 def test_the_twin_digest_is_the_same_in_two_empty_registries(published) -> None:
     assert published["a"]["digest"] == published["b"]["digest"]
     assert published["a"]["zstd"]["digest"] == published["b"]["zstd"]["digest"]
+
+
+def test_a_warm_cache_copies_the_layers_and_gives_the_same_twin(env, published) -> None:
+    """Registry D, with the session's twin cache (A's publication filled it): no layer is
+    recompressed, each is copied from where it was pushed (checked against its digest), and
+    the twin is the one B recompressed from nothing."""
+    shared: Publication = env["shared"]
+    folder = env["tmp"] / "d"
+    folder.mkdir()
+    with own_registry(folder) as addr:
+        matrix = moved_matrix(shared, folder, addr, staging=f"{shared.addr}/{shared.staging}")
+        result = run_builder("publish", "--select", f"id={CPU}", "--key", str(shared.key),
+                             "--manifest", str(folder / "published.json"), matrix=matrix,
+                             env=shared.env)
+        [pub] = json.loads((folder / "published.json").read_text())["variants"][CPU][
+            "publications"]
+    assert pub["zstd"]["digest"] == published["b"]["zstd"]["digest"]
+    assert ", recompressed in" not in result.stderr, result.stderr
+    assert re.search(r"\((\d+) of \1 layers made before\)", result.stderr), result.stderr
+    assert "copied from `" in result.stderr, result.stderr
+    print(result.stderr)
 
 
 def test_compression_gzip_writes_no_twin(env, published) -> None:

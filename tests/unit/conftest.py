@@ -28,6 +28,7 @@ def _refuse(what: str) -> Any:
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     engine.ensure_engine.cache_clear()  # an engine found by an e2e test earlier is not ours
     monkeypatch.setenv("BUILDER_STATE", str(tmp_path / "state"))
+    monkeypatch.setenv("BUILDER_TWIN_CACHE", str(tmp_path / "twins"))  # never the user's
     monkeypatch.setattr(subprocess, "Popen", _refuse("run a command"))
     monkeypatch.setattr(socket.socket, "connect", _refuse("open a connection"))
     monkeypatch.setattr(socket, "create_connection", _refuse("open a connection"))

@@ -60,3 +60,34 @@ def test_tag_drift_alone_is_a_warning_and_rebuilds_nothing() -> None:
     assert 'jq -e "$rebuilds | length > 0"' in one and 'echo "needed=false"' in one
     assert 'select(.status == "rebuild" or .status == "matrix-change")' in script
     assert '. == "repair"' in script and "::warning title=tag drift::" in script
+
+
+def test_the_daily_job_repairs_drifted_tags_with_the_key_on_a_hosted_runner() -> None:
+    """Issue 40 item 3: a `tag-drift` finding is not only a warning: a job that holds the
+    signing key runs `builder publish` for each drifted variant that is not rebuilt anyway,
+    checks that no drift is left, and a failed repair opens the tracking issue."""
+    wf = jobs("rebuild.yml")
+    script = check_script()
+    assert 'select(.status == "repair")' in script and "repairs=" in script
+    assert wf["check"]["outputs"]["repairs"] == "${{ steps.check.outputs.repairs }}"
+    repair = wf["repair"]
+    assert repair["needs"] == "check" and "needs.check.outputs.drifted == 'true'" in repair["if"]
+    assert repair["runs-on"] == "ubuntu-24.04" and repair["environment"] == "publish"
+    assert repair["permissions"] == {"contents": "read"}  # moves registry tags, never git
+    assert repair["strategy"]["matrix"] == "${{ fromJSON(needs.check.outputs.repairs) }}"
+    runs = [s.get("run", "") for s in repair["steps"]]
+    login = next(i for i, r in enumerate(runs) if "docker login" in r)
+    publish = next(i for i, r in enumerate(runs) if "builder publish " in r)
+    assert login < publish and 'builder publish --select "id=$VARIANT_ID"' in runs[publish]
+    assert "secrets.COSIGN_PRIVATE_KEY" in str(repair["steps"][publish]["env"])
+    assert "builder rebuild --check" in runs[publish + 1]
+    assert "repair" in wf["report-failure"]["needs"]
+    assert "needs.repair.result == 'failure'" in wf["report-failure"]["if"]
+
+
+def test_the_daily_check_prints_each_vulnerability_with_a_fix_from_the_signed_audit() -> None:
+    """Issue 41.7: `rebuild --check --json` reports the latest signed audit of each image
+    (builder.flows.audit_check); each vulnerability with a fix becomes a warning annotation."""
+    script = check_script()
+    assert "jq -r '.audits[]? |" in script and ".fixes[]?" in script
+    assert "::warning title=vulnerability with a fix::" in script

@@ -289,7 +289,7 @@ def promoted(monkeypatch):
         staged = Staged(matrix.registry, matrix.repository, desc(n), cand.image_id)
         return staged, {"sbom": ARTIFACT, "smoke_report": ARTIFACT, "provenance": ARTIFACT}
 
-    def twin_promote(matrix, top, platforms, floating):  # the twins: desc(10 + n)
+    def twin_promote(matrix, top, platforms, floating, platform_tags=None, audits=None):  # desc(10+n)
         if not matrix.zstd_twins:
             return None
         mine = {v.digest: dataclasses.replace(v, descriptor=desc(10 + n))

@@ -53,3 +53,19 @@ def test_the_page_says_bytes_share_and_files_or_not_measured(tmp_path: Path) -> 
     near = startup.for_image(records(tmp_path), OTHER, "v-cpu")
     assert catalog_page.startup_words(near).endswith("measured on another build of this variant")
     assert catalog_page.startup_words(None) == "not measured"
+
+
+def test_the_catalog_reads_the_bench_results_by_default_unless_told_otherwise() -> None:
+    """Issue 42: bench/results.json when present; --startup overrides; --no-startup reads
+    none (and a missing file is nothing measured: see the test above)."""
+    from builder.cli import build_parser
+
+    def chosen(*argv: str) -> Path | None:
+        args = build_parser().parse_args(["catalog", "--out", "site", *argv])
+        return startup.results_path(args.startup, args.no_startup)
+
+    assert chosen() == Path("bench/results.json") == startup.DEFAULT
+    assert chosen("--startup", "other.json") == Path("other.json")
+    assert chosen("--no-startup") is None
+    with pytest.raises(SystemExit):
+        chosen("--startup", "other.json", "--no-startup")

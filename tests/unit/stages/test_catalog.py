@@ -341,7 +341,7 @@ def test_with_keys_a_dated_tag_is_history_only_when_a_trusted_signature_names_it
     monkeypatch.setattr(sign, "verified_payloads", payloads)
     by_tag = {floating: D1, f"{floating}-20260101": D1, f"{floating}-20260102": D2,
               f"{floating}-20260102.1": D1}
-    reader = SimpleNamespace(keys=[object()], reg=None,
+    reader = SimpleNamespace(keys=[object()], reg=None, identities=(), trusted_root=None,
                              source=SimpleNamespace(repository="torch"))
     assert catalog.signed_dated(reader, by_tag) == {floating: D1, f"{floating}-20260101": D1}
     reader.keys = []
@@ -385,3 +385,31 @@ def test_a_page_shows_the_bytes_needed_to_start_beside_the_pull_size(tmp_path: P
     cell = re.compile(r'<td class="startup">(.*?)</td>')
     assert cell.findall((tmp_path / "tags" / "t.html").read_text()) == ["25 B (25% of 100 B), 3 files"]
     assert cell.findall((tmp_path / "tags" / "t-20261201.html").read_text()) == ["not measured"]
+
+
+def test_a_fix_available_row_links_to_the_rebuild_that_took_it(tmp_path: Path) -> None:
+    """Issue 41.7: a vulnerability with a fixed version in a dated build's audit names the first
+    later dated build whose SBOM holds a fixed version; the page links to it."""
+    audit = {"vulnerabilities": [{"id": "PYSEC-9", "name": "numpy", "version": "2.3.5",
+                                  "fix_versions": ["2.3.6"]},
+                                 {"id": "PYSEC-8", "name": "six", "version": "1.16.0"}],
+             "sources": {"pypi": "ok"}, "unknown": []}
+    summary = catalog_doc.audit_summary(audit)
+    assert summary["fixes"] == [{"id": "PYSEC-9", "package": "numpy", "version": "2.3.5",
+                                 "fixed": ["2.3.6"]}]
+    images = paged({D1: image(D1, {"numpy": "2.3.5"}, vulns=2),
+                    D2: image(D2, {"numpy": "2.3.5", "six": "1.17.0"}, vulns=2),
+                    D4: image(D4, {"numpy": "2.3.6"}, vulns=0)})
+    for digest in (D1, D2):
+        images[digest]["platforms"][0]["evidence"]["audit"].update(summary)
+    doc = document(images, {"t": D4, "t-20261201": D1, "t-20261202": D2, "t-20261204": D4})
+    jsonschema.Draft202012Validator(json.loads(catalog_doc.SCHEMA_PATH.read_text())).validate(doc)
+    [variant] = doc["variants"]
+    assert [[f["taken_in"] for f in h["fixes"]] for h in variant["history"]] == [
+        ["t-20261204"], ["t-20261204"], []]
+    catalog_site.write_site(doc, tmp_path)
+    page = (tmp_path / "tags" / "t-20261201.html").read_text()
+    row = re.search(r'<tr class="fix">(.*?)</tr>', page, re.S)[1]  # type: ignore[index]
+    assert "PYSEC-9" in row and "numpy 2.3.5" in row and "2.3.6" in row
+    assert 'href="../tags/t-20261204.html">t-20261204</a> (the rebuild that took it)' in row
+    assert '<tr class="fix">' not in (tmp_path / "tags" / "t.html").read_text()
