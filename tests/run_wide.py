@@ -37,17 +37,28 @@ Make = Callable[[Path, list[Undo]], dict[str, Any]]
 # out whole modules in collection order (noxfile.py turns its reordering by test count off), so
 # a long module begun last would run alone at the end.
 SLOWEST_FIRST = (
-    "tests/e2e/test_e2e.py",  # ~670 s (CUDA builds; skipped without a GPU)
+    "tests/e2e/test_e2e.py",  # ~670 s (the CUDA slim and devel built, smoked on the CPU)
     "tests/e2e/test_reproduce_e2e.py",  # ~380 s
     "tests/e2e/test_workflow_rehearsal.py",  # ~270 s
     "tests/e2e/test_rebuild_e2e.py",  # ~260 s
+    "tests/e2e/test_signed_cache_rebuild_e2e.py",  # two real rebuilds
+    # Builds outside `run_builder` (so outside the base lock): done before the two below.
+    "tests/e2e/test_readme_quickstart_e2e.py",
+)
+# The modules that take the engine's base away for a while (helpers.base_removed), handed out
+# last: by then the other worker runs only `run_builder` commands, which wait for the base.
+BASE_REMOVERS = (
+    "tests/e2e/test_midnight_e2e.py",
+    "tests/e2e/test_signed_base_e2e.py",
 )
 
 
 def slowest_first(items: list[pytest.Item]) -> None:
-    """SLOWEST_FIRST's modules first, the rest in collection order (a stable sort)."""
+    """SLOWEST_FIRST's modules first, BASE_REMOVERS last, the rest in collection order between
+    (a stable sort)."""
     rank = {module: index for index, module in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+    rank |= {module: len(rank) + 1 + index for index, module in enumerate(BASE_REMOVERS)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(SLOWEST_FIRST)))
 
 
 def worker() -> str | None:

@@ -91,14 +91,17 @@ class Item:
         self.nodeid = nodeid
 
 
-def test_the_slowest_modules_are_handed_out_first() -> None:
+def test_the_slowest_modules_are_handed_out_first_and_the_base_removers_last() -> None:
     names = ["tests/e2e/test_catalog_e2e.py::test_a", "tests/e2e/test_rebuild_e2e.py::test_b",
+             "tests/e2e/test_signed_base_e2e.py::test_f",
              "tests/e2e/test_catalog_e2e.py::test_c", "tests/e2e/test_reproduce_e2e.py::test_d",
              "tests/unit/test_clock.py::test_e"]
     items = [Item(name) for name in names]
     run_wide.slowest_first(items)  # type: ignore[arg-type]
-    assert [item.nodeid for item in items] == [names[3], names[1], names[0], names[2], names[4]]
-    assert all((Path(__file__).parents[2] / module).is_file() for module in run_wide.SLOWEST_FIRST)
+    assert [item.nodeid for item in items] == [names[4], names[1], names[0], names[3], names[5],
+                                               names[2]]
+    modules = run_wide.SLOWEST_FIRST + run_wide.BASE_REMOVERS
+    assert all((Path(__file__).parents[2] / module).is_file() for module in modules)
 
 
 def test_the_base_held_aside_keeps_the_other_workers_commands_waiting(tmp_path, monkeypatch
