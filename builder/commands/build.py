@@ -9,8 +9,12 @@ from pathlib import Path
 from builder.commands.options import (
     add_ca_bundle_option,
     add_command,
+    add_identity_options,
     add_key_option,
+    add_keyless_options,
+    keyless_signer,
     load_selected,
+    vouchers,
 )
 from builder.core import keypair
 from builder.core.output import emit_json, human_bytes, step, table
@@ -24,7 +28,7 @@ from builder.stages import render
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "base", cmd_base, ("matrix", "select", "json", "registries"),
                     "make the selected variants' base images available")
-    add_base_trust_option(p, "the matrix's `trust_keys`")
+    add_base_trust_option(p, "the matrix's `trust.keys`")
 
     p = add_command(sub, "build", cmd_build, ("matrix", "select", "json", "registries", "locks"),
                     "build images for the selected variants")
@@ -43,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "report and SBOM attached, for other machines (GPU smoke, publish)")
     add_key_option(p, "the smoke report and SBOM attached at --stage (their attestations), "
                    "the build cache image and the bootstrapped base kept in the registry")
-    add_base_trust_option(p, "the matrix's `trust_keys`, else the --key's own public key")
+    add_keyless_options(p)  # --stage with an OIDC token: the kept base signed keylessly
+    add_base_trust_option(p, "the matrix's `trust.keys`, else the --key's own public key")
     p.add_argument("--require-gpu", action="store_true",
                    help="GPU checks that cannot run on this host fail instead of being skipped")
     # The install steps fetch missing wheels themselves, so they get the host's trust store (a
@@ -65,18 +70,20 @@ def add_base_trust_option(p: argparse.ArgumentParser, default: str) -> None:
                    help="public key (cosign.pub) a bootstrapped base or build cache taken from "
                    f"the registry must be signed by (repeatable; default: {default}; none: the "
                    "base is bootstrapped here, the build runs without the registry's cache)")
+    add_identity_options(p, "a bootstrapped base or build cache taken from the registry",
+                         "the matrix's `trust.identities`")
 
 
 def cmd_base(args: argparse.Namespace) -> int:
     """Pull each base image ref, or make `mmdebstrap:<suite>` a local image: today's signed
-    bootstrap from the registry when it verifies against --trust-key (or the matrix's
-    `trust_keys`), else bootstrapped here (reused while suite, packages and day are unchanged).
+    bootstrap from the registry when it verifies against --trust-key or an identity (or the
+    matrix's `trust:`), else bootstrapped here (reused while suite, packages and day are unchanged).
     Prints each base's digest, which is part of every variant's content hash."""
     matrix, variants = load_selected(args)
     # One per base and platform (keys: platforms.base_key); off linux/amd64 a bootstrapped base
     # is served from the registry, a pulled one is left to BuildKit (digest unknown: None).
     first = {platforms.base_key(v.base.image, v.platform): v for v in variants}
-    options = bases.BaseOptions(keypair.trusted_keys(args.trust_key or matrix.trust_keys, None))
+    options = bases.BaseOptions(vouchers(args, matrix))
     digests = {key: bases.ensure(matrix, v, options, step) for key, v in first.items()}
     if args.json:
         emit_json(digests)
@@ -121,8 +128,7 @@ def run_build(args: argparse.Namespace, leave_foreign: bool = False) -> list[Out
     if leave_foreign:
         variants = left_to_other_runners(variants)
     options = build_options(args)
-    trusted = keypair.trusted_keys(args.trust_key or matrix.trust_keys, options.key)
-    return build_images(matrix, variants, replace(options, trust_keys=trusted))
+    return build_images(matrix, variants, replace(options, trusted=vouchers(args, matrix)))
 
 
 def left_to_other_runners(variants: list[Variant]) -> list[Variant]:
@@ -146,4 +152,5 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
                         fail_fast=args.fail_fast, smoke=not args.no_smoke, sbom=not args.no_sbom,
                         resmoke=args.resmoke, stage=args.stage, require_gpu=args.require_gpu,
                         apt_refresh=args.apt_refresh, registry_cache=not args.no_registry_cache,
-                        key=keypair.signing_key(args.key) if args.stage or args.key else None)
+                        key=keypair.signing_key(args.key) if args.stage or args.key else None,
+                        keyless=keyless_signer(args) if args.stage else None)

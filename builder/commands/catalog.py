@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from builder.commands.options import add_command
+from builder.commands.options import add_command, add_identity_options, identities
 from builder.core import keyless, keypair, state
 from builder.core.output import emit_json, step
 from builder.model import catalog_doc, matrix, startup
@@ -22,9 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--key", action="append", default=[], type=Path, metavar="COSIGN.PUB",
                    help="verify cosign signatures and attestations with this public key "
                    "(repeatable; without it, pages say what is signed, unverified)")
-    p.add_argument("--trusted-root", type=Path, default=keyless.PUBLIC_GOOD_ROOT, metavar="FILE",
-                   help="sigstore trusted_root.json a keyless bundle must chain to for its "
-                   "signer to be shown (default: sigstore's public good, pinned in builder/trust/)")
+    add_identity_options(p, "the dated tags shown as history (with --key: either)",
+                         "none; every keyless signer whose bundle chains to --trusted-root is "
+                         "shown either way")
     p.add_argument("--startup", type=Path, metavar="RESULTS.JSON",
                    help="bench results (`python -m bench pull`'s bench/results.json) whose "
                    "measured startup working sets the pages show as bytes needed to start "
@@ -51,7 +51,8 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     cache = args.cache or args.out / ".cache" / "catalog.json"
     keys = [keypair.load_public(path) for path in args.key]
     doc, fetched = catalog.collect(source, args.out, cache, keys=keys, progress=step,
-                                   trusted_root=args.trusted_root)
+                                   trusted_root=args.trusted_root or keyless.PUBLIC_GOOD_ROOT,
+                                   identities=identities(args))
     startup.add(doc["images"], startup.load(args.startup))
     same = catalog_doc.same_facts(doc, args.out / "catalog.json")
     if not same:

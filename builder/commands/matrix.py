@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from builder.commands.options import add_command, load_selected
+from builder.commands.options import add_command, load_selected, matrix_vouchers
 from builder.core import keypair
 from builder.core.errors import ConfigError
 from builder.core.output import emit_json, step, table
@@ -141,10 +141,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     matrix."""
     m, variants = load_selected(args)
     rendered = [render.render_locked(m, v, args.locks) for v in variants]
-    trusted = () if args.offline else keypair.trusted_keys(m.trust_keys, None)
+    trusted = keypair.NOBODY if args.offline else matrix_vouchers(m)
     planned = plan.make_plan(m, rendered, bases.known_digests(m, variants, trusted),
                              check_registry=not args.offline, unasked="unknown",
-                             keys=tuple(trusted))
+                             vouchers=trusted)
     if args.json:
         emit_json({"include": [p.as_json(m) for p in planned]})
         return 0

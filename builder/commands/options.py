@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from builder.core import keyless, keypair
 from builder.core.errors import ConfigError
 from builder.core.settings import CA_BUNDLE_ENV, Settings
 from builder.model import matrix
@@ -120,17 +121,67 @@ def add_publishing_options(parser: argparse.ArgumentParser, dry_run: str) -> Non
 
 
 def add_trust_options(parser: argparse.ArgumentParser) -> None:
-    """--key, --trust-key and --unsigned of the commands that publish."""
+    """--key, --trust-key, the identities and --unsigned of the commands that publish."""
     add_key_option(parser, "each promoted digest (cosign `.sig`) and its attestations (`.att`)")
     parser.add_argument("--trust-key", action="append", type=Path, default=[], metavar="FILE",
                         help="public key (cosign.pub) that staged evidence must be signed by "
-                        "(repeatable; default: the matrix's `trust_keys`, else the signing "
+                        "(repeatable; default: the matrix's `trust.keys`, else the signing "
                         "key's own public key)")
+    add_identity_options(parser, "staged evidence and the registry's publications",
+                         "the matrix's `trust.identities`")
     parser.add_argument("--unsigned", action="store_true",
                         help="publish without any signature: staged evidence is not checked "
                         "against a trusted key, so nothing is signed (no `.sig`, no signed "
                         "attestations; recorded in the provenance and a --manifest report; `verify "
                         "--key` fails it as `published unsigned`). Refused with a key")
+
+
+def add_identity_options(p: argparse.ArgumentParser, what: str, default: str) -> None:
+    """cosign's --certificate-identity[-regexp], --certificate-oidc-issuer and --trusted-root:
+    who may sign `what` keylessly (`default`: what counts without them)."""
+    p.add_argument("--certificate-identity", action="append", default=[], metavar="URI",
+                   help=f"trusted keyless (sigstore bundle) signer of {what}, e.g. "
+                   "https://github.com/O/R/.github/workflows/build.yml@refs/heads/main "
+                   f"(repeatable; default: {default})")
+    p.add_argument("--certificate-identity-regexp", action="append", default=[],
+                   metavar="REGEX", help="as --certificate-identity, a full-match regexp")
+    p.add_argument("--certificate-oidc-issuer", metavar="URL",
+                   help=f"the identities' OIDC issuer (GitHub Actions: {keyless.GITHUB_ISSUER})")
+    p.add_argument("--trusted-root", type=Path, metavar="FILE",
+                   help="sigstore trusted_root.json the certificates and log entries must chain "
+                   "to (default: the matrix's `trust.trusted_root`, else sigstore's public "
+                   "good, pinned in builder/trust/)")
+
+
+def identities(args: argparse.Namespace) -> tuple[keyless.Identity, ...]:
+    """The identities the command line names (each under its --certificate-oidc-issuer)."""
+    return keyless.identities_of(args.certificate_identity, args.certificate_identity_regexp,
+                                 args.certificate_oidc_issuer)
+
+
+def vouchers(args: argparse.Namespace, m: matrix.Matrix | None) -> keypair.Vouchers:
+    """Who signatures read back must be made by: --trust-key, else the matrix's `trust.keys`;
+    the identity options, else the matrix's `trust.identities`; --trusted-root, else the
+    matrix's. Each half defaults on its own, so a command line naming an identity keeps the
+    matrix's keys."""
+    configured = matrix_vouchers(m) if m is not None else keypair.NOBODY
+    return keypair.Vouchers(
+        keypair.trusted_keys(args.trust_key, None) or configured.keys,
+        identities(args) or configured.identities, args.trusted_root or configured.trusted_root)
+
+
+def matrix_vouchers(m: matrix.Matrix) -> keypair.Vouchers:
+    """The matrix's `trust:` (or `trust_keys:`), keys loaded."""
+    named = tuple(keyless.Identity(x["issuer"], x.get("identity", ""),
+                                   x.get("identity_regexp", "")) for x in m.trust_identities)
+    return keypair.Vouchers(keypair.trusted_keys(m.trust_keys, None), named, m.trusted_root)
+
+
+def keyless_signer(args: argparse.Namespace) -> keypair.KeylessSigner | None:
+    """The OIDC token (--identity-token, else SIGSTORE_ID_TOKEN) and sigstore config to sign
+    keylessly with; None without a token."""
+    token = keyless.identity_token(args.identity_token, dict(os.environ))
+    return None if token is None else keypair.KeylessSigner(token, args.sigstore_config)
 
 
 def add_keyless_options(p: argparse.ArgumentParser) -> None:

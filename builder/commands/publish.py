@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import os
 import re
-from pathlib import Path
 from typing import Any
 
 from builder.commands.options import (
@@ -15,9 +13,11 @@ from builder.commands.options import (
     add_keyless_options,
     add_publishing_options,
     ignore_old_record,
+    keyless_signer,
     load_selected,
+    vouchers,
 )
-from builder.core import keyless, keypair, oci
+from builder.core import keypair
 from builder.core.errors import GateRefused, UsageError
 from builder.core.output import emit_json, step, table
 from builder.flows import bases, rollback
@@ -42,14 +42,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_publish(args: argparse.Namespace) -> int:
     """Promote each selected variant (default: the matrix's default selection): find its staged
     image by content hash (staging a local image first), check that its config is the plan's,
-    that its smoke report (every check, on this image; CUDA: on a GPU) and SBOM are signed by a
-    trusted key (--trust-key) and valid, copy it into the vetted repository by digest, attach
-    SBOM, smoke report and provenance with their signed attestations, sign the digest (cosign's
-    format: --key or COSIGN_PRIVATE_KEY), then tag `<tag>-YYYYMMDD` (never overwritten),
-    `build-<hash>`, the floating tag and aliases. With an OIDC token (--identity-token or
-    SIGSTORE_ID_TOKEN) each published digest and its evidence are also signed keylessly, as
-    `builder attest` does. Never builds; a stopped run is completed by the next. Exit 1 when any
-    image was refused."""
+    that its smoke report (every check, on this image; CUDA: on a GPU) and SBOM are attested by a
+    trusted key or identity (--trust-key, --certificate-identity…, else the matrix's `trust:`)
+    and valid, copy it into the vetted repository by digest, attach SBOM, smoke report and
+    provenance with their signed attestations, sign the digest naming its tags (cosign's format:
+    --key or COSIGN_PRIVATE_KEY; keyless with an OIDC token, --identity-token or
+    SIGSTORE_ID_TOKEN: sigstore bundles of the digest and its evidence, as `builder attest`
+    writes them; either or both), then tag `<tag>-YYYYMMDD` (never overwritten), `build-<hash>`,
+    the floating tag and aliases. Never builds; a stopped run is completed by the next. Exit 1
+    when any image was refused."""
     if args.rollback_to and args.dry_run:
         raise UsageError("--rollback-to moves tags: it has no --dry-run",
                          hint="`builder verify --key` of the dated tag shows what it names")
@@ -57,18 +58,16 @@ def cmd_publish(args: argparse.Namespace) -> int:
         args.select = ["default=true"]
     matrix, variants = load_selected(args)
     ignore_old_record(args.manifest)
-    trust = keypair.trust(args.key, args.trust_key or matrix.trust_keys, args.unsigned)
+    trust = keypair.trust(args.key, vouchers(args, matrix), args.unsigned, keyless_signer(args))
     if args.rollback_to:
         return show([rollback.rollback_to(matrix, args.rollback_to, trust)], args.json)
     rendered = [render.render_locked(matrix, v, args.locks) for v in variants]
-    planned = plan.make_plan(matrix, rendered, bases.known_digests(matrix, variants, trust.keys),
+    planned = plan.make_plan(matrix, rendered,
+                             bases.known_digests(matrix, variants, trust.vouchers),
                              check_registry=False)
     results = publish_variants(matrix, planned, allow_cpu_smoke=args.allow_cpu_smoke,
                                dry_run=args.dry_run, manifest=args.manifest,
                                locks_dir=args.locks, trust=trust)
-    token = keyless.identity_token(args.identity_token, dict(os.environ))
-    if token is not None and not args.dry_run:
-        attest_published(results, token, args.sigstore_config)
     show(results, args.json)
     if line := nothing_to_do(results, args.dry_run):
         step(line)
@@ -79,19 +78,6 @@ def cmd_publish(args: argparse.Namespace) -> int:
         raise GateRefused(f"{len(refused)} of {total} variants refused: {reasons}",
                           hint=refusal_hint(args.select, refused), printed=args.json)
     return 0
-
-
-def attest_published(results: list[dict[str, Any]], token: str, config: Path | None) -> None:
-    """Keyless bundles for each digest this run published: the manifest or index, and each
-    platform manifest of an index (its evidence is attached there)."""
-    for r in results:
-        if r["status"] != "published":
-            continue
-        reg = oci.Registry(r["registry"])
-        for digest in [r["digest"], *(p["digest"] for p in r.get("platforms") or [])]:
-            signer, kinds = keyless.attest_digest(reg, r["repository"], digest, token, config)
-            step(f"  [{r['id']}] attested {digest[:19]} keylessly as {signer.describe()} "
-                 f"(the image and {len(kinds)} evidence statement(s))")
 
 
 def show(results: list[dict[str, Any]], as_json: bool) -> int:

@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Collection
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
 
 from builder.commands.options import (
     add_ca_bundle_option,
     add_command,
+    add_keyless_options,
     add_publishing_options,
     ignore_old_record,
+    keyless_signer,
     load_selected,
+    vouchers,
 )
 from builder.core import keypair
 from builder.core.output import emit_json, human_bytes, table
@@ -37,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "locks"), "rebuild published images whose sources moved")
     p.add_argument("--check", action="store_true", help="report only; build and push nothing")
     add_publishing_options(p, "say what would be rebuilt and why; change, build and push nothing")
+    add_keyless_options(p)
     add_ca_bundle_option(p, "CA bundle for every download: the Debian and PyPI checks and "
                          "the builds (see builder build)")
     p.add_argument("--skip-source", action="append", default=[], choices=REASONS,
@@ -51,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _selected(args: argparse.Namespace) -> tuple[Matrix, list[Variant]]:
     matrix, variants = load_selected(args)
-    return matrix, published_variants(matrix, variants, trusted_keys(args, matrix))
+    return matrix, published_variants(matrix, variants, trusted(args, matrix))
 
 
 def print_findings(findings: list[Finding], skip: Collection[str] = ()) -> None:
@@ -66,18 +69,14 @@ def print_findings(findings: list[Finding], skip: Collection[str] = ()) -> None:
           [(f.variant_id, f.reason, f.status, f.detail) for f in findings])
 
 
-def configured_keys(matrix: Matrix | None) -> tuple[Path, ...]:
-    return matrix.trust_keys if matrix is not None else ()
-
-
-def trusted_keys(args: argparse.Namespace, matrix: Matrix | None) -> tuple[Any, ...]:
-    """The keys a published image's signature must verify against before it is run:
-    --trust-key, else the matrix's `trust_keys`, else the signing key's own public key (none:
-    unsigned publications only)."""
-    if configured := args.trust_key or configured_keys(matrix):
-        return tuple(keypair.load_public(path) for path in configured)
-    key = keypair.signing_key(args.key)
-    return (key.public,) if key else ()
+def trusted(args: argparse.Namespace, matrix: Matrix | None) -> keypair.Vouchers:
+    """Who a published image's signature must be made by before it is run: --trust-key and the
+    identity options, else the matrix's `trust:` (options.vouchers); no key among them: the
+    signing key's own public key (nobody at all: unsigned publications only)."""
+    found = vouchers(args, matrix)
+    if found.keys or (key := keypair.signing_key(args.key)) is None:
+        return found
+    return replace(found, keys=(key.public,))
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
@@ -93,7 +92,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     if not variants:
         return nothing_checked(args, skip)
     findings = check(matrix, variants, locks_dir=args.locks, skip=skip,
-                     keys=trusted_keys(args, matrix))
+                     vouchers=trusted(args, matrix))
     unknown = warn_unknown(findings)
     summary = {"checked": sorted({v.id for v in variants}),
                "sources": source_summary(findings, skip), "skipped": skip, "unknown": unknown}
@@ -105,7 +104,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
             print_findings(findings, skip)
         return exit_code(findings)
     publishes = not args.dry_run and bool(plan_actions(findings))
-    trust = (keypair.trust(args.key, args.trust_key or configured_keys(matrix), args.unsigned)
+    trust = (keypair.trust(args.key, vouchers(args, matrix), args.unsigned, keyless_signer(args))
              if publishes else keypair.UNSIGNED)
     actions = rebuild(RebuildOptions(
         matrix=matrix, variants=variants, manifest=args.manifest, locks_dir=args.locks,

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from builder.commands.options import REGISTRY_CA_HELP, add_ca_bundle_option, add_command
+from builder.commands.options import (
+    REGISTRY_CA_HELP,
+    add_ca_bundle_option,
+    add_command,
+    add_identity_options,
+    identities,
+)
 from builder.core import keyless, keypair
 from builder.core.errors import BuilderError, CheckFailed
 from builder.core.output import emit_json, table
@@ -22,18 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--key", action="append", type=Path, default=[], metavar="FILE",
                    help="trusted public key (cosign.pub; repeatable): the signature and every "
                    "attestation must verify against one of them")
-    p.add_argument("--certificate-identity", action="append", default=[], metavar="URI",
-                   help="trusted signer of a keyless (sigstore bundle) signature, e.g. "
-                   "https://github.com/O/R/.github/workflows/build.yml@refs/heads/main "
-                   "(repeatable)")
-    p.add_argument("--certificate-identity-regexp", action="append", default=[],
-                   metavar="REGEX", help="as --certificate-identity, a full-match regexp")
-    p.add_argument("--certificate-oidc-issuer", metavar="URL",
-                   help=f"the identities' OIDC issuer (GitHub Actions: {keyless.GITHUB_ISSUER})")
-    p.add_argument("--trusted-root", type=Path, default=keyless.PUBLIC_GOOD_ROOT,
-                   metavar="FILE", help="sigstore trusted_root.json the certificates and log "
-                   "entries must chain to (default: sigstore's public good, pinned in "
-                   "builder/trust/)")
+    add_identity_options(p, "the image and its attestations", "none")
     p.add_argument("--require-all", action="store_true",
                    help="with both --key and identities: every one must verify, not either")
     p.add_argument("--contents-only", action="store_true",
@@ -60,13 +55,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from --matrix). Exit 0 when all passes, 1 naming what failed, 2 when the registry cannot be
     asked."""
     reference = reference_of(args.reference, args.matrix)
-    identities = keyless.identities_of(args.certificate_identity,
-                                       args.certificate_identity_regexp,
-                                       args.certificate_oidc_issuer)
+    named = identities(args)
+    root = args.trusted_root or keyless.PUBLIC_GOOD_ROOT
     policy = Policy(keys=tuple(keypair.load_public(path) for path in args.key),
                     require_gpu=args.require_gpu,
-                    contents_only=args.contents_only and not (args.key or identities),
-                    by_identity=keyless.KeylessPolicy(identities, args.trusted_root),
+                    contents_only=args.contents_only and not (args.key or named),
+                    by_identity=keyless.KeylessPolicy(named, root),
                     require_all=args.require_all)
     digest, rows = verify(reference, policy)
     failed = [r for r in rows if r.status not in PASSING]

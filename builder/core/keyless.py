@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,6 +32,7 @@ from cryptography import x509
 
 from builder.core import oci, sign
 from builder.core.errors import BuilderError
+from builder.core.keypair import Identity
 
 BUNDLE_MEDIA = "application/vnd.dev.sigstore.bundle.v0.3+json"
 PREDICATE_ANNOTATION = "dev.sigstore.bundle.predicateType"
@@ -49,36 +49,6 @@ class KeylessError(BuilderError):
     """A bundle that does not verify, or one by an identity nobody trusts: a finding."""
 
     exit_code = 1
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who may sign: an OIDC issuer and the certificate's subject, exact or a full-match
-    regular expression (cosign's --certificate-identity[-regexp] and --certificate-oidc-issuer)."""
-
-    issuer: str
-    identity: str = ""
-    regexp: str = ""
-
-    def __post_init__(self) -> None:
-        if bool(self.identity) == bool(self.regexp):
-            raise BuilderError("an identity needs exactly one of --certificate-identity and "
-                               "--certificate-identity-regexp",
-                               hint="e.g. --certificate-identity https://github.com/O/R/.github/"
-                               "workflows/build.yml@refs/heads/main")
-        if self.regexp:
-            try:
-                re.compile(self.regexp)
-            except re.error as exc:
-                raise BuilderError(f"--certificate-identity-regexp `{self.regexp}`: {exc}") \
-                    from None
-
-    def matches(self, subject: str) -> bool:
-        return subject == self.identity if self.identity else bool(
-            re.fullmatch(self.regexp, subject))
-
-    def describe(self) -> str:
-        return f"{self.identity or '~' + self.regexp} ({self.issuer})"
 
 
 @dataclass(frozen=True)
@@ -386,13 +356,17 @@ def sign_statements(token: str, trust_config: Path | None, statements: list[dict
 
 
 def sign_and_attach(reg: oci.Registry, repository: str, digest: str, token: str,
-                    trust_config: Path | None, statements: list[dict[str, Any]]) -> Signer:
+                    trust_config: Path | None, statements: list[dict[str, Any]],
+                    optional: dict[str, str] | None = None) -> Signer:
     """Sign the image and `statements` (its attestations) keylessly and attach each bundle as a
-    referrer of `digest`; who the certificate names."""
+    referrer of `digest`; who the certificate names. `optional` (the variant and the tags it is
+    published under, as in a simple-signing payload) goes into the image statement."""
     from sigstore.models import Bundle
 
-    # cosign 3's image signature in the bundle format: a statement of the digest, no claims.
-    docs = [sign.statement(f"{reg.registry}/{repository}", digest, IMAGE_PREDICATE, {}),
+    # cosign 3's image signature in the bundle format: a statement of the digest; publish's
+    # names its tags as the key's `.sig` does (builder.core.vouch reads both alike).
+    claims = {"optional": dict(sorted(optional.items()))} if optional else {}
+    docs = [sign.statement(f"{reg.registry}/{repository}", digest, IMAGE_PREDICATE, claims),
             *statements]
     made = sign_statements(token, trust_config, docs)
     for doc, data in zip(docs, made, strict=True):
@@ -419,12 +393,14 @@ def evidence_statements(reg: oci.Registry, repository: str, digest: str
 
 
 def attest_digest(reg: oci.Registry, repository: str, digest: str, token: str,
-                  trust_config: Path | None) -> tuple[Signer, list[str]]:
+                  trust_config: Path | None, optional: dict[str, str] | None = None
+                  ) -> tuple[Signer, list[str]]:
     """Sign `digest` and the evidence attached to it keylessly (`builder attest`, and
-    `builder publish --identity-token` for each digest it published): who signed, and the
-    predicate types of the evidence attested."""
+    `builder publish --identity-token` for each digest it promotes, `optional` naming its
+    tags): who signed, and the predicate types of the evidence attested."""
     statements = evidence_statements(reg, repository, digest)
-    signer = sign_and_attach(reg, repository, digest, token, trust_config, statements)
+    signer = sign_and_attach(reg, repository, digest, token, trust_config, statements,
+                             optional)
     return signer, [x["predicateType"] for x in statements]
 
 

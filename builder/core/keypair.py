@@ -12,10 +12,11 @@ import getpass
 import hashlib
 import json
 import os
+import re
 import secrets
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nacl.exceptions
@@ -186,38 +187,108 @@ def signing_key(path: Path | str | None) -> SigningKey | None:
 
 
 @dataclass(frozen=True)
+class Identity:
+    """Who may sign keylessly (builder.core.keyless): an OIDC issuer and the certificate's
+    subject, exact or a full-match regular expression (cosign's --certificate-identity[-regexp]
+    and --certificate-oidc-issuer)."""
+
+    issuer: str
+    identity: str = ""
+    regexp: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.identity) == bool(self.regexp):
+            raise BuilderError("an identity needs exactly one of --certificate-identity and "
+                               "--certificate-identity-regexp",
+                               hint="e.g. --certificate-identity https://github.com/O/R/.github/"
+                               "workflows/build.yml@refs/heads/main")
+        if self.regexp:
+            try:
+                re.compile(self.regexp)
+            except re.error as exc:
+                raise BuilderError(f"--certificate-identity-regexp `{self.regexp}`: {exc}") \
+                    from None
+
+    def matches(self, subject: str) -> bool:
+        return subject == self.identity if self.identity else bool(
+            re.fullmatch(self.regexp, subject))
+
+    def describe(self) -> str:
+        return f"{self.identity or '~' + self.regexp} ({self.issuer})"
+
+
+@dataclass(frozen=True)
+class Vouchers:
+    """Who may vouch for bytes read back from a registry: trusted keys (cosign's `.sig`/`.att`)
+    and trusted workflow identities (sigstore bundles whose certificates chain to
+    `trusted_root`, None: sigstore's public good). Either is enough; none trusts nothing.
+    `builder.core.vouch` asks them."""
+
+    keys: tuple[ec.EllipticCurvePublicKey, ...] = ()
+    identities: tuple[Identity, ...] = ()
+    trusted_root: Path | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.keys or self.identities)
+
+
+NOBODY = Vouchers()  # no key, no identity: nothing read back is vouched for
+
+
+@dataclass(frozen=True)
+class KeylessSigner:
+    """What keyless signing needs: the OIDC token (its identity goes into a short-lived Fulcio
+    certificate) and sigstore's client trust config (None: the public good)."""
+
+    token: str
+    config: Path | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Trust:
-    """What `publish` signs with, and the keys staged evidence must be signed by."""
+    """What `publish` signs with (a key, an OIDC token, both), and who staged evidence and the
+    registry's publications must be vouched for by."""
 
     key: SigningKey | None = None
-    keys: tuple[ec.EllipticCurvePublicKey, ...] = ()
+    vouchers: Vouchers = field(default_factory=Vouchers)
     unsigned: bool = False  # --unsigned: nothing verified, so nothing signed (recorded)
+    keyless: KeylessSigner | None = None
+
+    @property
+    def signs(self) -> bool:
+        return self.key is not None or self.keyless is not None
 
 
 UNSIGNED = Trust(unsigned=True)
 
 
-def trust(key_path: Path | str | None, trust_keys: Iterable[Path], unsigned: bool) -> Trust:
-    """The Trust of `--key`/COSIGN_PRIVATE_KEY, `--trust-key` (default: the signing key's own
-    public key) and `--unsigned`. A key with --unsigned is refused: a signature would vouch for
-    evidence nobody verified (a forged staging image would come out signed)."""
+def trust(key_path: Path | str | None, vouched: Vouchers, unsigned: bool,
+          keyless: KeylessSigner | None = None) -> Trust:
+    """The Trust of `--key`/COSIGN_PRIVATE_KEY, an OIDC token (`keyless`), who vouches
+    (`vouched`: --trust-key and identities; no key in it: the signing key's own public key)
+    and `--unsigned`. Signing with --unsigned is refused: a signature would vouch for evidence
+    nobody verified (a forged staging image would come out signed)."""
     key = signing_key(key_path)
-    if key is not None and unsigned:
+    if (key is not None or keyless is not None) and unsigned:
         raise BuilderError("--unsigned with a signing key: publish never signs what it has "
                            "not verified, and --unsigned skips that check",
                            hint="drop --unsigned to sign what verifies against --trust-key, or "
-                           "drop --key (and COSIGN_PRIVATE_KEY) to publish without any signature")
-    if key is None and not unsigned:
+                           "drop --key (and COSIGN_PRIVATE_KEY, SIGSTORE_ID_TOKEN) to publish "
+                           "without any signature")
+    if key is None and keyless is None and not unsigned:
         raise BuilderError("no signing key: publish signs every digest it promotes",
                           hint="give --key cosign.key (or COSIGN_PRIVATE_KEY and "
-                          "COSIGN_PASSWORD; `builder keygen` makes a pair), or --unsigned to "
-                          "publish without signatures (recorded in published.json)")
-    return Trust(key, trusted_keys(trust_keys, key), unsigned)
+                          "COSIGN_PASSWORD; `builder keygen` makes a pair), an OIDC token "
+                          "(--identity-token, SIGSTORE_ID_TOKEN), or --unsigned to publish "
+                          "without signatures (recorded in published.json)")
+    keys = vouched.keys or ((key.public,) if key else ())
+    return Trust(key=key, vouchers=Vouchers(keys, vouched.identities, vouched.trusted_root),
+                 unsigned=unsigned, keyless=keyless)
 
 
 def trusted_keys(paths: Iterable[Path], key: SigningKey | None
                  ) -> tuple[ec.EllipticCurvePublicKey, ...]:
-    """The public keys in `paths` (--trust-key, the matrix's `trust_keys`), else the signing
+    """The public keys in `paths` (--trust-key, the matrix's `trust.keys`), else the signing
     key's own public key, else none."""
     return tuple(load_public(Path(p)) for p in paths) or ((key.public,) if key else ())
 

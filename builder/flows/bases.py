@@ -26,11 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric import ec
-
-from builder.core import clock, engine, oci, reproducible, rootfs_image
+from builder.core import clock, engine, oci, reproducible, rootfs_image, vouch
 from builder.core.errors import BuilderError
-from builder.core.keypair import SigningKey, key_id
+from builder.core.keypair import NOBODY, KeylessSigner, SigningKey, Vouchers, key_id
 from builder.core.output import step
 from builder.model import platforms
 from builder.model.bases import bootstrap_ref, registry_served
@@ -39,25 +37,32 @@ from builder.stages import base, signed_base
 
 Progress = Callable[[str], None]
 STAGED_DAYS = 7  # how many days back plan/publish look for the signed base a staged image names
-NO_KEY = ("no trusted key (give --key, --trust-key or the matrix's `trust_keys` to take it "
-          "from the registry)")
+NO_KEY = ("no trusted key or identity (give --key, --trust-key, --certificate-identity or the "
+          "matrix's `trust:` to take it from the registry)")
 
 
 @dataclass(frozen=True)
 class BaseOptions:
-    """What the build lends its bases: the keys a registry base must be signed by, the key
+    """What the build lends its bases: who a registry base must be signed by, the key
     that signs a pushed one (None: nothing pushed), and whether the registry may be read."""
 
-    trusted: tuple[ec.EllipticCurvePublicKey, ...] = ()
+    trusted: Vouchers = NOBODY
     signer: SigningKey | None = None
     from_registry: bool = True
+    keyless: KeylessSigner | None = None  # signs a pushed base keylessly (an OIDC token)
 
     @property
-    def verifying_keys(self) -> tuple[ec.EllipticCurvePublicKey, ...]:
-        """The trusted keys, and the signer's own: a base it signed is not made again."""
+    def signs(self) -> bool:
+        return self.signer is not None or self.keyless is not None
+
+    @property
+    def verifying(self) -> Vouchers:
+        """The trusted keys and identities, and the signer's own key: a base it signed is not
+        made again."""
         signer = (self.signer.public,) if self.signer else ()
-        return self.trusted + tuple(k for k in signer if k.public_numbers() not in
-                                    {t.public_numbers() for t in self.trusted})
+        known = {t.public_numbers() for t in self.trusted.keys}
+        return replace(self.trusted, keys=self.trusted.keys + tuple(
+            k for k in signer if k.public_numbers() not in known))
 
 
 @dataclass(frozen=True)
@@ -84,8 +89,8 @@ def ensure(matrix: Matrix, variant: Variant, options: BaseOptions,
     if not base.have_bootstrapped(suite):
         take(matrix, suite, options, progress)
     digest = base.ensure_variant(matrix, variant, progress=progress)
-    if options.signer is not None:
-        keep(matrix, suite, options.signer, progress)
+    if options.signs:
+        keep(matrix, suite, options, progress)
     return digest
 
 
@@ -121,43 +126,41 @@ def ensure_foreign(matrix: Matrix, suite: str, platform: platforms.Platform,
     pushed (module docstring)."""
     reg, key = oci.Registry(matrix.registry), base.bootstrap_key(suite, options=base.SLIM_OPTIONS)
     at = signed_base.where(matrix, suite, key, platform)
-    keys = options.verifying_keys
+    trusted = options.verifying
     try:
-        if why := skip_reason(replace(options, trusted=keys)):
+        if why := skip_reason(replace(options, trusted=trusted)):
             raise signed_base.Unverified(why)
-        verified = signed_base.verify(reg, at, list(keys), suite)
+        verified = signed_base.verify(reg, at, trusted, suite)
         progress(f"base {at.reference}: taken ({verified.layout.digest[:19]}), its signature "
-                 f"and provenance verified against {keys_named(keys)}")
+                 f"and provenance verified against {vouch.describe(trusted)}")
     except signed_base.Unverified as exc:
         progress(f"base {at.reference}: bootstrapping: {exc}")
-        verified = push_foreign(reg, at, suite, key, platform, options.signer, progress)
+        verified = push_foreign(reg, at, suite, key, platform, options, progress)
     return Served(verified.base_digest, f"{at.registry}/{at.repository}@{verified.layout.digest}")
 
 
 def push_foreign(reg: oci.Registry, at: signed_base.Where, suite: str, key: str,
-                 platform: platforms.Platform, signer: SigningKey | None,
+                 platform: platforms.Platform, options: BaseOptions,
                  progress: Progress) -> signed_base.Verified:
     """Bootstrap today's suite for `platform` and push it: signed and attested under its keyed
-    tag `at` with `signer`; without one, under the floating tag only (the keyed tag is a signed
-    base's alone). The floating tag names it either way. Returns what was pushed (ours)."""
+    tag `at` with the options' key or OIDC token; without either, under the floating tag only
+    (the keyed tag is a signed base's alone). The floating tag names it either way. Returns
+    what was pushed (ours)."""
     floating = platforms.base_tag(suite, platform.arch)
     with tempfile.TemporaryDirectory() as tmp:
         config, tar = base.bootstrap_foreign(suite, platform, key, Path(tmp), progress)
-        if signer is None:
+        if not options.signs:
             digest = rootfs_image.push(reg, at.repository, tar, config, [floating])
         else:
-            digest = signed_base.publish(reg, at, config, tar, signer,
-                                         base.mmdebstrap_inputs(suite, platform.arch, key))
+            digest = signed_base.publish(reg, at, config, tar, options.signer,
+                                         base.mmdebstrap_inputs(suite, platform.arch, key),
+                                         options.keyless)
             reg.tag(at.repository, digest, floating)
     layout = rootfs_image.layout(reg, at.repository, digest)
     progress(f"base {at.reference}: pushed ({digest[:19]})" + (
-        f", signed and attested by key {key_id(signer.public)}" if signer else
+        f", signed and attested by {signed_by(options)}" if options.signs else
         f", unsigned: as `{floating}` only"))
     return signed_base.Verified(layout)
-
-
-def keys_named(keys: tuple[ec.EllipticCurvePublicKey, ...]) -> str:
-    return f"the trusted key{'s' * (len(keys) > 1)} {', '.join(key_id(k) for k in keys)}"
 
 
 def skip_reason(options: BaseOptions) -> str:
@@ -176,21 +179,20 @@ def take(matrix: Matrix, suite: str, options: BaseOptions, progress: Progress) -
         return False
     at = where(matrix, suite)
     try:
-        image_id = load_verified(oci.Registry(matrix.registry), at, list(options.trusted),
-                                 suite)
+        image_id = load_verified(oci.Registry(matrix.registry), at, options.trusted, suite)
     except signed_base.Unverified as exc:
         progress(f"base {ref}: bootstrapping: {exc}")
         return False
     progress(f"base {ref}: taken from `{at.reference}` ({image_id[:19]}), its signature and "
-             f"provenance verified against {keys_named(options.trusted)}")
+             f"provenance verified against {vouch.describe(options.trusted)}")
     return True
 
 
 def load_verified(reg: oci.Registry, at: signed_base.Where,
-                  keys: list[ec.EllipticCurvePublicKey], suite: str) -> str:
+                  vouchers: Vouchers, suite: str) -> str:
     """Verify, fetch and load the registry's base; returns its image id. Unverified (and the
     loaded tags removed again) unless it loads to the image id and digest its provenance says."""
-    verified = signed_base.verify(reg, at, keys, suite)
+    verified = signed_base.verify(reg, at, vouchers, suite)
     with tempfile.TemporaryDirectory() as tmp:
         tar = Path(tmp) / "rootfs.tar"
         signed_base.fetch(reg, at, verified, tar)
@@ -209,35 +211,46 @@ def forget(suite: str) -> None:
         engine.docker("image", "rm", ref, check=False)
 
 
-def keep(matrix: Matrix, suite: str, key: SigningKey, progress: Progress) -> None:
-    """Today's local bootstrap of `suite` in the registry, signed with `key` and attested,
-    unless a base there verifies against `key` already; a failure is one warning line."""
+def keep(matrix: Matrix, suite: str, options: BaseOptions, progress: Progress) -> None:
+    """Today's local bootstrap of `suite` in the registry, signed and attested with the
+    options' key and/or OIDC token, unless a base there verifies against the key (or a trusted
+    identity) already; a failure is one warning line."""
     at = where(matrix, suite)
     reg = oci.Registry(matrix.registry)
+    mine = replace(options.trusted, keys=(options.signer.public,)) if options.signer \
+        else options.trusted
     try:
-        signed_base.verify(reg, at, [key.public], suite)
-        return
+        if mine:
+            signed_base.verify(reg, at, mine, suite)
+            return
     except signed_base.Unverified:
         pass
     try:
         with tempfile.TemporaryDirectory() as tmp:
             config, tar = base.export_bootstrapped(suite, Path(tmp))
-            digest = signed_base.publish(reg, at, config, tar, key, base.mmdebstrap_inputs(suite))
+            digest = signed_base.publish(reg, at, config, tar, options.signer,
+                                         base.mmdebstrap_inputs(suite), options.keyless)
     except BuilderError as exc:
         progress(f"warning: the base was not kept signed in the registry ({exc}); a runner "
                  "without it bootstraps it again")
         return
     progress(f"base {bootstrap_ref(suite)}: pushed as `{at.reference}` ({digest[:19]}), signed "
-             f"and attested by key {key_id(key.public)}")
+             f"and attested by {signed_by(options)}")
+
+
+def signed_by(options: BaseOptions) -> str:
+    """Who signed a base this build pushed, for its line."""
+    named = [f"key {key_id(options.signer.public)}"] if options.signer else []
+    return " and ".join([*named, *(["this job's OIDC identity"] if options.keyless else [])])
 
 
 def known_digests(matrix: Matrix, variants: list[Variant],
-                  trusted: tuple[ec.EllipticCurvePublicKey, ...]) -> dict[str, str | None]:
-    """base.known_digests; with `trusted` keys, a bootstrapped base that is not this engine's
-    own (a native one it lacks: a fresh runner that plans or publishes; a foreign one, which
-    base.known_digests reads by its floating tag, unverified) is the digest `staged_digest`
-    finds: the staged images' content hashes are then found without bootstrapping, on a later
-    day too. Unknown otherwise (→ build)."""
+                  trusted: Vouchers) -> dict[str, str | None]:
+    """base.known_digests; with `trusted` keys or identities, a bootstrapped base that is not
+    this engine's own (a native one it lacks: a fresh runner that plans or publishes; a foreign
+    one, which base.known_digests reads by its floating tag, unverified) is the digest
+    `staged_digest` finds: the staged images' content hashes are then found without
+    bootstrapping, on a later day too. Unknown otherwise (→ build)."""
     digests = base.known_digests(variants, matrix)
     checked: set[str] = set()
     for v in variants if trusted else ():
@@ -253,7 +266,7 @@ def known_digests(matrix: Matrix, variants: list[Variant],
 
 
 def staged_digest(matrix: Matrix, suite: str, platform: platforms.Platform,
-                  trusted: tuple[ec.EllipticCurvePublicKey, ...]) -> str | None:
+                  trusted: Vouchers) -> str | None:
     """The base digest of the newest signed bootstrap of `suite` (for `platform`) of the
     command's day or of the STAGED_DAYS before it: what an image staged then was built on (a
     build stages on the base it signs), so `plan`/`publish` on a later day, on a fresh runner,
@@ -271,7 +284,7 @@ def staged_digest(matrix: Matrix, suite: str, platform: platforms.Platform,
 
 
 def signed_digest(matrix: Matrix, suite: str, platform: platforms.Platform,
-                  trusted: tuple[ec.EllipticCurvePublicKey, ...]) -> str | None:
+                  trusted: Vouchers) -> str | None:
     """The base digest of the registry's signed bootstrap of `suite` (for `platform`) of today;
     None when it does not verify against `trusted`. Never an older signed base that a floating
     tag points at: that would let anyone with push rights roll the base back (→ build)."""
@@ -281,15 +294,15 @@ def signed_digest(matrix: Matrix, suite: str, platform: platforms.Platform,
 
 
 def verified_digest(matrix: Matrix, suite: str, platform: platforms.Platform,
-                    trusted: tuple[ec.EllipticCurvePublicKey, ...], day: dt.date) -> str:
+                    trusted: Vouchers, day: dt.date) -> str:
     """The base digest of `day`'s signed bootstrap, verified against `trusted` (Unverified,
     or Absent, saying why not)."""
     return signed_base.verify(oci.Registry(matrix.registry), where(matrix, suite, platform, day),
-                              list(trusted), suite).base_digest
+                              trusted, suite).base_digest
 
 
 def foreign_digest_now(matrix: Matrix, suite: str, platform: platforms.Platform,
-                       trusted: tuple[ec.EllipticCurvePublicKey, ...],
+                       trusted: Vouchers,
                        progress: Progress = step) -> str:
     """Today's base digest of `suite` for `platform`, writing nothing to the registry (what
     `rebuild --check` compares): the registry's signed bootstrap of today when it verifies,

@@ -31,8 +31,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric import ec
-
 from builder.core import engine, keypair, limits, reproducible, state
 from builder.core.errors import BuilderError
 from builder.core.output import human_bytes, step
@@ -64,19 +62,22 @@ class BuildOptions:
     apt_refresh: str = ""
     registry_cache: bool = True  # --cache-from the registry's cache image of the variant
     key: keypair.SigningKey | None = None  # signs the evidence attached at staging
-    # the keys a base taken from the registry must be signed by (default: `key`'s own)
-    trust_keys: tuple[ec.EllipticCurvePublicKey, ...] = ()
+    keyless: keypair.KeylessSigner | None = None  # an OIDC token: signs a kept base keylessly
+    # who a base or cache taken from the registry must be signed by (no key: `key`'s own)
+    trusted: keypair.Vouchers = keypair.NOBODY
 
     @property
-    def cache_keys(self) -> tuple[ec.EllipticCurvePublicKey, ...]:
-        """The keys a registry base or build cache must be signed by: the trusted keys, else
-        the signing key's own."""
-        return self.trust_keys or ((self.key.public,) if self.key else ())
+    def cache_vouchers(self) -> keypair.Vouchers:
+        """Who a registry base or build cache must be signed by: the trusted keys (else the
+        signing key's own) and identities."""
+        if self.trusted.keys or self.key is None:
+            return self.trusted
+        return replace(self.trusted, keys=(self.key.public,))
 
     def base_options(self) -> bases.BaseOptions:
-        """What the bases are lent: the trusted keys, the key a staged base is signed with."""
-        return bases.BaseOptions(self.cache_keys, self.key if self.stage else None,
-                                 self.registry_cache)
+        """What the bases are lent: who vouches, the key a staged base is signed with."""
+        return bases.BaseOptions(self.cache_vouchers, self.key if self.stage else None,
+                                 self.registry_cache, self.keyless if self.stage else None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,7 +241,8 @@ def buildkit(run: Run, o: Outcome) -> Outcome:
     step(f"  [{o.variant_id}] building (log: {log})")
     try:
         cache = signed_cache.choose(run.matrix, build.cache_ref(run.matrix, p.local_image),
-                                    run.options.cache_keys, wanted=run.options.registry_cache)
+                                    run.options.cache_vouchers,
+                                    wanted=run.options.registry_cache)
         step(f"  [{o.variant_id}] {cache.line}")
         image_id = build.build_from_registry_cache(spec, list(cache.refs))
         image_id = reproducible.normalise_image(image_id, p.local_image,

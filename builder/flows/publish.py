@@ -86,7 +86,7 @@ def publish_variants(matrix: Matrix, planned: list[PlannedVariant], *,
     engine.ensure_engine()
     results: list[dict[str, Any]] = []
     try:
-        found = record.history(matrix, trust.keys)  # a registry down: the same hint as below
+        found = record.history(matrix, trust.vouchers)  # a registry down: the same hint as below
         known = {vid: pubs[0] for vid, pubs in found.items()}
         for group in groups(planned):
             vid = group[0].variant.id
@@ -96,7 +96,7 @@ def publish_variants(matrix: Matrix, planned: list[PlannedVariant], *,
             if held := already_published(known, group):
                 if not dry_run:
                     tag_repair.repair(oci.Registry(matrix.registry), known[held["id"]],
-                                      group[0].tags, trust.keys)
+                                      group[0].tags, trust.vouchers)
                 results.append(held)
                 report(manifest, {held["id"]: known[held["id"]]})
                 continue
@@ -219,7 +219,7 @@ def index(run: Run, g: Going) -> Going:
     """Step `index`: several platforms' image index (else the manifest), and its dated tag."""
     top = push_index(run.matrix, list(g.promoted)) if g.multi else g.promoted[0].vetted
     return replace(g, top=top, dated=publish.next_dated(top, g.first.floating_tag,
-                                                             g.cands[0].trust.keys))
+                                                             g.cands[0].trust.vouchers))
 
 
 def twin_step(run: Run, g: Going) -> Going:

@@ -71,16 +71,18 @@ def _staged_config_gate(cand: Candidate) -> str:
 
 
 def _signed_gate(cand: Candidate) -> str:
-    """Staged evidence counts only as signed by a trusted key: the gate reads the attested
-    documents, and a file attached beside them must be the same document."""
+    """Staged evidence counts only as attested by a trusted key or identity (builder.core.vouch):
+    the gate reads the attested documents, and a file attached beside them must be the same
+    document."""
     if cand.staged is None or cand.trust.unsigned:
         return ""  # a local image's evidence was made here: signed when publish stages it
-    files, problems = staging.signed(cand.staged, list(cand.trust.keys))
+    files, problems = staging.signed(cand.staged, cand.trust.vouchers)
     reg = oci.Registry(cand.staged.registry)
     for kind, name in EVIDENCE_NAMES.items():
         if kind not in files:
-            return (f"the staged {name} has no attestation signed by a trusted key: "
-                    f"{problems[kind]} (sign where it is made with --key, or publish --unsigned)")
+            return (f"the staged {name} has no attestation by a trusted key or identity: "
+                    f"{problems[kind]} (sign where it is made with --key or `builder attest`, "
+                    "or publish --unsigned)")
         attached = reg.fetch_artifact(cand.staged.repository, cand.staged.digest, kind)
         if attached is not None and _parsed(attached) != json.loads(files[kind]):
             return f"the attached {name} differs from its signed attestation"

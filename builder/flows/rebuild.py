@@ -128,13 +128,13 @@ def rebuild(options: RebuildOptions) -> list[Action]:
     findings = options.findings
     if findings is None:
         findings = check(options.matrix, options.variants, locks_dir=options.locks_dir,
-                         skip=options.skip, keys=options.trust.keys)
+                         skip=options.skip, keys=options.trust.vouchers)
     actions = plan_actions(findings)
     if options.dry_run or not actions:
         for a in actions:
             a.state = "would-rebuild"
         return actions
-    run = Run(options, findings, latest_publications(options.matrix, options.trust.keys))
+    run = Run(options, findings, latest_publications(options.matrix, options.trust.vouchers))
     with build_flow.build_lock():
         for a in actions:
             try:
@@ -154,7 +154,7 @@ def rebuild_one(run: Run, a: Action) -> None:
     # the registry's build cache only as signed by a trusted key (builder.stages.signed_cache)
     build_options = build_flow.BuildOptions(locks=opts.locks_dir, force=True, fail_fast=True,
                                            apt_refresh=a.apt_refresh,
-                                           trust_keys=opts.trust.keys)
+                                           trusted=opts.trust.vouchers)
     outcomes = opts.build(opts.matrix, group, build_options)
     bad = [o for o in outcomes if o.state != "built"]
     if bad or not outcomes:

@@ -28,8 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.core import clock, engine, labels, oci, proc, sign
+from builder.core import clock, engine, labels, oci, proc, sign, vouch
 from builder.core.errors import BuilderError, ConfigError
+from builder.core.keypair import NOBODY, Vouchers
 from builder.core.output import step
 from builder.flows import bases, record, tag_repair
 from builder.model import lockfile, platforms
@@ -76,10 +77,10 @@ class SourceError(BuilderError):
 # ---- the published record and image ------------------------------------------------------------
 
 
-def latest_publications(matrix: Matrix, keys: tuple[Any, ...] = ()) -> dict[str, Publication]:
+def latest_publications(matrix: Matrix, vouchers: Vouchers = NOBODY) -> dict[str, Publication]:
     """variant id → its latest publication, as the registry records it (builder.flows.record:
-    with `keys`, only publications whose signature verifies count)."""
-    return record.latest(matrix, keys)
+    with `vouchers`, only publications whose signature verifies count)."""
+    return record.latest(matrix, vouchers)
 
 
 def published_image(pub: Publication) -> tuple[str, dict[str, Any]]:
@@ -180,16 +181,15 @@ def _unknown(vid: str, reason: str, exc: Exception) -> Finding:
     return Finding(variant_id=vid, reason=reason, status=UNKNOWN, detail=str(exc))
 
 
-def signature_problem(pub: Publication, keys: tuple[Any, ...]) -> str:
-    """Why the published digest must not be run ('' when its signature verifies, or when it
-    was published unsigned and no key is given)."""
-    if not keys:
-        return ("its publication is signed: give --trust-key (cosign.pub) to verify it before "
-                "running it") if pub.signed else ""
+def signature_problem(pub: Publication, vouchers: Vouchers) -> str:
+    """Why the published digest must not be run ('' when it is vouched for, or published
+    unsigned while nobody is trusted)."""
+    if not vouchers:
+        return "signed: give --trust-key or an identity to verify it first" if pub.signed else ""
     name, _, digest = pub.reference.partition("@")
     registry, _, repository = name.partition("/")
     try:
-        sign.verify_image(oci.Registry(registry), repository, digest, list(keys))
+        vouch.verify_image(oci.Registry(registry), repository, digest, vouchers)
     except sign.SignatureError as exc:
         return f"not run: its signature does not verify ({exc})"
     return ""
@@ -206,7 +206,7 @@ class Subject:
     locks_dir: Path
     smoke_hash: str
     base_digests: dict[str, str]  # base key → its digest now, shared by the checked variants
-    keys: tuple[Any, ...] = ()
+    vouchers: Vouchers = NOBODY
     image: str = ""
     image_labels: dict[str, str] = field(default_factory=dict)
     image_error: BuilderError | None = None
@@ -267,7 +267,7 @@ def foreign_base_now(s: Subject) -> str:
         return "unknown"
     try:
         return bases.foreign_digest_now(s.matrix, suite, platforms.get(s.variant.platform),
-                                        s.keys, step)
+                                        s.vouchers, step)
     except BuilderError as exc:
         raise SourceError(f"base {s.variant.base.image} ({s.variant.platform}): {exc}") from None
 
@@ -287,12 +287,12 @@ def ask_base(s: Subject) -> list[Finding]:
 
 def ask_drift(s: Subject) -> list[Finding]:
     """(e) Tags moved off the newest signed publication (tag_repair.drift), once per variant."""
-    top = latest_publications(s.matrix, s.keys).get(s.variant.id)
+    top = latest_publications(s.matrix, s.vouchers).get(s.variant.id)
     first = top.platforms[0].platform if top and top.platforms else platforms.DEFAULT
     if top is None or s.variant.platform != first:
         return []
     moving = [top.floating_tag, *plan.aliases_of(s.matrix, s.variant)]
-    moved = tag_repair.drift(oci.Registry(top.registry), top, moving, s.keys)
+    moved = tag_repair.drift(oci.Registry(top.registry), top, moving, s.vouchers)
     return [Finding(variant_id=s.variant.id, reason="tag-drift", status=REPAIR,
                     detail=f"`{tag}` points at {was[:19] or 'nothing'}, not {want[:19]} "
                     f"(`{top.dated_tag}`): `builder publish` repairs it",
@@ -366,7 +366,7 @@ def ask(reason: str, s: Subject) -> list[Finding]:
     source = SOURCES[reason]
     if source.needs_image and s.image_error is not None:
         return [_unknown(s.variant.id, reason, s.image_error)]
-    if source.runs_image and (untrusted := signature_problem(s.pub, s.keys)):
+    if source.runs_image and (untrusted := signature_problem(s.pub, s.vouchers)):
         return [Finding(variant_id=s.variant.id, reason=reason, status=UNKNOWN, detail=untrusted)]
     try:
         return source.ask(s)
@@ -376,13 +376,13 @@ def ask(reason: str, s: Subject) -> list[Finding]:
 
 def check_variant(matrix: Matrix, variant: Variant, pub: Publication, locks_dir: Path,
                   smoke_hash: str, base_digests: dict[str, str],
-                  skip: frozenset[str] = frozenset(), keys: tuple[Any, ...] = ()
+                  skip: frozenset[str] = frozenset(), vouchers: Vouchers = NOBODY
                   ) -> list[Finding]:
     """Ask each source not in `skip` about one published variant (the image is looked up
     once, for the sources that read it)."""
     asked = [reason for reason in REASONS if reason not in skip]
     s = Subject(matrix=matrix, variant=variant, pub=pub, locks_dir=locks_dir,
-                smoke_hash=smoke_hash, base_digests=base_digests, keys=keys)
+                smoke_hash=smoke_hash, base_digests=base_digests, vouchers=vouchers)
     if any(SOURCES[reason].needs_image for reason in asked):
         try:
             s.image, info = published_image(pub)
@@ -394,7 +394,7 @@ def check_variant(matrix: Matrix, variant: Variant, pub: Publication, locks_dir:
 
 def check(matrix: Matrix, variants: list[Variant], *,
           locks_dir: Path = Path("locks"), skip: Collection[str] = (),
-          keys: tuple[Any, ...] = ()) -> list[Finding]:
+          vouchers: Vouchers = NOBODY) -> list[Finding]:
     """Findings for the selected variants the registry records a publication of; the sources
     in `skip` are not asked (see `source_summary`: they are `skipped`, not clean)."""
     unknown_names = set(skip) - set(REASONS)
@@ -402,7 +402,7 @@ def check(matrix: Matrix, variants: list[Variant], *,
         raise ConfigError(f"unknown source {', '.join(sorted(unknown_names))}",
                           hint=f"sources: {', '.join(REASONS)}")
     skipped = frozenset(skip)
-    pubs = latest_publications(matrix, keys)
+    pubs = latest_publications(matrix, vouchers)
     smoke_hash = plan.smoke_files_hash()
     base_digests: dict[str, str] = {}
     findings: list[Finding] = []
@@ -413,7 +413,7 @@ def check(matrix: Matrix, variants: list[Variant], *,
             continue
         step(f"  [{v.id}] checking {pub.reference}")
         findings += check_variant(matrix, v, pub, locks_dir, smoke_hash, base_digests, skipped,
-                                  keys)
+                                  vouchers)
     return findings
 
 
@@ -432,9 +432,9 @@ def source_summary(findings: list[Finding], skip: Collection[str] = ()) -> dict[
 
 
 def published_variants(matrix: Matrix, variants: list[Variant],
-                       keys: tuple[Any, ...] = ()) -> list[Variant]:
+                       vouchers: Vouchers = NOBODY) -> list[Variant]:
     """The selected variants the registry records a publication of."""
-    pubs = latest_publications(matrix, keys)
+    pubs = latest_publications(matrix, vouchers)
     known = {v.id for v in matrix.variants}
     for vid in sorted(set(pubs) - known):
         step(f"  {vid} is published in {matrix.image_name} but no longer in {matrix.path}: "

@@ -5,10 +5,12 @@ a report, never read): two runners, or a runner and a laptop, see the same histo
 The vetted repository's tags say it: each dated tag `<floating>-YYYYMMDD[.n]` (the catalog's
 grammar, `model.catalog_doc.dated_key`) is one publication of the digest it names; that digest's
 config labels name the variant and its content hash, and its evidence hangs off
-`sha256-<hex>.sbom|smoke|provenance` and cosign's `.sig`. With trusted keys, a dated tag is a
-publication only when a signature of its digest by one of them names that very tag and the
-variant the digest's labels name (push rights are not trust: anyone may write a tag); else the
-next older one counts. A date after today (UTC) is never a publication.
+`sha256-<hex>.sbom|smoke|provenance`, cosign's `.sig` and the sigstore bundles listed in
+`sha256-<hex>`. With trusted keys or identities (`keypair.Vouchers`), a dated tag is a
+publication only when a signature of its digest by one of them (a key's `.sig`, an identity's
+image bundle: builder.core.vouch) names that very tag and the variant the digest's labels name
+(push rights are not trust: anyone may write a tag); else the next older one counts. A date
+after today (UTC) is never a publication.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from builder.core import clock, labels, oci, sign
+from builder.core import clock, keyless, labels, oci, sign, vouch
+from builder.core.keypair import NOBODY, Vouchers
 from builder.core.output import step
 from builder.model import catalog_doc, tags
 from builder.model.matrix import Matrix
@@ -47,13 +50,13 @@ def dated_tags(all_tags: Iterable[str]) -> list[Dated]:
     return sorted(found, key=lambda d: d.order, reverse=True)
 
 
-def latest(matrix: Matrix, keys: tuple[Any, ...] = ()) -> dict[str, Publication]:
-    """variant id → its newest publication in the matrix's vetted repository (with `keys`: the
-    newest whose signature by one of them names its dated tag and its variant)."""
-    return {vid: pubs[0] for vid, pubs in history(matrix, keys).items()}
+def latest(matrix: Matrix, vouchers: Vouchers = NOBODY) -> dict[str, Publication]:
+    """variant id → its newest publication in the matrix's vetted repository (with `vouchers`:
+    the newest whose signature by one of them names its dated tag and its variant)."""
+    return {vid: pubs[0] for vid, pubs in history(matrix, vouchers).items()}
 
 
-def history(matrix: Matrix, keys: tuple[Any, ...] = ()) -> dict[str, list[Publication]]:
+def history(matrix: Matrix, vouchers: Vouchers = NOBODY) -> dict[str, list[Publication]]:
     """variant id → its publications, newest first (publication order: date, then suffix),
     each counted as `latest` counts it; keyed on the verified variant, never the tag's text."""
     reg = oci.Registry(matrix.registry)
@@ -63,8 +66,8 @@ def history(matrix: Matrix, keys: tuple[Any, ...] = ()) -> dict[str, list[Public
         vid, pub = read_publication(reg, matrix, dated, all_tags)
         if pub is None or not vid:
             continue
-        if keys and (why := record_problem(reg, matrix.repository, pub.digest, dated.tag,
-                                           vid, keys)):
+        if vouchers and (why := record_problem(reg, matrix.repository, pub.digest, dated.tag,
+                                               vid, vouchers)):
             step(f"  {dated.tag}: not part of the record: {why}")
             continue
         out.setdefault(vid, []).append(pub)
@@ -81,23 +84,25 @@ def current(found: list[Dated]) -> list[Dated]:
     return [d for d in found if d.date <= now]
 
 
-def signed_for(reg: oci.Registry, repository: str, digest: str, keys: tuple[Any, ...]
+def signed_for(reg: oci.Registry, repository: str, digest: str, vouchers: Vouchers
                ) -> tuple[set[str], set[str], str]:
-    """The tags and variants the trusted keys signed for a digest, or why there are none."""
+    """The tags and variants the trusted keys and identities signed for a digest, or why
+    there are none."""
     try:
-        payloads = sign.verified_payloads(reg, repository, digest, list(keys))
+        payloads = vouch.payloads(reg, repository, digest, vouchers)
     except sign.SignatureError as exc:
-        return set(), set(), f"its signature does not verify against the trusted keys ({exc})"
+        return set(), set(), ("its signature does not verify against the trusted keys or "
+                              f"identities ({exc})")
     optional = [p.get("optional") or {} for p in payloads]
     return (set().union(*(sign.signed_tags(o) for o in optional)),
             {str(o.get(sign.VARIANT_ANNOTATION)) for o in optional}, "")
 
 
 def record_problem(reg: oci.Registry, repository: str, digest: str, tag: str, vid: str,
-                   keys: tuple[Any, ...]) -> str:
-    """Why `tag` on `digest` is not a publication of variant `vid` ('' when a trusted key
-    signed that very tag, for that variant)."""
-    tags_signed, variants, why = signed_for(reg, repository, digest, keys)
+                   vouchers: Vouchers) -> str:
+    """Why `tag` on `digest` is not a publication of variant `vid` ('' when a trusted key or
+    identity signed that very tag, for that variant)."""
+    tags_signed, variants, why = signed_for(reg, repository, digest, vouchers)
     if why:
         return why
     if tag not in tags_signed:
@@ -184,7 +189,7 @@ def publication_of(matrix: Matrix, dated: Dated, digest: str, first: dict[str, A
     content = found.get(labels.CONTENT_HASH, "")
     hash_tag = tags.HASH_TAG_PREFIX + content[:20]
     empty = Artifact("", "", "", "")
-    signed = sign.sig_tag(digest) in all_tags
+    signed = sign.sig_tag(digest) in all_tags or keyless.referrers_tag(digest) in all_tags
     return Publication(
         date=f"{dated.date[:4]}-{dated.date[4:6]}-{dated.date[6:]}", published_at="",
         registry=matrix.registry, repository=matrix.repository, digest=digest,

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from builder.core import clock, keypair, oci, sign
+from builder.core import clock, keypair, oci, sign, vouch
 from builder.core.output import step
 from builder.flows import record, tag_repair
 from builder.model import catalog_doc
@@ -46,7 +46,7 @@ def restore(matrix: Matrix, group: Sequence[PlannedVariant], newest: Publication
             continue
         vid, pub = record.read_publication(reg, matrix, dated, all_tags)
         if pub is not None and vid == group[0].variant.id and tag_repair.holds(pub, group) \
-                and lost(reg, pub, trust.keys):
+                and lost(reg, pub, trust.vouchers):
             signed = [dated.tag, *tags]
             sign.sign_image(reg, pub.repository, pub.digest, trust.key,
                             sign.tag_annotations(vid, signed))
@@ -57,18 +57,19 @@ def restore(matrix: Matrix, group: Sequence[PlannedVariant], newest: Publication
     return None
 
 
-def lost(reg: oci.Registry, pub: Publication, keys: tuple[object, ...]) -> bool:
-    """Whether the digest has no valid signature by the trusted keys while its SBOM, smoke
-    report and provenance attestations verify against them."""
-    if not unsigned(reg, pub.repository, pub.digest, keys):
+def lost(reg: oci.Registry, pub: Publication, vouchers: keypair.Vouchers) -> bool:
+    """Whether the digest has no valid signature by the trusted keys and identities while its
+    SBOM, smoke report and provenance attestations are vouched for by them."""
+    if not unsigned(reg, pub.repository, pub.digest, vouchers):
         return False
-    found, _ = sign.verified_attestations(reg, pub.repository, pub.digest, list(keys))
+    found, _ = vouch.attestations(reg, pub.repository, pub.digest, vouchers)
     return set(sign.PREDICATES) <= set(found)
 
 
-def unsigned(reg: oci.Registry, repository: str, digest: str, keys: tuple[object, ...]) -> bool:
-    """Whether no signature of `digest` verifies against the trusted keys."""
-    return bool(record.signed_for(reg, repository, digest, keys)[2])
+def unsigned(reg: oci.Registry, repository: str, digest: str, vouchers: keypair.Vouchers
+             ) -> bool:
+    """Whether no signature of `digest` verifies against the trusted keys and identities."""
+    return bool(record.signed_for(reg, repository, digest, vouchers)[2])
 
 
 def resign_twin(reg: oci.Registry, pub: Publication, vid: str, tags: Sequence[str],
@@ -77,7 +78,7 @@ def resign_twin(reg: oci.Registry, pub: Publication, vid: str, tags: Sequence[st
     the twin `twin.make` gives (nothing else is signed)."""
     head = reg.head(pub.repository, twin.tag_of(pub.dated_tag))
     if head is None or trust.key is None or \
-            not unsigned(reg, pub.repository, head.digest, trust.keys):
+            not unsigned(reg, pub.repository, head.digest, trust.vouchers):
         return
     if twin.make(reg, pub.repository, pub.digest).digest != head.digest:
         step(f"  [{vid}] `{twin.tag_of(pub.dated_tag)}` is not the twin of {pub.digest[:19]}: "

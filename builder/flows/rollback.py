@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from builder.core import keypair, oci, sign
+from builder.core import keypair, oci, sign, vouch
 from builder.core.errors import UsageError
 from builder.core.output import step
 from builder.flows import record
@@ -32,8 +32,8 @@ def rollback_to(matrix: Matrix, dated_tag: str, trust: keypair.Trust) -> dict[st
         raise UsageError("--rollback-to needs a signing key: a rollback is signed, or it is "
                           "tampering", hint="give --key (or COSIGN_PRIVATE_KEY)")
     reg = oci.Registry(matrix.registry)
-    vid, target, newest = find(matrix, dated_tag, trust.keys)
-    moving = sorted(moving_tags(reg, matrix.repository, target, newest, trust.keys))
+    vid, target, newest = find(matrix, dated_tag, trust.vouchers)
+    moving = sorted(moving_tags(reg, matrix.repository, target, newest, trust.vouchers))
     moved = sign_and_move(reg, matrix.repository, target.digest, trust.key, vid,
                           [target.dated_tag, *moving], newest.dated_tag)
     held = reg.head(matrix.repository, twin.tag_of(target.dated_tag))
@@ -60,7 +60,7 @@ def annotations(vid: str, tags: list[str], to: str, since: str) -> dict[str, str
     return {**sign.tag_annotations(vid, tags), sign.ROLLBACK_TO: to, sign.ROLLBACK_FROM: since}
 
 
-def find(matrix: Matrix, dated_tag: str, keys: tuple[Any, ...]
+def find(matrix: Matrix, dated_tag: str, vouchers: keypair.Vouchers
          ) -> tuple[str, Publication, Publication]:
     """(variant id, the publication of `dated_tag`, the variant's newest), or why not: only a
     signed dated publication older than the newest can be rolled back to."""
@@ -68,7 +68,7 @@ def find(matrix: Matrix, dated_tag: str, keys: tuple[Any, ...]
         raise UsageError(f"--rollback-to `{dated_tag}`: not a dated tag",
                           hint="name a dated publication, `<floating>-YYYYMMDD[.n]` (the "
                           "catalog lists them)")
-    for vid, pubs in record.history(matrix, keys).items():
+    for vid, pubs in record.history(matrix, vouchers).items():
         for pub in pubs:
             if pub.dated_tag == dated_tag:
                 if pub is pubs[0]:
@@ -83,11 +83,11 @@ def find(matrix: Matrix, dated_tag: str, keys: tuple[Any, ...]
 
 
 def moving_tags(reg: oci.Registry, repository: str, target: Publication, newest: Publication,
-                keys: tuple[Any, ...]) -> set[str]:
+                vouchers: keypair.Vouchers) -> set[str]:
     """The floating tag and aliases that both publications were signed for (never a dated
     or content tag: those never move)."""
-    both = (sign.tags_signed_by(reg, repository, target.digest, keys)
-            & sign.tags_signed_by(reg, repository, newest.digest, keys))
+    both = (vouch.tags_signed_by(reg, repository, target.digest, vouchers)
+            & vouch.tags_signed_by(reg, repository, newest.digest, vouchers))
     return {t for t in both if not catalog_doc.dated_key(t)
             and not t.startswith(tag_rules.HASH_TAG_PREFIX) and not t.endswith(twin.SUFFIX)}
 

@@ -12,10 +12,10 @@ lock never rolls a tag back.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from builder.core import oci, sign
+from builder.core import oci, sign, vouch
 from builder.core.errors import GateRefused
+from builder.core.keypair import NOBODY, Vouchers
 from builder.core.output import step
 from builder.flows import rollback
 from builder.model.planned import PlannedVariant
@@ -46,11 +46,11 @@ def refuse_older(pubs: Sequence[Publication], group: Sequence[PlannedVariant]) -
 
 
 def drift(reg: oci.Registry, pub: Publication, moving: Sequence[str],
-          keys: tuple[Any, ...] = ()) -> list[tuple[str, str, str]]:
+          vouchers: Vouchers = NOBODY) -> list[tuple[str, str, str]]:
     """Each of `moving` (floating tag, aliases) and its `-zstd` twin that points elsewhere than
     `pub` (and its twin): (tag, the digest it holds or '', the digest it should hold). With
-    `keys`, only a tag a trusted key signed for that digest counts (the only tags `repair` may
-    move, so a drift reported is a drift `publish` puts right)."""
+    `vouchers`, only a tag a trusted key or identity signed for that digest counts (the only
+    tags `repair` may move, so a drift reported is a drift `publish` puts right)."""
     repo = pub.repository
     twin_head = reg.head(repo, twin.tag_of(pub.dated_tag))
     targets = [(tag, pub.digest) for tag in moving]
@@ -61,21 +61,21 @@ def drift(reg: oci.Registry, pub: Publication, moving: Sequence[str],
         head = reg.head(repo, tag)
         if head is not None and head.digest == digest:
             continue
-        if keys and not sign.names_tag(reg, repo, digest, tag, keys):
+        if vouchers and not vouch.names_tag(reg, repo, digest, tag, vouchers):
             continue
         newest = twin.tag_of(pub.dated_tag) if tag.endswith(twin.SUFFIX) else pub.dated_tag
-        if keys and head is not None and kept_rollback(reg, repo, head.digest, tag, newest,
-                                                       keys):
+        if vouchers and head is not None and kept_rollback(reg, repo, head.digest, tag, newest,
+                                                           vouchers):
             continue
         found.append((tag, head.digest if head else "", digest))
     return found
 
 
 def repair(reg: oci.Registry, pub: Publication, moving: Sequence[str],
-           keys: tuple[Any, ...] = ()) -> list[str]:
+           vouchers: Vouchers = NOBODY) -> list[str]:
     """Point each tag that drifted from `pub` (`drift`) back at it; the tags moved."""
     moved = []
-    for tag, was, digest in drift(reg, pub, moving, keys):
+    for tag, was, digest in drift(reg, pub, moving, vouchers):
         reg.tag(pub.repository, digest, tag)
         step(f"  moved `{tag}` from {was[:19] or 'nothing'} to {digest[:19]} (the newest signed "
              f"publication, `{pub.dated_tag}`)")
@@ -84,11 +84,11 @@ def repair(reg: oci.Registry, pub: Publication, moving: Sequence[str],
 
 
 def kept_rollback(reg: oci.Registry, repo: str, digest: str, tag: str, newest: str,
-                  keys: tuple[Any, ...]) -> bool:
+                  vouchers: Vouchers) -> bool:
     """Whether `tag` on `digest` is a signed rollback from the newest publication `newest`
     (a deliberate act, kept; printed)."""
     try:
-        payloads = sign.verified_payloads(reg, repo, digest, list(keys))
+        payloads = vouch.payloads(reg, repo, digest, vouchers)
     except sign.SignatureError:
         return False
     to = rollback.signed_rollback(payloads, tag, newest)

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.core import keyless, labels, oci, sign, zstd
+from builder.core import keyless, labels, oci, sign, vouch, zstd
 from builder.core.errors import BuilderError
 from builder.core.oci import RegistryError
 from builder.flows import verify_keyless, verify_tags
@@ -193,6 +193,9 @@ def signature_row(reg: oci.Registry, repository: str, digest: str, policy: Polic
             found.append((None, str(exc)))
     if by_identity is not None:
         found.append(verify_keyless.image_signature(by_identity, digest))
+        # the tags an identity's image bundle names count as those a key's `.sig` names
+        payloads = (payloads or []) + vouch.identity_payloads(reg, repository, digest,
+                                                              policy.by_identity)[0]
     verified, detail = verify_keyless.pick(found, policy.require_all)
     return Row("signature", BAD if verified is None else OK, detail), payloads
 

@@ -113,7 +113,11 @@ class Matrix:
     aliases: tuple[Alias, ...] = ()
     lines: Mapping[Path_, int] = field(default_factory=dict, repr=False)
     staging: str = ""  # registry/repository; "" is <registry>/<repository>-staging
-    trust_keys: tuple[Path, ...] = ()  # cosign.pub files staged evidence must be signed by
+    # `trust:` (or the deprecated `trust_keys:`): cosign.pub files and keyless identities
+    # ({issuer, identity | identity_regexp}) that signatures read back must be made by
+    trust_keys: tuple[Path, ...] = ()
+    trust_identities: tuple[Mapping[str, str], ...] = ()
+    trusted_root: Path | None = None  # None: sigstore's public good
     insecure_registries: tuple[str, ...] = ()  # plain HTTP allowed, as Docker's daemon setting
     compression: tuple[str, ...] = ("gzip", "zstd")  # zstd: a `<tag>-zstd` twin of each tag
 
@@ -258,6 +262,9 @@ def _build(path: Path, data: dict[str, Any],
     variants, problems = _variants(data, bases, *expand_platforms(combos, origin, data), lines)
     problems += _selector_problems(data, lines, variants)
     problems += _alias_problems(data.get("aliases", []), lines)
+    trust, why = _trust(data)
+    if why:
+        problems.append(Problem(line_of(lines, ("trust_keys",)), ("trust_keys",), why))
     aliases = tuple(
         Alias(a["tag"], {k: v for k, v in a.items() if k != "tag"}) for a in data.get("aliases", [])
     )
@@ -265,11 +272,22 @@ def _build(path: Path, data: dict[str, Any],
         path=path, registry=data["registry"], repository=data["repository"], bases=bases,
         toolkits=data.get("toolkits", {}), variants=tuple(variants), aliases=aliases, lines=lines,
         staging=data.get("staging", ""),
-        trust_keys=tuple(path.parent / key for key in data.get("trust_keys", [])),
+        trust_keys=tuple(path.parent / key for key in trust.get("keys", [])),
+        trust_identities=tuple(trust.get("identities", [])),
+        trusted_root=path.parent / trust["trusted_root"] if trust.get("trusted_root") else None,
         insecure_registries=tuple(data.get("insecure_registries", [])),
         compression=tuple(data.get("compression", ("gzip", "zstd"))),
     )
     return matrix, problems
+
+
+def _trust(data: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
+    """`trust:`, or the deprecated top-level `trust_keys:` as its `keys`; a problem when both
+    are given (which one counts would be a guess)."""
+    if "trust_keys" in data and "trust" in data:
+        return data["trust"], ("`trust_keys` is the deprecated spelling of `trust.keys`: give "
+                               "one of them (move the keys under `trust:`)")
+    return data.get("trust") or {"keys": data.get("trust_keys", [])}, ""
 
 
 def _variants(data: dict[str, Any], bases: Mapping[str, Base], combos: Sequence[dict[str, Any]],

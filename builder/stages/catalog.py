@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.core import clock, keyless, keypair, oci, sign, state
+from builder.core import clock, keyless, keypair, oci, sign, state, vouch
 from builder.core.errors import BuilderError
 from builder.model import catalog_unreadable, layer_reuse, provenance_doc
 from builder.model.catalog_doc import (
@@ -152,9 +152,9 @@ class Reader:
     """Reads manifests, configs and artifacts of one repository through the cache."""
 
     def __init__(self, source: Source, cache: Cache, site: Path, keys: list[Any],
-                 trusted_root: Path = keyless.PUBLIC_GOOD_ROOT) -> None:
+                 trusted_root: Path = keyless.PUBLIC_GOOD_ROOT, identities: tuple = ()) -> None:
         self.source, self.cache, self.site, self.keys = source, cache, site, keys
-        self.trusted_root = trusted_root
+        self.trusted_root, self.identities = trusted_root, identities
         self.reg = oci.Registry(source.registry)
 
     def resolve(self, tags: list[str]) -> dict[str, str]:
@@ -325,16 +325,17 @@ def verify_signed(reader: Reader, digest: str, keys: list[Any]) -> dict[str, Any
 
 
 def signed_dated(reader: Reader, by_tag: dict[str, str]) -> dict[str, str]:
-    """With keys, `by_tag` less the dated tags no trusted signature of their digest names:
-    anyone with push rights may write a tag, so those are no history (they are listed under
-    other tags); without keys, every tag."""
-    if not reader.keys:
+    """With trusted keys or identities, `by_tag` less the dated tags no trusted signature of
+    their digest names (builder.core.vouch): anyone with push rights may write a tag, so those
+    are no history (they are listed under other tags); without, every tag."""
+    trusted = keypair.Vouchers(tuple(reader.keys), reader.identities, reader.trusted_root)
+    if not trusted:
         return by_tag
     signed: dict[str, set[str]] = {}
     for digest in {d for t, d in by_tag.items() if dated_key(t)}:
         try:
-            signed[digest] = sign.tags_signed_by(reader.reg, reader.source.repository, digest,
-                                                 reader.keys)
+            signed[digest] = vouch.tags_signed_by(reader.reg, reader.source.repository, digest,
+                                                  trusted)
         except sign.SignatureError:
             signed[digest] = set()
     return {t: d for t, d in by_tag.items() if not dated_key(t) or t in signed[d]}
@@ -345,12 +346,13 @@ def signed_dated(reader: Reader, by_tag: dict[str, str]) -> dict[str, str]:
 
 def collect(source: Source, site: Path, cache_path: Path | None, *, keys: list[Any] | None = None,
             progress: Callable[[str], None] = lambda _: None,
-            trusted_root: Path = keyless.PUBLIC_GOOD_ROOT) -> tuple[dict[str, Any], int]:
+            trusted_root: Path = keyless.PUBLIC_GOOD_ROOT, identities: tuple = ()
+            ) -> tuple[dict[str, Any], int]:
     """(the catalog document, how many digests were fetched: 0 when nothing was new). `keys`:
-    cosign public keys to verify signatures with (without, their presence is reported);
-    `trusted_root`: what keyless bundles must chain to for their signer to be shown."""
+    cosign public keys to verify signatures with (without, their presence is reported); with
+    `identities` they decide which dated tags are history; bundles chain to `trusted_root`."""
     cache = Cache(cache_path)
-    reader = Reader(source, cache, site, keys or [], trusted_root)
+    reader = Reader(source, cache, site, keys or [], trusted_root, identities)
     tags = classify(reader.reg.tags(source.repository))
     if not tags.images:
         raise BuilderError(f"`{source.name}` has no image tags",

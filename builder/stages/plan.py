@@ -15,8 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from builder.core import labels, oci, sign
+from builder.core import labels, oci, vouch
 from builder.core.errors import BuilderError, ConfigError
+from builder.core.keypair import NOBODY, Vouchers
 from builder.core.output import step
 from builder.model import lockfile, platforms, tags
 from builder.model.matrix import Matrix, Variant
@@ -103,12 +104,12 @@ def plan_variant(matrix: Matrix, rendered: Rendered, base_digest: str | None,
 
 def make_plan(matrix: Matrix, rendered: Iterable[Rendered],
               base_digests: Mapping[str, str | None], *, check_registry: bool = True,
-              unasked: str = "build", keys: tuple[Any, ...] = ()) -> list[PlannedVariant]:
+              unasked: str = "build", vouchers: Vouchers = NOBODY) -> list[PlannedVariant]:
     """Plan the rendered variants; `base_digests` maps base image refs to digests (None:
     unknown). With `check_registry` a registry that cannot be asked stops the plan
     (BuilderError): a plan that silently said `build` for everything would rebuild what is
     published. Without it, a variant not up to date locally gets the state `unasked` (`plan
-    --offline`: `unknown`). With `keys`, a `build-<hash>` tag counts only when one of them
+    --offline`: `unknown`). With `vouchers`, a `build-<hash>` tag counts only when one of them
     signed that tag for its digest (an unsigned one is anyone's)."""
     from builder.core import engine
 
@@ -127,7 +128,7 @@ def make_plan(matrix: Matrix, rendered: Iterable[Rendered],
             p = _with_state(p, "up-to-date", "local")
         elif not check_registry:
             p = replace(p, state=unasked)
-        elif registry_holds(matrix, p.hash_tag, keys):
+        elif registry_holds(matrix, p.hash_tag, vouchers):
             p = _with_state(p, "up-to-date", "registry")
         planned.append(p)
     return planned
@@ -161,16 +162,17 @@ def local_content_hashes(engine) -> dict[str, set[str]]:
     return names
 
 
-def registry_holds(matrix: Matrix, tag: str, keys: tuple[Any, ...]) -> bool:
-    """Whether the vetted repository has `tag` (with `keys`: signed for its digest by one)."""
+def registry_holds(matrix: Matrix, tag: str, vouchers: Vouchers) -> bool:
+    """Whether the vetted repository has `tag` (with `vouchers`: signed for its digest by a
+    trusted key or identity)."""
     held = ask_registry(matrix.registry, matrix.repository, tag)
-    if not held or not keys:
+    if not held or not vouchers:
         return held
     reg = oci.Registry(matrix.registry)
     desc = reg.head(matrix.repository, tag)
-    if desc is not None and sign.names_tag(reg, matrix.repository, desc.digest, tag, keys):
+    if desc is not None and vouch.names_tag(reg, matrix.repository, desc.digest, tag, vouchers):
         return True
-    step(f"  `{tag}` is not signed by a trusted key: not counted as built")
+    step(f"  `{tag}` is not signed by a trusted key or identity: not counted as built")
     return False
 
 

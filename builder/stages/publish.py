@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.core import clock, keypair, labels, limits, oci, sign
+from builder.core import clock, keyless, keypair, labels, limits, oci, sign, vouch
 from builder.core.oci import RegistryError
 from builder.model import accelerators, smokereport
 from builder.model.matrix import Matrix
@@ -116,17 +116,19 @@ def sbom_gate(cand: Candidate) -> str:
 
 
 def dated_tag(reg: oci.Registry, repository: str, floating: str, date: str,
-              digest: str, keys: tuple[Any, ...] = ()) -> tuple[str, bool]:
+              digest: str, vouchers: keypair.Vouchers = keypair.NOBODY
+              ) -> tuple[str, bool]:
     """The first free `<floating>-<date>[.n]`, or the one already holding `digest`.
 
     Returns (tag, whether it already holds the digest). A tag holding another digest is never
-    overwritten, unless `keys` are given and none of them signed that tag for its digest: an
+    overwritten, unless `vouchers` are given and none of them signed that tag for its digest: an
     unsigned tag is no publication (anyone with push rights may write one) and takes no suffix.
     """
     for n in range(MAX_SUFFIX + 1):
         tag = f"{floating}-{date}" + (f".{n}" if n else "")
         desc = reg.head(repository, tag)
-        if desc is None or (keys and not sign.names_tag(reg, repository, desc.digest, tag, keys)):
+        if desc is None or (vouchers and not vouch.names_tag(reg, repository, desc.digest, tag,
+                                                            vouchers)):
             return tag, False
         if desc.digest == digest:
             return tag, True
@@ -143,14 +145,25 @@ def promote(matrix: Matrix, staged: Staged) -> Staged:
 
 def sign_digest(vetted: Staged, trust: keypair.Trust,
                 optional: dict[str, str] | None = None) -> dict[str, Any]:
-    """Sign the promoted manifest or index (cosign's `.sig`, naming in `optional` the variant
-    and the tags it is promoted under); its publication fields. Only what the gate verified
-    reaches here with a key: keypair.trust refuses a key with --unsigned."""
-    if trust.key is None:
+    """Sign the promoted manifest or index, naming in `optional` the variant and the tags it
+    is promoted under: with the key, cosign's `.sig`; with an OIDC token, a sigstore bundle of
+    the image and one of each piece of evidence attached to it (referrers). Its publication
+    fields. Only what the gate verified reaches here signing: keypair.trust refuses a key or a
+    token with --unsigned."""
+    if not trust.signs:
         return {"signed": False, "unsigned": trust.unsigned}
-    assert not trust.unsigned, "a key with --unsigned is refused by keypair.trust"
-    sign.sign_image(oci.Registry(vetted.registry), vetted.repository, vetted.digest, trust.key,
-                    optional)
+    assert not trust.unsigned, "signing with --unsigned is refused by keypair.trust"
+    reg = oci.Registry(vetted.registry)
+    signer = None
+    if trust.keyless is not None:
+        signer, _ = keyless.attest_digest(reg, vetted.repository, vetted.digest,
+                                          trust.keyless.token, trust.keyless.config, optional)
+    if trust.key is None:
+        assert signer is not None
+        ref = keyless.referrers_tag(vetted.digest)
+        return {"signed": True, "unsigned": False,
+                "signature": Signed(ref, ref, f"keyless: {signer.describe()}")}
+    sign.sign_image(reg, vetted.repository, vetted.digest, trust.key, optional)
     return {"signed": True, "unsigned": False,
             "signature": Signed(sign.sig_tag(vetted.digest), sign.att_tag(vetted.digest),
                                 keypair.key_id(trust.key.public))}
@@ -169,11 +182,12 @@ def dry_run_entry(matrix: Matrix, cand: Candidate) -> dict[str, Any]:
             "registry": matrix.registry, "repository": matrix.repository}
 
 
-def next_dated(vetted: Staged, floating: str, keys: tuple[Any, ...] = ()) -> tuple[str, bool]:
+def next_dated(vetted: Staged, floating: str,
+               vouchers: keypair.Vouchers = keypair.NOBODY) -> tuple[str, bool]:
     """The dated tag this publication takes (signed before it is written), and whether it
-    already holds the digest; with `keys`, unsigned dated tags are free (dated_tag)."""
+    already holds the digest; with `vouchers`, unsigned dated tags are free (dated_tag)."""
     reg = oci.Registry(vetted.registry)
-    return dated_tag(reg, vetted.repository, floating, clock.stamp(), vetted.digest, keys)
+    return dated_tag(reg, vetted.repository, floating, clock.stamp(), vetted.digest, vouchers)
 
 
 def write_tags(vetted: Staged, floating: str, tags: list[str],

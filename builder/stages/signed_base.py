@@ -4,9 +4,10 @@ A build that stages with a key pushes its local bootstrap there once (our regist
 engine's own config bytes and rootfs tarball), signs the manifest digest (cosign's `.sig`, its
 payload naming the tag) and attests its provenance (cosign's `.att`: the mmdebstrap inputs, the
 image id and the base digest). A runner without the base reads it back only after the signature
-and the attestation verify against the trusted keys — never by tag alone — and every byte it
-then fetches is checked against those signed digests (builder.core.rootfs_image). Anything that
-does not verify is an `Unverified` naming why; the caller bootstraps instead.
+and the attestation verify against the trusted keys or identities (builder.core.vouch) — never
+by tag alone — and every byte it then fetches is checked against those signed digests
+(builder.core.rootfs_image). Anything that does not verify is an `Unverified` naming why; the
+caller bootstraps instead.
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric import ec
-
-from builder.core import oci, rootfs_image, sign
+from builder.core import keyless, oci, rootfs_image, sign, vouch
 from builder.core.errors import BuilderError
-from builder.core.keypair import SigningKey
+from builder.core.keypair import KeylessSigner, SigningKey, Vouchers
 from builder.model import platforms
 from builder.model.matrix import Matrix
 from builder.model.platforms import Platform
@@ -98,29 +97,38 @@ def _sha(digest: str) -> dict[str, str]:
     return {"sha256": digest.removeprefix("sha256:")}
 
 
-def publish(reg: oci.Registry, at: Where, config: bytes, tar: Path, key: SigningKey,
-            inputs: dict[str, Any]) -> str:
+def publish(reg: oci.Registry, at: Where, config: bytes, tar: Path, key: SigningKey | None,
+            inputs: dict[str, Any], keyless_signer: KeylessSigner | None = None) -> str:
     """Push the base (config bytes and rootfs tarball) under `at`, sign its digest naming the
-    tag, attest its provenance; returns the manifest digest. Each step is idempotent."""
+    tag and attest its provenance, with the key (cosign's `.sig`, `.att`) and/or keylessly
+    (sigstore bundles of the same statements); returns the manifest digest. Each step is
+    idempotent."""
     digest = rootfs_image.push(reg, at.repository, tar, config, [at.tag])
     image = rootfs_image.layout(reg, at.repository, digest)
-    sign.sign_image(reg, at.repository, digest, key, sign.tag_annotations("base", [at.tag]))
-    sign.attest(reg, at.repository, digest, key, "provenance", predicate(
-        inputs, image.config_digest, platforms.layers_digest([image.diff_id])))
+    named = sign.tag_annotations("base", [at.tag])
+    doc = predicate(inputs, image.config_digest, platforms.layers_digest([image.diff_id]))
+    if key is not None:
+        sign.sign_image(reg, at.repository, digest, key, named)
+        sign.attest(reg, at.repository, digest, key, "provenance", doc)
+    if keyless_signer is not None:
+        statement = sign.statement(f"{reg.registry}/{at.repository}", digest,
+                                   sign.PREDICATES["provenance"], doc)
+        keyless.sign_and_attach(reg, at.repository, digest, keyless_signer.token,
+                                keyless_signer.config, [statement], named)
     return digest
 
 
-def verify(reg: oci.Registry, at: Where, keys: list[ec.EllipticCurvePublicKey],
-           suite: str) -> Verified:
-    """The base at `at`, verified: a signature by one of `keys` over its digest that names
+def verify(reg: oci.Registry, at: Where, vouchers: Vouchers, suite: str) -> Verified:
+    """The base at `at`, verified: a signature by one of `vouchers` over its digest that names
     its tag, and a signed provenance about this suite and key whose image id is the manifest's
     config and whose base digest is its layer's. `Unverified` saying why not."""
-    return _verified(reg, at, keys, suite, lambda signed: [at.tag] if at.tag in signed else [],
+    return _verified(reg, at, vouchers, suite,
+                     lambda signed: [at.tag] if at.tag in signed else [],
                      f"does not name the tag `{at.tag}` (the tag was moved to another signed "
                      "digest?)")
 
 
-def _verified(reg: oci.Registry, at: Where, keys: list[ec.EllipticCurvePublicKey], suite: str,
+def _verified(reg: oci.Registry, at: Where, vouchers: Vouchers, suite: str,
               keyed: Callable[[set[str]], list[str]], unnamed: str) -> Verified:
     """verify's path: `keyed` picks, from the tags the signatures
     name, those the provenance may be about (`unnamed` says why there are none)."""
@@ -128,10 +136,10 @@ def _verified(reg: oci.Registry, at: Where, keys: list[ec.EllipticCurvePublicKey
         found = reg.head(at.repository, at.tag)
         if found is None:
             raise Absent(f"`{at.reference}` is absent")
-        tags = keyed(signed_tags(reg, at, found.digest, keys))
+        tags = keyed(signed_tags(reg, at, found.digest, vouchers))
         if not tags:
             raise Unverified(f"the signature of `{at.reference}` {unnamed}")
-        doc = provenance(reg, at, found.digest, keys)
+        doc = provenance(reg, at, found.digest, vouchers)
         image = rootfs_image.layout(reg, at.repository, found.digest)
     except oci.RegistryError as exc:
         raise Unverified(f"`{at.reference}` cannot be read: {exc}") from None
@@ -140,17 +148,17 @@ def _verified(reg: oci.Registry, at: Where, keys: list[ec.EllipticCurvePublicKey
 
 
 def signed_tags(reg: oci.Registry, at: Where, digest: str,
-                keys: list[ec.EllipticCurvePublicKey]) -> set[str]:
-    """The tags that the signatures of `digest` by `keys` name."""
+                vouchers: Vouchers) -> set[str]:
+    """The tags that the signatures of `digest` by `vouchers` (keys, identities) name."""
     try:
-        return sign.tags_signed_by(reg, at.repository, digest, keys)
+        return vouch.tags_signed_by(reg, at.repository, digest, vouchers)
     except sign.SignatureError as exc:
         raise Unverified(f"the signature of `{at.reference}` did not verify: {exc}") from None
 
 
 def provenance(reg: oci.Registry, at: Where, digest: str,
-               keys: list[ec.EllipticCurvePublicKey]) -> dict[str, Any]:
-    found, problems = sign.verified_attestations(reg, at.repository, digest, keys)
+               vouchers: Vouchers) -> dict[str, Any]:
+    found, problems = vouch.attestations(reg, at.repository, digest, vouchers)
     if "provenance" not in found:
         raise Unverified(f"the provenance of `{at.reference}` did not verify: "
                          f"{problems.get('provenance', 'none')}")

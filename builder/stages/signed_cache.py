@@ -8,21 +8,21 @@ file to site-packages, its diff id in the config): BuildKit would take the step 
 (`CACHED`) and the image would be signed.
 So `choose` is the one decision for every build (`build`, `rebuild`, `reproduce`'s child build):
 the cache is offered to BuildKit only as `<repository>@sha256:…` after a signature by a trusted
-key over that digest names its tag; otherwise the build runs without it and one line says why.
+key or identity over that digest names its tag; otherwise the build runs without it and one
+line says why.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cryptography.hazmat.primitives.asymmetric import ec
-
-from builder.core import keypair, oci, sign
+from builder.core import oci, sign, vouch
 from builder.core.errors import BuilderError
+from builder.core.keypair import Vouchers
 from builder.model.matrix import Matrix
 
-NO_KEY = "no trusted key (give --key, --trust-key or the matrix's `trust_keys`)"
+NO_KEY = ("no trusted key or identity (give --key, --trust-key, --certificate-identity or the "
+          "matrix's `trust:`)")
 
 
 @dataclass(frozen=True)
@@ -39,15 +39,15 @@ def cache_tag(ref: str) -> str:
     return ref.rsplit(":", 1)[1]
 
 
-def choose(matrix: Matrix, ref: str, keys: Sequence[ec.EllipticCurvePublicKey], *,
+def choose(matrix: Matrix, ref: str, vouchers: Vouchers, *,
            wanted: bool = True, reg: oci.Registry | None = None) -> Choice:
-    """The registry's cache `ref` (build.cache_ref) by the digest a trusted key signed for its
-    tag, or no cache and why: --no-registry-cache, no trusted key, absent, unreadable, unsigned
-    or signed by another key, or a signature that does not name the tag (moved to another
-    signed digest)."""
+    """The registry's cache `ref` (build.cache_ref) by the digest a trusted key or identity
+    signed for its tag (builder.core.vouch), or no cache and why: --no-registry-cache, nobody
+    trusted, absent, unreadable, unsigned or signed by another key or identity, or a signature
+    that does not name the tag (moved to another signed digest)."""
     if not wanted:
         return unused(ref, "--no-registry-cache")
-    if not keys:
+    if not vouchers:
         return unused(ref, NO_KEY)
     repository, tag = matrix.staging_repository, cache_tag(ref)
     reg = reg or oci.Registry(matrix.staging_registry, backoff=())
@@ -55,7 +55,7 @@ def choose(matrix: Matrix, ref: str, keys: Sequence[ec.EllipticCurvePublicKey], 
         found = reg.head(repository, tag)
         if found is None:
             return unused(ref, "absent")
-        signed = sign.tags_signed_by(reg, repository, found.digest, keys)
+        signed = vouch.tags_signed_by(reg, repository, found.digest, vouchers)
     except sign.SignatureError as exc:
         return unused(ref, f"its signature did not verify: {exc}")
     except BuilderError as exc:
@@ -65,7 +65,7 @@ def choose(matrix: Matrix, ref: str, keys: Sequence[ec.EllipticCurvePublicKey], 
                       "to another signed digest?)")
     pinned = f"{matrix.staging_registry}/{repository}@{found.digest}"
     return Choice((pinned,), f"registry cache `{ref}`: used as `{pinned}`, its signature "
-                  f"verified against key {', '.join(keypair.key_id(k) for k in keys)}")
+                  f"verified against {vouch.describe(vouchers)}")
 
 
 def unused(ref: str, why: str) -> Choice:

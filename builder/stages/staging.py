@@ -21,8 +21,9 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from builder.core import engine, keypair, media, oci, registry_auth, sign, state
+from builder.core import engine, keypair, media, oci, registry_auth, sign, state, vouch
 from builder.core.errors import BuilderError, CommandFailed
+from builder.core.keypair import Vouchers
 from builder.core.output import step
 from builder.model.matrix import Matrix
 from builder.model.staged import Staged
@@ -93,11 +94,12 @@ def vuln_predicate(found: dict[str, Any]) -> dict[str, Any]:
                          "scanFinishedOn": found.get("audited_at", "")}}
 
 
-def signed(staged: Staged, keys: list[Any]) -> tuple[dict[str, bytes], dict[str, str]]:
-    """The evidence whose attestation on the staged digest verifies against `keys`, as files
-    (kind → bytes), and kind → why not for the rest."""
-    found, problems = sign.verified_attestations(oci.Registry(staged.registry),
-                                                 staged.repository, staged.digest, keys)
+def signed(staged: Staged, vouchers: Vouchers) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The evidence whose attestation on the staged digest a voucher made (a trusted key's or
+    identity's: builder.core.vouch), as files (kind → bytes), and kind → why not for the
+    rest."""
+    found, problems = vouch.attestations(oci.Registry(staged.registry), staged.repository,
+                                         staged.digest, vouchers)
     return {kind: as_file(doc.get("predicate")) for kind, doc in found.items()}, problems
 
 

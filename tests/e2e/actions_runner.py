@@ -227,6 +227,8 @@ class Runner:
         self.log.append(f"  PATH={path} (the ubuntu-24.04 image's tools and the job's installs)")
         return {"HOME": str(home), "PATH": path, "REHEARSAL_TOOLS": str(tools),
                 "CI": "true", "GITHUB_ACTIONS": "true", "GITHUB_WORKSPACE": str(work),
+                # what GitHub sets on every runner (tools/trusted_identity.sh reads them)
+                "GITHUB_REPOSITORY": "rehearsal/torch-images", "GITHUB_REF": "refs/heads/main",
                 "RUNNER_TEMP": str(files), "LANG": "C.UTF-8",
                 "REHEARSAL_CONTENTS": contents, **self.runner_env, **wheel_mirror()}
 

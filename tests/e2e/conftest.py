@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import pytest
 from fixtures_published import shared_publication  # noqa: F401  (one per session: here, not in modules)
 from helpers import PRIVATE_REPOSITORIES, free_port, missing
+from keyless_mock import mock  # noqa: F401  (the mock sigstore services: here, not in modules)
 
 from builder.core import engine, registry
 

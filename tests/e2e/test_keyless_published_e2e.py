@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fixtures_published import Publication
 from helpers import run_builder
-from test_keyless_e2e import MAIN, by, mock, token  # noqa: F401  (mock: a fixture)
+from keyless_mock import MAIN, by, token
 
 from builder.core import oci, sign
 
@@ -35,7 +35,7 @@ def copy_with_evidence(pub: Publication, repository: str) -> str:
 
 
 def test_a_real_publication_verifies_by_identity_alone(
-        shared_publication: Publication, mock: Path, tmp_path: Path) -> None:  # noqa: F811
+        shared_publication: Publication, mock: Path, tmp_path: Path) -> None:
     reference = copy_with_evidence(shared_publication, "keyless-published/torch")
     (tmp_path / "token").write_text(token(MAIN))
     run_builder("attest", reference, "--identity-token", str(tmp_path / "token"),

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from builder.core import sign
+from builder.core import keyless, sign
 from builder.model import matrix, smokereport
 from builder.stages import provenance
 
@@ -24,7 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "admission"
 IMAGE = matrix.load(ROOT / "matrix.yaml").image_name  # REGISTRY/REPOSITORY
 STAGING = IMAGE + "-staging"
-WORKFLOW_SUBJECT = "https://github.com/YOUR-ORG/torch-images/.github/workflows/build.yml@refs/heads/main"
+WORKFLOWS = ROOT / ".github" / "workflows"
+# The placeholder every example names the publishing GitHub repository by (README: "Admission")
+OWNER_REPO = "YOUR-ORG/torch-images"
 TAG, DIGEST = "2.13.0-py3.11-cpu-runtime", "sha256:" + "a" * 64
 VETTED = [f"{IMAGE}:{TAG}", f"{IMAGE}@{DIGEST}", f"{IMAGE}:{TAG}@{DIGEST}",
           f"{IMAGE}:{TAG}-20261204", f"{IMAGE}:build-0123456789abcdef0123"]
@@ -155,6 +157,69 @@ def containers_problems(policy: dict[str, Any]) -> list[str]:
     return problems
 
 
+# ---- who the workflows sign as ----------------------------------------------------------------
+
+
+def signing_workflows() -> list[str]:
+    """The workflow files with a job that gets an OIDC token to sign with: `id-token: write` on
+    a job of its own steps (a reusable-workflow call signs as the called file; deploy-pages
+    proves a Pages deployment, it signs no image)."""
+    found = []
+    for path in sorted(WORKFLOWS.glob("*.yml")):
+        jobs = (yaml.safe_load(path.read_text()) or {}).get("jobs") or {}
+        if any((job.get("permissions") or {}).get("id-token") == "write" and "steps" in job
+               and not any("actions/deploy-pages" in str(step.get("uses", ""))
+                           for step in job["steps"])
+               for job in jobs.values()):
+            found.append(path.name)
+    return found
+
+
+def subject(workflow: str, ref: str = "refs/heads/main", repo: str = OWNER_REPO) -> str:
+    """A Fulcio certificate's subject for a GitHub workflow run (its job_workflow_ref)."""
+    return f"https://github.com/{repo}/.github/workflows/{workflow}@{ref}"
+
+
+def identity_matches(entry: dict[str, Any], name: str) -> bool:
+    """Kyverno's and policy-controller's identity match: `subject` exact, `subjectRegExp` Go's
+    regexp.MatchString (unanchored: the pattern's own `^…$` makes it whole)."""
+    if entry.get("subject"):
+        return entry["subject"] == name
+    return re.search(entry["subjectRegExp"], name) is not None
+
+
+def keyless_problems(entry: dict[str, Any]) -> list[str]:
+    """One keyless identity (Kyverno's `keyless`, a policy-controller identity) must be GitHub's
+    issuer, match every signing workflow of the placeholder repository on main, and nothing
+    near it: a pull-request ref, another branch or tag, another workflow, another repository."""
+    signers = signing_workflows()
+    problems = [] if entry.get("issuer") == keyless.GITHUB_ISSUER else [
+        f"issuer {entry.get('issuer')}"]
+    problems += [f"{subject(w)} is not matched" for w in signers
+                 if not identity_matches(entry, subject(w))]
+    near = [subject(w, ref) for w in signers for ref in
+            ("refs/pull/7/merge", "refs/heads/main-next", "refs/heads/feature", "refs/tags/v1")]
+    near += [subject(w, repo=repo) for w in signers for repo in
+             ("OTHER-ORG/torch-images", f"{OWNER_REPO}-fork", "YOUR-ORG/torch")]
+    near += [subject(w.name) for w in sorted(WORKFLOWS.glob("*.yml")) if w.name not in signers]
+    near += [subject(signers[0]) + "-evil", "evil/" + subject(signers[0])]
+    return problems + [f"{name} is matched" for name in near if identity_matches(entry, name)]
+
+
+def keyless_entries() -> dict[str, dict[str, Any]]:
+    """Where each example names a keyless identity → that identity (issuer, subject[RegExp])."""
+    check = load("kyverno-clusterpolicy.yaml")["spec"]["rules"][0]["verifyImages"][0]
+    found = {f"kyverno {where}": e["keyless"]
+             for where, attestors in [("image", check["attestors"]), *(
+                 (a["type"], a["attestors"]) for a in check["attestations"])]
+             for a in attestors for e in a["entries"] if "keyless" in e}
+    vetted = load("policy-controller-clusterimagepolicy.yaml")[0]
+    found |= {f"policy-controller {a['name']} {n}": identity
+              for a in vetted["spec"]["authorities"] if "keyless" in a
+              for n, identity in enumerate(a["keyless"]["identities"])}
+    return found
+
+
 # ---- the tests --------------------------------------------------------------------------------
 
 
@@ -169,9 +234,8 @@ def test_kyverno_requires_the_signature_and_every_attestation_by_the_same_attest
     assert check["required"] and check["verifyDigest"] and check["mutateDigest"]
     entries = check["attestors"][0]["entries"]
     assert "BEGIN PUBLIC KEY" in entries[0]["keys"]["publicKeys"]
-    keyless = entries[1]["keyless"]
-    assert keyless["issuer"] == "https://token.actions.githubusercontent.com"
-    assert re.fullmatch(keyless["subjectRegExp"], WORKFLOW_SUBJECT)
+    assert keyless_problems(entries[1]["keyless"]) == []
+    assert entries[1]["keyless"]["rekor"] == {"url": "https://rekor.sigstore.dev"}
     types = {a["type"]: a for a in check["attestations"]}
     assert set(types) == set(sign.PREDICATES.values())
     smoke = types[sign.PREDICATES["smoke"]]["conditions"][0]["all"][0]
@@ -205,11 +269,13 @@ def test_policy_controller_admits_the_vetted_repository_only() -> None:
     assert all((d["apiVersion"], d["kind"]) == ("policy.sigstore.dev/v1beta1",
                                                 "ClusterImagePolicy") for d in docs)
     assert policy_controller_problems(docs) == []
-    key, keyless = docs[0]["spec"]["authorities"]
+    key, workflow = docs[0]["spec"]["authorities"]
     assert "BEGIN PUBLIC KEY" in key["key"]["data"] and "ctlog" not in key
-    [identity] = keyless["keyless"]["identities"]
-    assert re.fullmatch(identity["subjectRegExp"], WORKFLOW_SUBJECT)
-    for authority in (key, keyless):
+    assert workflow["keyless"]["url"] == "https://fulcio.sigstore.dev"
+    assert workflow["ctlog"] == {"url": "https://rekor.sigstore.dev"}
+    [identity] = workflow["keyless"]["identities"]
+    assert keyless_problems(identity) == []
+    for authority in (key, workflow):
         smoke = [a for a in authority["attestations"]
                  if a["predicateType"] == sign.PREDICATES["smoke"]]
         assert 'predicate: status: "pass"' in smoke[0]["policy"]["data"]
@@ -249,3 +315,46 @@ def test_containers_policy_is_a_docker_scope_for_the_vetted_repository_only() ->
     merged["transports"]["docker"] |= policy["transports"]["docker"]  # README's jq merge
     assert containers_scope(merged, "registry.k8s.io/pause:3.9") == "registry.k8s.io"
     assert containers_scope(merged, f"{IMAGE}:{TAG}") == IMAGE
+
+
+def test_keyless_entries_name_the_identities_the_workflows_sign_with() -> None:
+    assert signing_workflows() == ["build.yml", "rebuild.yml"]  # catalog.yml: Pages only
+    entries = keyless_entries()
+    assert len(entries) == 1 + len(sign.PREDICATES) + 1  # Kyverno's image + attestations, p-c
+    assert {where: problems for where, e in entries.items()
+            if (problems := keyless_problems(e))} == {}
+    for entry in entries.values():  # the placeholder is what a platform team replaces
+        mine = {k: v.replace(OWNER_REPO, "acme/torch-images") for k, v in entry.items()
+                if isinstance(v, str)}
+        assert identity_matches(mine, subject("rebuild.yml", repo="acme/torch-images"))
+    readme = (ROOT / "README.md").read_text()  # what it tells a platform team to replace
+    assert {f"`{e['subjectRegExp']}`" in readme for e in entries.values()} == {True}
+
+
+def test_keyless_checks_catch_a_loose_identity() -> None:
+    [entry] = [e for w, e in keyless_entries().items() if w == "kyverno image"]
+    regexp = entry["subjectRegExp"]
+    unanchored = {**entry, "subjectRegExp": regexp.strip("^$")}
+    assert set(keyless_problems(unanchored)) >= {
+        f"{subject('build.yml')}-evil is matched",
+        f"{subject('build.yml', 'refs/heads/main-next')} is matched"}
+    build_only = {**entry, "subjectRegExp": regexp.replace("(build|rebuild)", "build")}
+    assert keyless_problems(build_only) == [f"{subject('rebuild.yml')} is not matched"]
+    any_ref = {**entry, "subjectRegExp": regexp.replace("refs/heads/main", ".*")}
+    assert f"{subject('build.yml', 'refs/pull/7/merge')} is matched" in keyless_problems(any_ref)
+    any_repo = {**entry, "subjectRegExp": regexp.replace(OWNER_REPO, "[^/]+/[^/]+")}
+    assert f"{subject('build.yml', repo='OTHER-ORG/torch-images')} is matched" in \
+        keyless_problems(any_repo)
+    assert keyless_problems({**entry, "issuer": "https://gitlab.com"}) == [
+        "issuer https://gitlab.com"]
+    exact = {"issuer": keyless.GITHUB_ISSUER, "subject": subject("build.yml")}
+    assert keyless_problems(exact) == [f"{subject('rebuild.yml')} is not matched"]
+
+
+def test_containers_policy_has_no_keyless_requirement_it_could_not_express() -> None:
+    """containers-policy.json's `fulcio` takes `subjectEmail` alone: a workflow's URI subject
+    cannot be required there, and the example says so instead of trusting any certificate."""
+    policy = load("containers-policy.json")
+    assert all("fulcio" not in r for rs in policy["transports"]["docker"].values() for r in rs)
+    note = (EXAMPLES / "registries.d-torch-images.yaml").read_text()
+    assert "subjectEmail" in note and "URI SAN" in note

@@ -82,3 +82,29 @@ def test_no_registry_writing_job_may_write_contents() -> None:
                 assert "docker login" not in str(job) and "secrets." not in str(job)
                 continue
             assert perms.get("contents") in (None, "read"), f"{name}: `{job_name}`"
+
+
+def test_ci_signs_without_a_key_and_trusts_the_workflow_identity() -> None:
+    """No step needs COSIGN_PRIVATE_KEY: whatever signs (the kept base, staged evidence,
+    publish, rebuild) signs with the job's OIDC token (`id-token: write`, tools/oidc_token.sh),
+    whatever reads signatures back trusts the workflows' identity (tools/trusted_identity.sh),
+    and a public key is used only when the secret holds one."""
+    signing = {("build.yml", "build"): "builder build ",
+               ("build.yml", "smoke-gpu"): "builder attest ",
+               ("build.yml", "smoke-cpu"): "builder attest ",
+               ("build.yml", "publish"): "builder publish ",
+               ("rebuild.yml", "rebuild"): "builder rebuild "}
+    for (name, job_name), command in signing.items():
+        job = workflow(name)["jobs"][job_name]
+        assert job["permissions"].get("id-token") == "write", (name, job_name)
+        script = job["steps"][step_index(job["steps"], command)]["run"]
+        assert 'SIGSTORE_ID_TOKEN="$(tools/oidc_token.sh)"' in script, (name, job_name)
+    for name in ("build.yml", "rebuild.yml"):
+        for job in workflow(name)["jobs"].values():
+            for step in job.get("steps", []):
+                script = step.get("run", "")
+                if re.search(r"^\s*builder (build|publish|verify|rebuild) ", script, re.M):
+                    assert '--certificate-identity-regexp "$(tools/trusted_identity.sh)"' in \
+                        script or "${args[@]}" in script, (name, step.get("name"))
+                if "> cosign.pub" in script:
+                    assert 'if [ -n "${COSIGN_PUBLIC_KEY:-}" ]' in script, step.get("name")

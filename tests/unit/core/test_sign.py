@@ -304,10 +304,12 @@ def test_a_key_with_unsigned_is_refused(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("COSIGN_PASSWORD", "")
     key_path, _ = keypair.keygen(tmp_path)
     with pytest.raises(BuilderError, match="--unsigned with a signing key") as refused:
-        keypair.trust(key_path, [], unsigned=True)
+        keypair.trust(key_path, keypair.NOBODY, unsigned=True)
     assert "drop --unsigned" in (refused.value.hint or "")
     monkeypatch.setenv("COSIGN_PRIVATE_KEY", key_path.read_text())
     with pytest.raises(BuilderError, match="--unsigned with a signing key"):
-        keypair.trust(None, [], unsigned=True)
+        keypair.trust(None, keypair.NOBODY, unsigned=True)
     monkeypatch.delenv("COSIGN_PRIVATE_KEY")
-    assert keypair.trust(None, [], unsigned=True) == keypair.Trust(None, (), True)
+    with pytest.raises(BuilderError, match="--unsigned with a signing key"):  # an OIDC token
+        keypair.trust(None, keypair.NOBODY, unsigned=True, keyless=keypair.KeylessSigner("T"))
+    assert keypair.trust(None, keypair.NOBODY, unsigned=True) == keypair.UNSIGNED

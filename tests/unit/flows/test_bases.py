@@ -16,6 +16,7 @@ from matrix_files import ROOT
 from memregistry import MemoryRegistry
 
 from builder.core import keypair, oci, reproducible, rootfs_image
+from builder.core.keypair import NOBODY, Vouchers
 from builder.flows import bases
 from builder.flows.build import BuildOptions  # at collection: core/swap runs ldconfig on import
 from builder.model import matrix, platforms
@@ -109,7 +110,7 @@ def stage_with(world, cpu, key: keypair.SigningKey, capsys) -> str:
     """Runner 1 bootstraps and stages with `key`: returns its base digest."""
     _, runner = world
     first = runner("first")
-    digest = bases.ensure(*cpu, bases.BaseOptions((key.public,), key))
+    digest = bases.ensure(*cpu, bases.BaseOptions(Vouchers((key.public,)), key))
     assert first.ran == ["mmdebstrap"]
     [*_, pushed] = lines(capsys)
     assert pushed.startswith(f"base {REF}: pushed as `127.0.0.1:5000/torch-base:bookworm-{KEY}`")
@@ -122,7 +123,7 @@ def test_a_fresh_runner_takes_the_signed_base_and_gets_the_same_digest(world, cp
     digest = stage_with(world, cpu, key, capsys)
     _, runner = world
     fresh = runner("fresh")
-    assert bases.ensure(*cpu, bases.BaseOptions((key.public,))) == digest
+    assert bases.ensure(*cpu, bases.BaseOptions(Vouchers((key.public,)))) == digest
     assert fresh.ran == []  # no mmdebstrap
     [line] = lines(capsys)
     assert line.startswith(f"base {REF}: taken from `127.0.0.1:5000/torch-base:bookworm-{KEY}`")
@@ -134,7 +135,7 @@ def test_a_base_signed_by_another_key_is_bootstrapped_saying_why(world, cpu, cap
     digest = stage_with(world, cpu, new_key(), capsys)
     _, runner = world
     fresh = runner("fresh")
-    assert bases.ensure(*cpu, bases.BaseOptions((new_key().public,))) == digest
+    assert bases.ensure(*cpu, bases.BaseOptions(Vouchers((new_key().public,)))) == digest
     assert fresh.ran == ["mmdebstrap"]
     assert lines(capsys) == [
         f"base {REF}: bootstrapping: the signature of `127.0.0.1:5000/torch-base:bookworm-{KEY}` "
@@ -143,7 +144,7 @@ def test_a_base_signed_by_another_key_is_bootstrapped_saying_why(world, cpu, cap
 
 @pytest.mark.parametrize(("options", "why"), [
     (bases.BaseOptions(), bases.NO_KEY),
-    (bases.BaseOptions((new_key().public,), from_registry=False), "--no-registry-cache"),
+    (bases.BaseOptions(Vouchers((new_key().public,)), from_registry=False), "--no-registry-cache"),
 ])
 def test_without_a_trusted_key_or_with_no_registry_cache_the_registry_is_not_asked(
         world, cpu, capsys, monkeypatch, options, why):
@@ -158,7 +159,7 @@ def test_without_a_trusted_key_or_with_no_registry_cache_the_registry_is_not_ask
 def test_an_absent_base_is_bootstrapped_saying_so(world, cpu, capsys):
     _, runner = world
     fresh = runner("fresh")
-    bases.ensure(*cpu, bases.BaseOptions((new_key().public,)))
+    bases.ensure(*cpu, bases.BaseOptions(Vouchers((new_key().public,))))
     assert fresh.ran == ["mmdebstrap"]
     assert lines(capsys) == [f"base {REF}: bootstrapping: "
                              f"`127.0.0.1:5000/torch-base:bookworm-{KEY}` is absent"]
@@ -169,7 +170,7 @@ def test_a_base_that_loads_to_another_image_id_is_removed_and_bootstrapped(world
     stage_with(world, cpu, key, capsys)
     _, runner = world
     other = runner("other", created_by="another builder's history")  # another config, same tar
-    bases.ensure(*cpu, bases.BaseOptions((key.public,)))
+    bases.ensure(*cpu, bases.BaseOptions(Vouchers((key.public,))))
     assert other.ran == [f"image rm {REF}-{KEY}", f"image rm {REF}", "mmdebstrap"]
     [line] = lines(capsys)
     assert line.startswith(f"base {REF}: bootstrapping: `127.0.0.1:5000/torch-base:bookworm-"
@@ -183,25 +184,25 @@ def test_a_base_already_kept_and_verified_is_not_pushed_again(world, cpu, capsys
     reg, _ = world
     before = dict(reg.manifests)
     monkeypatch.setattr(base, "export_bootstrapped", lambda *a: pytest.fail("exported again"))
-    bases.ensure(*cpu, bases.BaseOptions((key.public,), key))
+    bases.ensure(*cpu, bases.BaseOptions(Vouchers((key.public,)), key))
     assert reg.manifests == before and lines(capsys) == []
 
 
 def test_a_base_kept_by_another_key_is_pushed_and_signed_with_ours(world, cpu, capsys):
     stage_with(world, cpu, new_key(), capsys)
     mine = new_key()
-    bases.ensure(*cpu, bases.BaseOptions((mine.public,), mine))
+    bases.ensure(*cpu, bases.BaseOptions(Vouchers((mine.public,)), mine))
     reg, _ = world
     at = signed_base.where(cpu[0], "bookworm", KEY)
-    assert signed_base.verify(reg, at, [mine.public], "bookworm")  # type: ignore[arg-type]
+    assert signed_base.verify(reg, at, Vouchers((mine.public,)), "bookworm")
 
 
 def test_a_build_lends_its_bases_its_trust_and_signs_only_when_staging() -> None:
     key, other = new_key(), new_key()
-    assert BuildOptions(key=key).base_options() == bases.BaseOptions((key.public,), None, True)
-    assert BuildOptions(key=key, stage=True, trust_keys=(other.public,),
+    assert BuildOptions(key=key).base_options() == bases.BaseOptions(Vouchers((key.public,)), None, True)
+    assert BuildOptions(key=key, stage=True, trusted=Vouchers((other.public,)),
                         registry_cache=False).base_options() == bases.BaseOptions(
-        (other.public,), key, False)
+        Vouchers((other.public,)), key, False)
     assert BuildOptions().base_options() == bases.BaseOptions()
 
 
@@ -216,9 +217,9 @@ def test_a_fresh_runner_that_publishes_knows_the_base_digest_from_the_signed_bas
     monkeypatch.setattr(base, "known_digests", lambda _v, _m=None: {})  # nothing in this engine
     m, v = cpu
     key_of = base.platforms.base_key(v.base.image, v.platform)
-    assert bases.known_digests(m, [v], (key.public,)) == {key_of: digest}
-    assert bases.known_digests(m, [v], (new_key().public,)) == {}  # another key: unknown
-    assert bases.known_digests(m, [v], ()) == {}  # no trusted key: not asked
+    assert bases.known_digests(m, [v], Vouchers((key.public,))) == {key_of: digest}
+    assert bases.known_digests(m, [v], Vouchers((new_key().public,))) == {}  # another key: unknown
+    assert bases.known_digests(m, [v], NOBODY) == {}  # no trusted key: not asked
     assert fresh.ran == []
 
 
@@ -270,14 +271,14 @@ def test_a_signed_foreign_base_is_taken_by_digest_whatever_the_floating_tag_says
     reg, _ = world
     m, v, ran, _ = arm
     key = new_key()
-    first = made(m, v, bases.BaseOptions((key.public,), key))
+    first = made(m, v, bases.BaseOptions(Vouchers((key.public,)), key))
     assert ran == ["mmdebstrap --arch=arm64 bookworm"]
     signed = tag_digest(reg, f"bookworm-slim-arm64-{KEY}")
     assert tag_digest(reg, "bookworm-slim-arm64") == signed
     assert lines(capsys)[-1] == (f"base {ARM_KEYED}: pushed ({signed[:19]}), signed and "  # type: ignore[index]
                                  f"attested by key {keypair.key_id(key.public)}")
     plant(reg, tmp_path, "bookworm-slim-arm64")  # the tag the Dockerfile's default names
-    again = made(m, v, bases.BaseOptions((key.public,)))
+    again = made(m, v, bases.BaseOptions(Vouchers((key.public,))))
     assert ran == ["mmdebstrap --arch=arm64 bookworm"]  # not bootstrapped again
     assert again == first
     [pin] = again.pins.values()
@@ -293,7 +294,7 @@ def test_an_unsigned_base_under_the_keyed_tag_is_bootstrapped_and_pinned_to_ours
     m, v, ran, _ = arm
     planted = plant(reg, tmp_path, f"bookworm-slim-arm64-{KEY}")
     key = new_key()
-    bases_made = made(m, v, bases.BaseOptions((key.public,), key))
+    bases_made = made(m, v, bases.BaseOptions(Vouchers((key.public,)), key))
     assert ran == ["mmdebstrap --arch=arm64 bookworm"]
     [pin] = bases_made.pins.values()
     assert planted not in pin and pin.endswith(tag_digest(reg, f"bookworm-slim-arm64-{KEY}"))  # type: ignore[arg-type]
@@ -308,7 +309,7 @@ def test_without_a_signer_the_keyed_tag_is_never_written(world, arm, capsys):
     reg, _ = world
     m, v, ran, content = arm
     key = new_key()
-    signed = made(m, v, bases.BaseOptions((key.public,), key)).digests
+    signed = made(m, v, bases.BaseOptions(Vouchers((key.public,)), key)).digests
     content[0] = b"Debian moved on"
     unsigned = made(m, v, bases.BaseOptions())
     assert ran == ["mmdebstrap --arch=arm64 bookworm"] * 2 and unsigned.digests != signed
@@ -316,12 +317,12 @@ def test_without_a_signer_the_keyed_tag_is_never_written(world, arm, capsys):
     out = lines(capsys)
     assert out[-2] == f"base {ARM_KEYED}: bootstrapping: {bases.NO_KEY}"
     assert out[-1].endswith(", unsigned: as `bookworm-slim-arm64` only")
-    assert bases.known_digests(m, [v], (key.public,)) == signed
+    assert bases.known_digests(m, [v], Vouchers((key.public,))) == signed
 
 
 def test_a_signer_not_among_the_trusted_keys_takes_its_own_base(world, arm):
     m, v, ran, _ = arm
-    options = bases.BaseOptions((new_key().public,), new_key())
+    options = bases.BaseOptions(Vouchers((new_key().public,)), new_key())
     assert made(m, v, options) == made(m, v, options)
     assert ran == ["mmdebstrap --arch=arm64 bookworm"]
 
@@ -331,13 +332,13 @@ def test_a_plan_reads_a_foreign_base_digest_only_from_a_verified_bootstrap(
     reg, _ = world
     m, v, _ran, _ = arm
     key = new_key()
-    digest = bases.ensure(m, v, bases.BaseOptions((key.public,), key))
+    digest = bases.ensure(m, v, bases.BaseOptions(Vouchers((key.public,)), key))
     plant(reg, tmp_path, "bookworm-slim-arm64")
     key_of = platforms.base_key(v.base.image, v.platform)
     guess = base.registry_base_digest(reg, "torch-base", "bookworm-slim-arm64")  # type: ignore[arg-type]
-    assert bases.known_digests(m, [v], ()) == {key_of: guess} != {key_of: digest}  # no key
-    assert bases.known_digests(m, [v], (key.public,)) == {key_of: digest}
-    assert bases.known_digests(m, [v], (new_key().public,)) == {key_of: None}
+    assert bases.known_digests(m, [v], NOBODY) == {key_of: guess} != {key_of: digest}  # no key
+    assert bases.known_digests(m, [v], Vouchers((key.public,))) == {key_of: digest}
+    assert bases.known_digests(m, [v], Vouchers((new_key().public,))) == {key_of: None}
 
 
 def test_a_publish_never_takes_an_older_signed_base_that_the_floating_tag_points_at(
@@ -346,21 +347,21 @@ def test_a_publish_never_takes_an_older_signed_base_that_the_floating_tag_points
     the plan its (older) digest, or a rolled-back image would be published. Unknown → build."""
     m, v, _ran, _ = arm
     key = new_key()
-    bases.ensure(m, v, bases.BaseOptions((key.public,), key))
+    bases.ensure(m, v, bases.BaseOptions(Vouchers((key.public,)), key))
     monkeypatch.setattr(base, "bootstrap_key", lambda suite, day=None, options=(): "f" * 16)
     key_of = platforms.base_key(v.base.image, v.platform)
-    assert bases.known_digests(m, [v], (key.public,)) == {key_of: None}
+    assert bases.known_digests(m, [v], Vouchers((key.public,))) == {key_of: None}
 
 
 def test_rebuild_check_reads_todays_signed_base_or_bootstraps_without_pushing(world, arm):
     reg, _ = world
     m, v, ran, content = arm
     key = new_key()
-    digest = bases.ensure(m, v, bases.BaseOptions((key.public,), key))
+    digest = bases.ensure(m, v, bases.BaseOptions(Vouchers((key.public,)), key))
     before = dict(reg.manifests)
-    assert bases.foreign_digest_now(m, "bookworm", ARM, (key.public,)) == digest
+    assert bases.foreign_digest_now(m, "bookworm", ARM, Vouchers((key.public,))) == digest
     content[0] = b"Debian moved on"
-    moved = bases.foreign_digest_now(m, "bookworm", ARM, ())
+    moved = bases.foreign_digest_now(m, "bookworm", ARM, NOBODY)
     assert moved != digest and ran == ["mmdebstrap --arch=arm64 bookworm"] * 2
     assert reg.manifests == before  # nothing written
 
@@ -390,7 +391,7 @@ def test_a_fresh_runner_on_a_later_day_finds_the_base_the_image_was_staged_on(
     monkeypatch.setattr(bases.clock, "day", lambda: STAGED_ON + dt.timedelta(days=days_later))
     m, v = cpu
     key_of = platforms.base_key(v.base.image, v.platform)
-    assert bases.known_digests(m, [v], (key.public,)) == ({key_of: digest} if found else {})
+    assert bases.known_digests(m, [v], Vouchers((key.public,))) == ({key_of: digest} if found else {})
 
 
 def test_a_newer_base_that_does_not_verify_never_gives_way_to_an_older_one(
@@ -400,10 +401,10 @@ def test_a_newer_base_that_does_not_verify_never_gives_way_to_an_older_one(
     reg, _ = world
     m, v, _ran, _ = arm
     key = new_key()
-    signed = bases.ensure(m, v, bases.BaseOptions((key.public,), key))
+    signed = bases.ensure(m, v, bases.BaseOptions(Vouchers((key.public,)), key))
     monkeypatch.setattr(base, "bootstrap_key", keyed_by_day)
     monkeypatch.setattr(bases.clock, "day", lambda: STAGED_ON + dt.timedelta(days=1))
     key_of = platforms.base_key(v.base.image, v.platform)
-    assert bases.known_digests(m, [v], (key.public,)) == {key_of: signed}
+    assert bases.known_digests(m, [v], Vouchers((key.public,))) == {key_of: signed}
     plant(reg, tmp_path, f"bookworm-slim-arm64-{keyed_by_day('bookworm', STAGED_ON.replace(day=6))}")
-    assert bases.known_digests(m, [v], (key.public,)) == {key_of: None}
+    assert bases.known_digests(m, [v], Vouchers((key.public,))) == {key_of: None}

@@ -249,11 +249,12 @@ def test_the_rebuild_takes_the_registry_cache_only_as_publishs_trusted_keys_sign
     findings = [checking.Finding(variant_id=VID, reason="inputs-changed", status="rebuild",
                                  detail="x")]
     built = []
-    for trust in (keypair.Trust(key, (key.public,)), keypair.UNSIGNED):
+    for trust in (keypair.Trust(key=key, vouchers=keypair.Vouchers((key.public,))),
+                  keypair.UNSIGNED):
         rebuild.rebuild(asked(findings=findings,
                               build=lambda m, v, options: built.append(options) or [],
                               trust=trust))
-    assert [o.cache_keys for o in built] == [(key.public,), ()]
+    assert [o.cache_vouchers.keys for o in built] == [(key.public,), ()]
     assert all(o.registry_cache and o.key is None for o in built)
 
 
@@ -341,8 +342,8 @@ def test_apt_asks_in_an_unprivileged_container(monkeypatch: pytest.MonkeyPatch) 
 
 def test_a_signed_publication_is_not_run_unverified() -> None:
     signed = publication(content_hash=HASH, signed=True)
-    assert "give --trust-key" in checking.signature_problem(signed, ())
-    assert checking.signature_problem(publication(content_hash=HASH), ()) == ""
+    assert "give --trust-key" in checking.signature_problem(signed, keypair.NOBODY)
+    assert checking.signature_problem(publication(content_hash=HASH), keypair.NOBODY) == ""
 
 
 def test_an_image_whose_signature_fails_is_not_run(clean, monkeypatch) -> None:
@@ -351,9 +352,10 @@ def test_an_image_whose_signature_fails_is_not_run(clean, monkeypatch) -> None:
     def refuse(reg, repository, digest, keys):
         raise sign.SignatureError("no signature")
 
-    monkeypatch.setattr(checking.sign, "verify_image", refuse)
+    monkeypatch.setattr(checking.vouch, "verify_image", refuse)
     monkeypatch.setattr(checking, "debian_upgradable", lambda image: pytest.fail("it ran"))
-    findings = checking.check(None, [CPU], keys=(key.public,))  # type: ignore[arg-type]
+    findings = checking.check(None, [CPU],  # type: ignore[arg-type]
+                              vouchers=keypair.Vouchers((key.public,)))
     [debian] = [f for f in findings if f.reason == "debian-security"]
     assert debian.status == checking.UNKNOWN and "not run: its signature" in debian.detail
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from builder.core import clock, labels, oci, sign
+from builder.core.keypair import Vouchers
 from builder.flows import publish as publish_flow
 from builder.flows import record
 from builder.model import matrix
@@ -109,7 +110,7 @@ def test_a_publication_whose_signature_does_not_verify_is_not_part_of_the_record
     reg.tag(f"{VID}-20261201", good)
     reg.tag(f"{VID}-20261204", forged)
     signed(monkeypatch, {good: (VID, [f"{VID}-20261201", VID])})
-    assert record.latest(shipped(), keys=("trusted",))[VID].digest == good
+    assert record.latest(shipped(), vouchers=Vouchers(("trusted",)))[VID].digest == good
     assert record.latest(shipped())[VID].digest == forged  # no keys: every publication
 
 
@@ -121,7 +122,7 @@ def test_a_dated_tag_its_digest_signature_does_not_name_is_no_publication(
     reg.tag(f"{VID}-20261203", new)
     reg.tag(f"{VID}-20261204", old)  # forged: the signature of `old` names only -20261201
     signed(monkeypatch, {old: (VID, [f"{VID}-20261201"]), new: (VID, [f"{VID}-20261203"])})
-    pub = record.latest(shipped(), keys=("trusted",))[VID]
+    pub = record.latest(shipped(), vouchers=Vouchers(("trusted",)))[VID]
     assert (pub.dated_tag, pub.digest) == (f"{VID}-20261203", new)
 
 
@@ -134,7 +135,7 @@ def test_a_tag_on_another_variants_signed_digest_counts_for_no_variant(
     reg.tag(f"{VID}-20261205", theirs)  # forged on the slim's signed digest
     signed(monkeypatch, {mine: (VID, [f"{VID}-20261201"]),
                          theirs: (slim, [f"{slim}-20261202"])})
-    found = record.latest(shipped(), keys=("trusted",))
+    found = record.latest(shipped(), vouchers=Vouchers(("trusted",)))
     assert found[VID].digest == mine and found[slim].dated_tag == f"{slim}-20261202"
 
 
@@ -145,7 +146,7 @@ def test_a_signature_naming_the_tag_for_another_variant_does_not_count(
     reg.tag(f"{VID}-20261204", other)
     signed(monkeypatch, {old: (VID, [f"{VID}-20261201"]),
                          other: ("someone-else", [f"{VID}-20261204"])})
-    assert record.latest(shipped(), keys=("trusted",))[VID].digest == old
+    assert record.latest(shipped(), vouchers=Vouchers(("trusted",)))[VID].digest == old
 
 
 def test_dates_after_today_are_ignored_with_a_warning(
@@ -156,7 +157,7 @@ def test_dates_after_today_are_ignored_with_a_warning(
     reg.tag(f"{VID}-99991231", later)
     signed(monkeypatch, {now: (VID, [f"{VID}-20261201"]), later: (VID, [f"{VID}-99991231"])})
     monkeypatch.setenv(clock.ENV, "2026-12-06T12:00:00Z")  # the one clock
-    assert record.latest(shipped(), keys=("trusted",))[VID].digest == now
+    assert record.latest(shipped(), vouchers=Vouchers(("trusted",)))[VID].digest == now
     assert record.latest(shipped())[VID].digest == now
     assert f"`{VID}-99991231` is dated after today (20261206, UTC): ignored" in \
         capsys.readouterr().err

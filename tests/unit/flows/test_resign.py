@@ -52,7 +52,7 @@ def world(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         VID, pub(digests[dated.tag], dated.tag)))
     monkeypatch.setattr(resign.record, "signed_for", lambda _r, _repo, digest, _k: (
         set(), set(), "no signature" if digest in w["unsigned"] else ""))
-    monkeypatch.setattr(resign.sign, "verified_attestations", lambda _r, _repo, digest, _k: (
+    monkeypatch.setattr(resign.vouch, "attestations", lambda _r, _repo, digest, _k: (
         dict.fromkeys(("sbom", "smoke", "provenance"), 1) if digest in w["attested"] else {},
         {}))
     monkeypatch.setattr(resign.sign, "sign_image", lambda _r, _repo, digest, _key, optional:
@@ -66,7 +66,7 @@ def restore(newest: Any = None, content: str = CONTENT) -> Any:
     group = [SimpleNamespace(variant=SimpleNamespace(id=VID), floating_tag=VID,
                              content_hash=content)]
     matrix = SimpleNamespace(registry="127.0.0.1:5000", repository="torch")
-    trust = keypair.Trust(key=object(), keys=(object(),))  # type: ignore[arg-type]
+    trust = keypair.Trust(key=object(), vouchers=keypair.Vouchers((object(),)))  # type: ignore[arg-type]
     return resign.restore(matrix, group, newest, TAGS, trust)  # type: ignore[arg-type]
 
 

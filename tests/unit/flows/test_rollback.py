@@ -48,14 +48,14 @@ def world(monkeypatch) -> dict[str, Any]:
     monkeypatch.setattr(rollback.oci, "Registry", lambda _addr: reg)
     monkeypatch.setattr(rollback.record, "history",
                         lambda *_a: {VID: [pub(NEW, DATED_NEW), pub(OLD, DATED_OLD)]})
-    monkeypatch.setattr(rollback.sign, "tags_signed_by", lambda _r, _repo, d, _k: signed[d])
+    monkeypatch.setattr(rollback.vouch, "tags_signed_by", lambda _r, _repo, d, _k: signed[d])
     monkeypatch.setattr(rollback.sign, "sign_image",
                         lambda _r, _repo, digest, _key, optional: made.append((digest, optional)))
     return {"reg": reg, "made": made}
 
 
 def trust() -> keypair.Trust:
-    return keypair.Trust(key="KEY", keys=("pub",))  # type: ignore[arg-type]
+    return keypair.Trust(key="KEY", vouchers=keypair.Vouchers(("pub",)))  # type: ignore[arg-type]
 
 
 def test_rollback_signs_then_moves_the_tags_both_were_signed_for(world) -> None:

@@ -10,6 +10,7 @@ from records import publication  # type: ignore[import-not-found]
 
 from builder.core import oci
 from builder.core.errors import GateRefused
+from builder.core.keypair import Vouchers
 from builder.flows import tag_repair
 
 VID = "2.13.0-py3.11-cpu-runtime"
@@ -74,11 +75,11 @@ def test_repair_keeps_a_signed_rollback_from_the_newest(monkeypatch, capsys) -> 
     dated = f"{VID}-20261205"
     back = {"optional": {"tag:" + VID: "signed", tag_repair.sign.ROLLBACK_TO: f"{VID}-20261201",
                          tag_repair.sign.ROLLBACK_FROM: dated}}
-    monkeypatch.setattr(tag_repair.sign, "names_tag", lambda *a: True)
+    monkeypatch.setattr(tag_repair.vouch, "names_tag", lambda *a: True)
     monkeypatch.setattr(tag_repair.sign, "verified_payloads",
                         lambda _r, _repo, digest, _k: [back] if digest == OLD else [])
     reg = Tags({dated: NEW, VID: OLD, "latest": TWIN})
-    moved = tag_repair.repair(reg, pub(NEW, "b" * 64, dated), [VID, "latest"], ("key",))  # type: ignore[arg-type]
+    moved = tag_repair.repair(reg, pub(NEW, "b" * 64, dated), [VID, "latest"], Vouchers(("key",)))  # type: ignore[arg-type]
     assert moved == ["latest"] and reg.by_tag[VID] == OLD
     assert f"kept `{VID}` on {OLD[:19]}: a signed rollback to `{VID}-20261201` from `{dated}`" \
         in capsys.readouterr().err

@@ -341,7 +341,7 @@ def test_with_keys_a_dated_tag_is_history_only_when_a_trusted_signature_names_it
     monkeypatch.setattr(sign, "verified_payloads", payloads)
     by_tag = {floating: D1, f"{floating}-20260101": D1, f"{floating}-20260102": D2,
               f"{floating}-20260102.1": D1}
-    reader = SimpleNamespace(keys=[object()], reg=None,
+    reader = SimpleNamespace(keys=[object()], reg=None, identities=(), trusted_root=None,
                              source=SimpleNamespace(repository="torch"))
     assert catalog.signed_dated(reader, by_tag) == {floating: D1, f"{floating}-20260101": D1}
     reader.keys = []

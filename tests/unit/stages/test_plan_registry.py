@@ -67,15 +67,16 @@ def test_an_unsigned_build_tag_is_not_up_to_date(monkeypatch: pytest.MonkeyPatch
     """Anyone with push rights can write `build-<hash>`: with trusted keys it counts only when
     one of them signed that tag for its digest."""
     from builder.core import oci
+    from builder.core.keypair import NOBODY, Vouchers
     from builder.model import matrix
 
     digest = "sha256:" + "a" * 64
     monkeypatch.setattr(plan.oci.Registry, "head",
                         lambda _self, _repo, _tag: oci.Descriptor(digest, oci.OCI_MANIFEST, 1))
     signed = {"build-good"}
-    monkeypatch.setattr(plan.sign, "names_tag", lambda _r, _repo, d, tag, _k: tag in signed)
+    monkeypatch.setattr(plan.vouch, "names_tag", lambda _r, _repo, d, tag, _k: tag in signed)
     m = matrix.load(ROOT / "matrix.yaml")
-    assert plan.registry_holds(m, "build-good", ("trusted",))
-    assert not plan.registry_holds(m, "build-forged", ("trusted",))
-    assert "`build-forged` is not signed by a trusted key" in capsys.readouterr().err
-    assert plan.registry_holds(m, "build-forged", ())  # no keys: the tag alone, as before
+    assert plan.registry_holds(m, "build-good", Vouchers(("trusted",)))
+    assert not plan.registry_holds(m, "build-forged", Vouchers(("trusted",)))
+    assert "`build-forged` is not signed by a trusted key or identity" in capsys.readouterr().err
+    assert plan.registry_holds(m, "build-forged", NOBODY)  # no keys: the tag alone, as before

@@ -9,6 +9,7 @@ import pytest
 
 from builder.core import oci
 from builder.core.errors import BuilderError
+from builder.core.keypair import Vouchers
 from builder.core.oci import RegistryError
 from builder.model import publication
 from builder.stages import publish
@@ -40,11 +41,11 @@ def test_dated_tag_with_keys_takes_no_suffix_for_unsigned_tags(
     a, b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
     taken = {f"t-{DATE}" + (f".{n}" if n else ""): b for n in range(100)}
     taken[f"t-{DATE}"] = a  # signed: taken
-    monkeypatch.setattr(publish.sign, "names_tag",
+    monkeypatch.setattr(publish.vouch, "names_tag",
                         lambda _r, _repo, digest, tag, _k: digest == a and tag == f"t-{DATE}")
     reg = FakeRegistry(taken)
     assert publish.dated_tag(reg, "torch", "t", DATE, "sha256:" + "c" * 64,  # type: ignore[arg-type]
-                             ("trusted",)) == (f"t-{DATE}.1", False)
+                             Vouchers(("trusted",))) == (f"t-{DATE}.1", False)
     with pytest.raises(RegistryError, match="signed suffixes"):
         publish.dated_tag(reg, "torch", "t", DATE, "sha256:" + "c" * 64)  # type: ignore[arg-type]
 

@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from memregistry import MemoryRegistry
 
 from builder.core import keypair, oci, reproducible, rootfs_image
+from builder.core.keypair import Vouchers
 from builder.model import platforms
 from builder.stages import signed_base
 
@@ -44,7 +45,7 @@ def pushed(tmp_path: Path) -> tuple[MemoryRegistry, keypair.SigningKey, bytes, P
 
 def test_a_published_base_verifies_and_comes_back_byte_for_byte(pushed, tmp_path) -> None:
     reg, key, config, tar = pushed
-    verified = signed_base.verify(reg, WHERE, [key.public], "bookworm")  # type: ignore[arg-type]
+    verified = signed_base.verify(reg, WHERE, Vouchers((key.public,)), "bookworm")
     assert verified.image_id == oci.sha256(config)  # the engine's image id of that config
     assert verified.base_digest == platforms.layers_digest([reproducible.file_digest(tar)])
     dest = tmp_path / "back.tar"
@@ -61,14 +62,14 @@ def test_publishing_again_adds_nothing(pushed) -> None:
 
 def test_an_absent_base_says_so() -> None:
     with pytest.raises(signed_base.Unverified, match="is absent"):
-        signed_base.verify(MemoryRegistry(), WHERE, [new_key().public], "bookworm")  # type: ignore[arg-type]
+        signed_base.verify(MemoryRegistry(), WHERE, Vouchers((new_key().public,)), "bookworm")
 
 
 def test_a_base_signed_by_another_key_is_refused(pushed) -> None:
     reg, *_ = pushed
     with pytest.raises(signed_base.Unverified,
                        match="did not verify: no valid signature: a signature by another key"):
-        signed_base.verify(reg, WHERE, [new_key().public], "bookworm")  # type: ignore[arg-type]
+        signed_base.verify(reg, WHERE, Vouchers((new_key().public,)), "bookworm")
 
 
 def test_a_tag_moved_to_another_signed_base_is_refused(pushed, tmp_path) -> None:
@@ -80,12 +81,12 @@ def test_a_tag_moved_to_another_signed_base_is_refused(pushed, tmp_path) -> None
     reg.put_manifest(WHERE.repository, WHERE.tag, reg.manifests[(WHERE.repository, digest)],
                      oci.OCI_MANIFEST)
     with pytest.raises(signed_base.Unverified, match="does not name the tag"):
-        signed_base.verify(reg, WHERE, [key.public], "bookworm")  # type: ignore[arg-type]
+        signed_base.verify(reg, WHERE, Vouchers((key.public,)), "bookworm")
 
 
 def test_swapped_layer_bytes_are_refused_and_nothing_is_left(pushed, tmp_path) -> None:
     reg, key, *_ = pushed
-    verified = signed_base.verify(reg, WHERE, [key.public], "bookworm")  # type: ignore[arg-type]
+    verified = signed_base.verify(reg, WHERE, Vouchers((key.public,)), "bookworm")
     reg.tamper(verified.layout.layer_digest, gzip.compress(b"another rootfs" * 500))
     dest = tmp_path / "back.tar"
     with pytest.raises(signed_base.Unverified, match="not the diff id"):
@@ -139,3 +140,23 @@ def test_provenance_naming_another_image_id_is_refused() -> None:
     doc["runDetails"]["byproducts"][0]["digest"]["sha256"] = "9" * 64
     with pytest.raises(signed_base.Unverified, match="names the image id sha256:9999"):
         signed_base.check_provenance(doc, layout(), "bookworm", WHERE.tag)
+
+
+def test_a_base_pushed_with_an_oidc_token_alone_is_signed_keylessly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No key: the base's image statement names its tag and its provenance is attested, both
+    as sigstore bundles (what a runner trusting the workflow identity verifies); no `.sig`."""
+    from builder.core import keyless, sign
+
+    made = []
+    monkeypatch.setattr(keyless, "sign_and_attach", lambda reg, repository, digest, token,
+                        config, statements, optional: made.append((token, statements, optional)))
+    reg = MemoryRegistry()
+    config, tar = rootfs(tmp_path)
+    digest = signed_base.publish(reg, WHERE, config, tar, None, INPUTS,  # type: ignore[arg-type]
+                                 keypair.KeylessSigner("TOKEN"))
+    [(token, [statement], optional)] = made
+    assert token == "TOKEN" and sign.signed_tags(optional) == {WHERE.tag}
+    assert statement["predicateType"] == sign.PREDICATES["provenance"]
+    assert statement["subject"][0]["digest"]["sha256"] == digest.removeprefix("sha256:")
+    assert reg.head(WHERE.repository, sign.sig_tag(digest)) is None

@@ -13,6 +13,7 @@ from matrix_files import LOCKS, ROOT
 from memregistry import MemoryRegistry
 
 from builder.core import keypair, oci, sign
+from builder.core.keypair import Vouchers
 from builder.flows import build as build_flow
 from builder.model import matrix, platforms
 from builder.stages import build, plan, render, signed_cache, staging
@@ -45,7 +46,7 @@ def signed(reg: MemoryRegistry, digest: str, key: keypair.SigningKey, tag: str =
 
 
 def choose(reg: MemoryRegistry, keys: list, **kw: bool) -> signed_cache.Choice:
-    return signed_cache.choose(M, REF, keys, reg=reg, **kw)  # type: ignore[arg-type]
+    return signed_cache.choose(M, REF, Vouchers(tuple(keys)), reg=reg, **kw)
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ def test_a_signed_cache_is_taken_by_the_digest_the_key_signed(reg) -> None:
     got = choose(reg, [key.public])
     assert got.refs == (f"{M.staging_registry}/{M.staging_repository}@{digest}",)
     assert got.line == (f"registry cache `{REF}`: used as `{got.refs[0]}`, its signature "
-                        f"verified against key {keypair.key_id(key.public)}")
+                        f"verified against the trusted key {keypair.key_id(key.public)}")
 
 
 def test_a_replaced_cache_image_is_not_used_saying_why(reg) -> None:
@@ -168,6 +169,6 @@ def test_the_build_step_gives_buildkit_only_the_chosen_references_and_says_why(
                          build_flow.Wheelhouse())
     o = build_flow.buildkit(run, build_flow.Outcome(variant_id=v.key, state="build", image=p.local_image, planned=p))
     assert o.state == "built"
-    assert asked == [(build.cache_ref(M, p.local_image), (key.public,), True)]
+    assert asked == [(build.cache_ref(M, p.local_image), Vouchers((key.public,)), True)]
     assert given == [list(chosen.refs)]
     assert f"[{v.key}] registry cache: chosen" in capsys.readouterr().err
