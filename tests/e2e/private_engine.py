@@ -70,8 +70,8 @@ def private_engine(images: tuple[str, ...] = ()) -> Iterator[Engine]:
         subprocess.run(["ip", "addr", "add", gateway, "dev", bridge], check=True)
         subprocess.run(["ip", "link", "set", bridge, "up"], check=True)
         daemon = _start(engine)
-        for image in images:
-            _copy_image(image, engine)
+        if images:
+            _copy_images(images, engine)
         yield engine
     finally:
         if daemon is not None:
@@ -108,9 +108,10 @@ def _stop(daemon: subprocess.Popen[bytes]) -> None:
     proc.stop_child(daemon, signal.SIGTERM, grace=STOP_TIMEOUT_S)
 
 
-def _copy_image(image: str, engine: Engine) -> None:
-    """`docker save IMAGE | DOCKER_HOST=… docker load`: what the engine needs, never rebuilt."""
-    saved = subprocess.Popen([DOCKER, "save", image], stdout=subprocess.PIPE,
+def _copy_images(images: tuple[str, ...], engine: Engine) -> None:
+    """`docker save IMAGE… | DOCKER_HOST=… docker load`: what the engine needs, never rebuilt;
+    one archive for all the names (tags of one image are saved and loaded once)."""
+    saved = subprocess.Popen([DOCKER, "save", *images], stdout=subprocess.PIPE,
                              env={k: v for k, v in os.environ.items() if k != "DOCKER_HOST"})
     assert saved.stdout is not None
     try:
@@ -118,7 +119,7 @@ def _copy_image(image: str, engine: Engine) -> None:
     finally:
         saved.stdout.close()
         if saved.wait(600) != 0:
-            raise RuntimeError(f"docker save {image} failed")
+            raise RuntimeError(f"docker save {' '.join(images)} failed")
 
 
 def _drop_iptables_rules(bridge: str, subnet: str) -> None:

@@ -1,8 +1,12 @@
 """The main path for real: build → smoke → SBOM → publish → pull by digest, on a real engine and
-a real registry. Builds the CPU runtime, one CUDA slim and the CUDA 13 devel image.
+a real registry. Builds one CUDA slim and the CUDA 13 devel image (not --force: once per run);
+the CPU runtime is the session's (conftest's `shared_publication`: built, smoked, SBOM'd, staged
+and published once), read here, never rebuilt or republished.
 
 Uses the shipped matrix with the registry moved to a private port, so it never touches the
 user's registry; the wheelhouse in .state/ is shared with `nox -s build` (downloads happen once).
+Its matrix publishes gzip only: the zstd twin is test_zstd_twins.py's, and here it would
+recompress gigabytes of CUDA layers that no assertion reads.
 """
 
 from __future__ import annotations
@@ -12,11 +16,14 @@ import os
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers import amd64_matrix, free_port, run_builder
+import yaml
+from fixtures_published import Publication
+from helpers import amd64_matrix, free_port, private_matrix, run_builder
 
-from builder.core import engine, labels, registry
+from builder.core import engine, labels, registry, state
 
 pytestmark = pytest.mark.docker
 
@@ -33,6 +40,8 @@ def env(tmp_path_factory):
     port = free_port()
     addr = f"127.0.0.1:{port}"
     matrix_path = amd64_matrix(tmp, addr)
+    data = yaml.safe_load(matrix_path.read_text()) | {"compression": ["gzip"]}
+    matrix_path.write_text(yaml.safe_dump(data, sort_keys=False))
     storage = tmp / "registry"
     registry.start(addr, storage)
     made: list[str] = []
@@ -59,12 +68,23 @@ def run_in(image: str, *cmd: str, user: str | None = None) -> str:
 
 
 @pytest.fixture(scope="module")
-def built(env):
+def built(env, shared_publication: Publication):
+    """Each variant's local image: the CUDA slim and devel built (with smoke test and SBOM) here,
+    the CPU runtime the session's."""
     # Not --force: an image whose content hash is built already (an earlier module, or the last
     # run's) is the same image; the CUDA slim and devel are built once per run.
-    for variant in (CPU, SLIM, DEVEL):
+    for variant in (SLIM, DEVEL):
         builder(env, "build", "--select", f"id={variant}")
-    return {v: image_of(env, v) for v in (CPU, SLIM, DEVEL)}
+    return {CPU: shared_publication.image, **{v: image_of(env, v) for v in (SLIM, DEVEL)}}
+
+
+def sbom_of(image: str, state_dir: Path | None = None) -> dict:
+    """The SBOM a build kept for the image's id, in `state_dir` (default: this checkout's)."""
+    image_id = engine.inspect_image(image)["Id"]
+    with pytest.MonkeyPatch.context() as patch:
+        if state_dir is not None:
+            patch.setenv("BUILDER_STATE", str(state_dir))
+        return json.loads(state.evidence_path("sbom", image_id).read_text())
 
 
 def test_images_carry_their_facts_and_user(built):
@@ -200,23 +220,21 @@ def test_cuda_image_on_cpu_host_is_honest_and_require_gpu_fails(env, built):
 
 
 def test_second_build_builds_nothing(env, built):
-    result = builder(env, "build", "--select", f"id={CPU}")
+    result = builder(env, "build", "--select", f"id={SLIM}")
     assert "0 of 1 variants to build" in result.stderr
+    assert f"[{SLIM}] smoke" not in result.stderr, result.stderr  # its evidence is held
 
 
-def test_sboms_have_deb_pypi_and_cuda_components(built):
-    from builder.core import state
-
-    for variant, image in built.items():
-        image_id = engine.inspect_image(image)["Id"]
-        doc = json.loads(state.evidence_path("sbom", image_id).read_text())
+def test_sboms_have_deb_pypi_and_cuda_components(built, shared_publication: Publication):
+    docs = {v: sbom_of(image, shared_publication.state if v == CPU else None)
+            for v, image in built.items()}
+    for variant, doc in docs.items():
         purls = [c.get("purl", "") for c in _components(doc)]
         assert any(p.startswith("pkg:deb/debian/") for p in purls), variant
         assert any(p.startswith("pkg:pypi/torch@") for p in purls), variant
         if variant != CPU:
             assert any(p.startswith("pkg:generic/nvidia/") for p in purls), variant
-    cpu_doc = json.loads(state.evidence_path("sbom", engine.inspect_image(built[CPU])["Id"]).read_text())
-    torch = next(c for c in _components(cpu_doc) if c.get("name") == "torch")
+    torch = next(c for c in _components(docs[CPU]) if c.get("name") == "torch")
     assert torch["version"] == "2.13.0+cpu" and torch.get("licenses")
 
 
@@ -228,37 +246,42 @@ def _components(doc):
         stack.extend(c.get("components", []))
 
 
-def test_publish_and_pull_back_by_digest(env, built):
+def test_publish_and_pull_back_by_digest(env, built, shared_publication: Publication, made):
+    """The CUDA slim published here (its local image pushed to staging, promoted, evidence
+    attached, tagged) and the session's CPU runtime: each pulled back by digest (its layers are
+    local, so the pull checks the manifest and config), every tag and the SBOM referrer there."""
     manifest = env["tmp"] / "published.json"
     # Unsigned here (recorded); tests/e2e/test_signing.py publishes signed.
-    builder(env, "publish", "--select", f"id={CPU}", "--manifest", str(manifest), "--unsigned")
     builder(env, "publish", "--select", f"id={SLIM}", "--allow-cpu-smoke",
             "--manifest", str(manifest), "--unsigned")
-    published = json.loads(manifest.read_text())
-    text = json.dumps(published)
-    for variant in (CPU, SLIM):
-        assert variant in text
-    entries = _entries(published)
-    assert {e["variant"] for e in entries} >= {CPU, SLIM}
-    for e in entries:
+    [slim] = _entries(json.loads(manifest.read_text()))
+    assert slim["variant"] == SLIM and slim.get("allow_cpu_smoke") is True, slim
+    assert slim["pull"].startswith(env["addr"] + "/torch@sha256:"), slim
+    shared = shared_publication
+    cpu = {**shared.record, "variant": CPU, "pull": shared.reference}
+    assert cpu["pull"].startswith(f"{shared.addr}/{shared.repository}@sha256:"), cpu
+    for e in (slim, cpu):
         ref = e["pull"]
-        assert ref.startswith(env["addr"] + "/torch@sha256:")
+        repository, digest = ref.split("@", 1)
         engine.docker("pull", ref, timeout=1800)
+        made.append(ref)
         pulled = engine.inspect_image(ref)
         assert pulled["Config"]["Labels"][labels.VARIANT] == e["variant"]
-        digest = ref.split("@", 1)[1]
-        for tag in e["tags"]:
-            head = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--raw",
-                                   f"docker://{env['addr']}/torch:{tag}"],
-                                  capture_output=True, text=True, check=False)
-            assert head.returncode == 0, (tag, head.stderr)
+        listed = json.loads(_skopeo("list-tags", f"docker://{repository}"))["Tags"]
         sbom_tag = f"sha256-{digest.split(':')[1]}.sbom"
-        art = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--raw",
-                              f"docker://{env['addr']}/torch:{sbom_tag}"],
-                             capture_output=True, text=True, check=False)
-        assert art.returncode == 0, art.stderr
-        if e["variant"] == SLIM:
-            assert e.get("allow_cpu_smoke") is True
+        assert set(e["tags"]) | {sbom_tag} <= set(listed), (e["tags"], listed)
+        for tag in e["tags"]:  # each tag on this very image
+            assert _skopeo("inspect", "--format", "{{.Digest}}",
+                           f"docker://{repository}:{tag}").strip() == digest, tag
+        json.loads(_skopeo("inspect", "--raw", f"docker://{repository}:{sbom_tag}"))
+
+
+def _skopeo(*args: str) -> str:
+    """skopeo (a client of its own, not the builder's) against the loopback registry."""
+    result = subprocess.run(["skopeo", *args[:1], "--tls-verify=false", *args[1:]],
+                            capture_output=True, text=True, check=False, timeout=300)
+    assert result.returncode == 0, (args, result.stderr)
+    return result.stdout
 
 
 def _entries(published):
@@ -274,28 +297,39 @@ def _entries(published):
     return out
 
 
-def test_three_machines_share_state_only_through_the_registry(env, built, tmp_path):
+def test_three_machines_share_state_only_through_the_registry(shared_publication: Publication,
+                                                               tmp_path):
     """Build and stage on one machine; smoke and SBOM the staged digest on a second with an
-    empty .state/; publish from a third; `builder verify` on the published digest passes."""
-    outcomes = json.loads(builder(env, "build", "--select", f"id={CPU}", "--force", "--stage",
-                                  "--no-smoke", "--no-sbom", "--json").stdout)
+    empty .state/; publish from a third; `builder verify` on the published digest passes.
+    Each machine has a state folder of its own, empty at first; the repository is a private one
+    in the session's registry, so the build is the build cache's and the push mounts the
+    session image's layers (no --force, no layer compressed again), and the staged image
+    carries no evidence until the second machine attaches it."""
+    matrix = private_matrix(tmp_path, registry=shared_publication.addr, compression=["gzip"])
+
+    def machine(name: str, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return run_builder(*args, env={**os.environ, "BUILDER_STATE": str(tmp_path / name)},
+                           **kwargs)
+
+    outcomes = json.loads(machine("first", "build", "--select", f"id={CPU}", "--stage",
+                                  "--no-smoke", "--no-sbom", "--json", matrix=matrix).stdout)
     staged = outcomes[0]["message"]
-    assert re.fullmatch(rf"{env['addr']}/torch-staging@sha256:[0-9a-f]{{64}}", staged), outcomes
+    repository = yaml.safe_load(matrix.read_text())["repository"]
+    assert re.fullmatch(rf"{shared_publication.addr}/{repository}-staging@sha256:[0-9a-f]{{64}}",
+                        staged), outcomes
 
-    second = {**os.environ, "BUILDER_STATE": str(tmp_path / "second")}
-    smoke = run_builder("smoke", staged, "--json", env=second)
+    smoke = machine("second", "smoke", staged, "--json")
     assert json.loads(smoke.stdout)["status"] == "pass"
-    run_builder("sbom", staged, "-o", str(tmp_path / "sbom.json"), env=second)
+    machine("second", "sbom", staged, "-o", str(tmp_path / "sbom.json"))
 
-    third = {**os.environ, "BUILDER_STATE": str(tmp_path / "third")}
     manifest = tmp_path / "published.json"
-    run_builder("publish", "--select", f"id={CPU}", "--manifest", str(manifest), "--json",
-                "--unsigned", matrix=env["matrix"], env=third)
+    machine("third", "publish", "--select", f"id={CPU}", "--manifest", str(manifest), "--json",
+            "--unsigned", matrix=matrix)
     [pub] = json.loads(manifest.read_text())["variants"][CPU]["publications"]
     assert pub["digest"] == staged.rsplit("@", 1)[1]
 
-    verified = json.loads(run_builder("verify", pub["reference"], "--contents-only", "--json",
-                                      env=third).stdout)
+    verified = json.loads(machine("third", "verify", pub["reference"], "--contents-only",
+                                  "--json").stdout)
     assert verified["ok"] is True, verified
     checks = {c["what"]: c for c in verified["checks"]}
     assert checks["smoke"]["detail"].startswith("pass: no GPU used")
