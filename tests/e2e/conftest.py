@@ -126,9 +126,14 @@ def labels_of(image_id: str) -> dict[str, str]:
 def _twin_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """One zstd twin cache (builder.core.twin_cache) for the session's `builder` runs, never
     the user's: a publish of layers an earlier module twinned copies them instead of
-    recompressing. A test that must recompress names a folder of its own."""
+    recompressing. One folder for the run, both workers' (the cache takes concurrent writers:
+    an entry is written whole, then renamed). A test that must recompress names a folder of its
+    own."""
+    root = tmp_path_factory.getbasetemp()
+    folder = (root.parent if run_wide.worker() else root) / "twin-cache"
+    folder.mkdir(exist_ok=True)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("BUILDER_TWIN_CACHE", str(tmp_path_factory.mktemp("twin-cache")))
+        patch.setenv("BUILDER_TWIN_CACHE", str(folder))
         yield
 
 

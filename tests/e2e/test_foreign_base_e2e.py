@@ -68,7 +68,8 @@ def test_an_arm64_build_stands_on_the_verified_base_whatever_the_floating_tag_sa
     monkeypatch.setattr(base, "bootstrap_foreign", stand_in_bootstrap)
     key = keypair.SigningKey(ec.generate_private_key(ec.SECP256R1()))
     said: list[str] = []
-    first = bases.ensure_all(m, [variant], bases.BaseOptions((key.public,), key), said.append)
+    trusted = keypair.Vouchers(keys=(key.public,))
+    first = bases.ensure_all(m, [variant], bases.BaseOptions(trusted, key), said.append)
     assert said[-1].endswith(f"signed and attested by key {keypair.key_id(key.public)}")
     [digest], [pinned] = first.digests.values(), first.pins.values()
     floating = render.base_ref(variant, m)
@@ -87,7 +88,7 @@ def test_an_arm64_build_stands_on_the_verified_base_whatever_the_floating_tag_sa
     assert moved.startswith("the image was built on another base than the verified one")
 
     said.clear()
-    again = bases.ensure_all(m, [variant], bases.BaseOptions((key.public,)), said.append)
+    again = bases.ensure_all(m, [variant], bases.BaseOptions(trusted), said.append)
     assert again == first
     assert said == [f"base {pinned.split('@')[0]}:bookworm-slim-arm64-"
                     f"{base.bootstrap_key('bookworm', options=base.SLIM_OPTIONS)}: taken "

@@ -226,13 +226,13 @@ def test_cuda_image_with_cpu_smoke(images: Images, tmp_path: Path) -> None:
 def published_tags(addr: str, repo: str, p: Any, digest: str) -> list[str]:
     """What one publication of `p` today leaves in the repository: its dated, build and floating
     tags, each with a `-zstd` twin (same config, zstd layers), the evidence of both digests and
-    the published image's vulnerability audit (publish's default; the twin holds the same
-    packages)."""
+    the vulnerability audit of both (publish's default; a node pulling the twin asks about
+    its digest)."""
     twin = digest_at(addr, repo, f"{p.floating_tag}-zstd")
     gzip_tags = [f"{p.floating_tag}-{DATE}", p.hash_tag, p.floating_tag]
     evidence = [f"sha256-{d.removeprefix('sha256:')}.{kind}" for d in (digest, twin)
                 for kind in ("sbom", "smoke", "provenance")]
-    evidence.append(f"sha256-{digest.removeprefix('sha256:')}.audit")
+    evidence += [f"sha256-{d.removeprefix('sha256:')}.audit" for d in (digest, twin)]
     return sorted([*gzip_tags, *(f"{t}-zstd" for t in gzip_tags), *evidence])
 
 

@@ -77,7 +77,7 @@ def test_a_genuine_signed_cache_is_used_by_its_digest(env) -> None:
     pinned = f"{env['addr']}/{env['staging']}@{digest}"
     assert cache_line(result).endswith(f"registry cache `{env['addr']}/{env['staging']}:"
                                        f"{cache_tag(env)}`: used as `{pinned}`, its signature "
-                                       f"verified against key {keypair.key_id(env['public'])}")
+                                       f"verified against the trusted key {keypair.key_id(env['public'])}")
     log = build_log(result)
     assert f"importing cache manifest from {pinned}" in log, log[-3000:]
     assert " CACHED" in log

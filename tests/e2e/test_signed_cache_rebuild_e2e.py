@@ -112,7 +112,7 @@ def test_rebuild_uses_a_genuine_signed_cache_by_its_digest(env) -> None:
     public = keypair.load_public(env["pub"].pub)
     assert cache_line(result).endswith(
         f"registry cache `{env['cache']}`: used as `{pinned}`, its signature verified against "
-        f"key {keypair.key_id(public)}"), result.stderr[-3000:]
+        f"the trusted key {keypair.key_id(public)}"), result.stderr[-3000:]
     log = build_log(result)
     assert f"importing cache manifest from {pinned}" in log, log[-3000:]
     assert " CACHED" in log
