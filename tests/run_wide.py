@@ -129,14 +129,25 @@ def undo_all(undo: list[Undo]) -> None:
 
 
 def remove_images(reference: str) -> None:
-    """Remove every local image reference matching `reference` (docker's reference filter)."""
+    """Remove every local image reference matching `reference` (docker's reference filter), and
+    the dangling images built for its repository: a module that builds the shared image again
+    (a moved tag) leaves the older build unnamed, with only its title label to say whose."""
     from builder.core import engine
 
     refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
                          "--filter", f"reference={reference}").stdout.split()
     for ref in refs:
         engine.remove_image(ref)
+    repository = reference.rsplit("/", 1)[-1].rstrip("*")
+    dangling = engine.docker("images", "--quiet", "--no-trunc", "--filter", "dangling=true",
+                             check=False).stdout.split()
+    for image_id in dangling:
+        labels = ((engine.inspect_image(image_id) or {}).get("Config") or {}).get("Labels") or {}
+        if repository and labels.get(TITLE, "").startswith(repository):
+            engine.remove_image(image_id)
 
+
+TITLE = "org.opencontainers.image.title"  # `repository:variant` on every image the builder makes
 
 # The run's folder in an xdist worker (tests/conftest.py sets it: its basetemp's parent).
 RUN: list[Path] = []
