@@ -98,13 +98,14 @@ def names_tag(reg: oci.Registry, repository: str, digest: str, tag: str,
 
 
 def verify_image(reg: oci.Registry, repository: str, digest: str, vouchers: Vouchers) -> str:
-    """A line for a table when a voucher signed `digest`; SignatureError naming why not."""
-    payloads(reg, repository, digest, vouchers)
+    """A line for a table when a voucher signed `digest`; SignatureError naming why not. A
+    key's `.sig` is checked once: its line when it verifies, else every voucher (`payloads`)."""
     if vouchers.keys and sign.read_layers(reg, repository, sign.sig_tag(digest)):
         try:
             return sign.verify_image(reg, repository, digest, list(vouchers.keys))
         except SignatureError:
-            pass  # an identity vouched instead
+            pass  # an identity may vouch instead
+    payloads(reg, repository, digest, vouchers)
     by = describe(Vouchers(identities=vouchers.identities))
     return f"sigstore bundle over {digest[:19]} by {by}"
 

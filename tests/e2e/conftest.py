@@ -44,7 +44,7 @@ def _engine(request: pytest.FixtureRequest) -> None:
 
 
 LOOPBACK_REGISTRY = re.compile(r"127\.0\.0\.1:(\d+)/")
-TITLE = "org.opencontainers.image.title"  # `repository:variant` on every image the builder makes
+TITLE = run_wide.TITLE
 
 
 def answers(port: int) -> bool:
