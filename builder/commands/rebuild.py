@@ -100,8 +100,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
                "sources": source_summary(findings, skip), "skipped": skip, "unknown": unknown}
     if args.check:
         # The latest signed audit of each image: a CVE with a fix is in the daily output.
-        audits = audit_check.audits(latest_publications(matrix, vouched), variants,
-                                    vouched.keys)
+        audits = audit_check.audits(latest_publications(matrix, vouched), variants, vouched)
         if args.json:
             emit_json({"findings": [f.as_json() for f in findings], **summary,
                        "audits": [a.as_json() for a in audits], "exit_code": exit_code(findings)})

@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from builder.core import oci, sign
+from builder.core import oci, sign, vouch
 from builder.core.errors import BuilderError
+from builder.core.keypair import Vouchers
 from builder.model.matrix import Variant
 from builder.model.publication import Publication
 
@@ -42,7 +43,7 @@ class Audit:
 
 
 def audits(pubs: Mapping[str, Publication], variants: Sequence[Variant],
-           keys: Sequence[Any]) -> list[Audit]:
+           vouchers: Vouchers) -> list[Audit]:
     """The audit of each selected variant's latest publication (`pubs`: variant id → its
     latest, rebuild_check.latest_publications), per platform."""
     found = []
@@ -50,19 +51,20 @@ def audits(pubs: Mapping[str, Publication], variants: Sequence[Variant],
         latest = pubs.get(v.id)
         pub = latest.for_platform(v.platform) if latest else None
         if pub is not None:
-            found.append(audit_of(v.key, pub, keys))
+            found.append(audit_of(v.key, pub, vouchers))
     return found
 
 
-def audit_of(variant: str, pub: Publication, keys: Sequence[Any]) -> Audit:
-    """The audit a trusted key attested on `pub`'s digest, or why there is none to report."""
+def audit_of(variant: str, pub: Publication, vouchers: Vouchers) -> Audit:
+    """The audit a trusted key or identity attested on `pub`'s digest (vouch.attestations, as
+    every other reader of evidence), or why there is none to report."""
     where = {"variant": variant, "reference": pub.reference, "dated_tag": pub.dated_tag}
-    if not keys:
-        return Audit(**where, state=NO_KEY, detail="no trusted key (--trust-key): an unsigned "
-                     "audit is not read")
+    if not vouchers:
+        return Audit(**where, state=NO_KEY, detail="no trusted key or identity (--trust-key, "
+                     "--certificate-identity): an unsigned audit is not read")
     try:
-        found, problems = sign.verified_attestations(oci.Registry(pub.registry), pub.repository,
-                                                     pub.digest, list(keys))
+        found, problems = vouch.attestations(oci.Registry(pub.registry), pub.repository,
+                                             pub.digest, vouchers)
     except BuilderError as exc:
         return Audit(**where, state=UNREADABLE, detail=str(exc))
     if "audit" not in found:

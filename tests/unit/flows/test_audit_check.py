@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from memregistry import MemoryRegistry
 
 from builder.core import keypair, oci, sign
+from builder.core.keypair import Vouchers
 from builder.flows import audit_check
 from builder.stages import staging
 
@@ -45,7 +46,7 @@ def test_the_signed_audit_s_fixes_are_reported_one_line_each(reg: MemoryRegistry
     pub, key = published(reg), new_key()
     sign.attest(reg, "torch", pub.digest, key, "audit",  # type: ignore[arg-type]
                 staging.vuln_predicate(REPORT))
-    found = audit_check.audit_of("v-cpu", pub, [key.public])  # type: ignore[arg-type]
+    found = audit_check.audit_of("v-cpu", pub, Vouchers(keys=(key.public,)))
     assert (found.state, found.vulnerabilities, found.unknown) == (audit_check.AUDITED, 2, 1)
     assert found.fixes == ({"id": "DSA-5800-1", "package": "libc6", "version": "2.36-9+deb12u7",
                             "fixed": ["2.36-9+deb12u9"],
@@ -62,11 +63,12 @@ def test_an_audit_no_trusted_key_attested_is_not_read(reg: MemoryRegistry) -> No
     pub = published(reg)
     sign.attest(reg, "torch", pub.digest, new_key(), "audit",  # type: ignore[arg-type]
                 staging.vuln_predicate(REPORT))
-    other = audit_check.audit_of("v-cpu", pub, [new_key().public])  # type: ignore[arg-type]
+    other = audit_check.audit_of("v-cpu", pub, Vouchers(keys=(new_key().public,)))
     assert other.state == audit_check.NOT_AUDITED and other.fixes == ()
-    none = audit_check.audit_of("v-cpu", pub, [])  # type: ignore[arg-type]
+    none = audit_check.audit_of("v-cpu", pub, Vouchers())
     assert none.state == audit_check.NO_KEY
     assert audit_check.lines([none]) == [
-        "audit of v-cpu: no key: no trusted key (--trust-key): an unsigned audit is not read"]
-    bare = audit_check.audit_of("v-cpu", published(reg, 1), [new_key().public])  # type: ignore[arg-type]
+        "audit of v-cpu: no key: no trusted key or identity (--trust-key, --certificate-identity): "
+        "an unsigned audit is not read"]
+    bare = audit_check.audit_of("v-cpu", published(reg, 1), Vouchers(keys=(new_key().public,)))
     assert bare.state == audit_check.NOT_AUDITED and "no signed audit" in bare.detail
