@@ -48,8 +48,11 @@ PREDICATES = {
     "smoke": "https://github.com/torch-images/torch-images/smoke-report/v1",
 }
 # Attested when made, never required of a publication: the vulnerability report of its day
-# (publish attaches one; an older publication, or one audited later, may have none).
-ATTESTED = {**PREDICATES, "audit": "https://cosign.sigstore.dev/attestation/vuln/v1"}
+# (publish attaches one; an older publication, or one audited later, may have none), and the
+# signed copy of the digest's own `.sig` layers (`keep_copy`: what an overwritten `.sig` is put
+# back from, builder.flows.resign).
+ATTESTED = {**PREDICATES, "audit": "https://cosign.sigstore.dev/attestation/vuln/v1",
+            "signatures": "https://github.com/torch-images/torch-images/signatures/v1"}
 
 
 class SignatureError(BuilderError):
@@ -255,6 +258,47 @@ def sign_image(reg: oci.Registry, repository: str, digest: str, key: SigningKey,
     sig = base64.b64encode(key.sign(payload)).decode()
     layers.append(Layer(SIMPLE_SIGNING, payload, {SIGNATURE_ANNOTATION: sig}))
     write_layers(reg, repository, sig_tag(digest), layers)
+
+
+def keep_copy(reg: oci.Registry, repository: str, digest: str, key: SigningKey) -> None:
+    """Attest the `.sig` layers `key` made for `digest` (evidence `signatures`): anyone with
+    push rights can overwrite a `.sig`, and what it held is then put back from this copy, each
+    layer checked again (`copied_layers`), never signed anew naming tags read off the
+    registry. The copy already attested is kept in it: a `.sig` overwritten before a later
+    signing (a rollback) loses nothing."""
+    found, _ = verified_attestations(reg, repository, digest, [key.public])
+    kept = copied_layers(found["signatures"], f"{reg.registry}/{repository}", digest,
+                         [key.public]) if "signatures" in found else []
+    mine = [x for x in read_layers(reg, repository, sig_tag(digest))
+            if x.media_type == SIMPLE_SIGNING and _layer_verifies(x, [key.public])]
+    mine += [x for x in kept if x.data not in {y.data for y in mine}]
+    attest(reg, repository, digest, key, "signatures", {"signatures": [
+        {"payload": base64.b64encode(x.data).decode(),
+         "signature": x.annotations[SIGNATURE_ANNOTATION]} for x in mine]})
+
+
+def copied_layers(statement: dict[str, Any], reference: str, digest: str,
+                  keys: list[ec.EllipticCurvePublicKey]) -> list[Layer]:
+    """The `.sig` layers in a verified `signatures` statement (`keep_copy`) whose signature
+    verifies against `keys` and whose payload signs `reference@digest`: what may be put back."""
+    predicate = statement.get("predicate")
+    entries = predicate.get("signatures") if isinstance(predicate, dict) else None
+    found = []
+    for entry in entries if isinstance(entries, list) else []:
+        try:
+            layer = Layer(SIMPLE_SIGNING, base64.b64decode(entry["payload"], validate=True),
+                          {SIGNATURE_ANNOTATION: str(entry["signature"])})
+        except (TypeError, KeyError, ValueError):
+            continue
+        if _layer_verifies(layer, keys) and not check_payload(layer.data, reference, digest):
+            found.append(layer)
+    return found
+
+
+def reattach(reg: oci.Registry, repository: str, digest: str, layers: list[Layer]) -> None:
+    """Put `layers` back into the `.sig` of `digest`, after the layers it holds now."""
+    held = read_layers(reg, repository, sig_tag(digest))
+    write_layers(reg, repository, sig_tag(digest), held + [x for x in layers if x not in held])
 
 
 def _layer_verifies(layer: Layer, keys: list[ec.EllipticCurvePublicKey]) -> bool:

@@ -32,7 +32,7 @@ from builder.core import clock, engine, labels, oci, proc, sign, vouch
 from builder.core.errors import BuilderError, ConfigError
 from builder.core.keypair import NOBODY, Vouchers
 from builder.core.output import step
-from builder.flows import bases, record, tag_repair
+from builder.flows import bases, record, resign, tag_repair
 from builder.model import lockfile, platforms
 from builder.model.apt import apt_token, parse_upgradable
 from builder.model.bases import registry_served
@@ -286,11 +286,15 @@ def ask_base(s: Subject) -> list[Finding]:
 
 
 def ask_drift(s: Subject) -> list[Finding]:
-    """(e) Tags moved off the newest signed publication (tag_repair.drift), once per variant."""
+    """(e) Tags moved off the newest signed publication (tag_repair.drift), once per variant;
+    first, a newer publication whose `.sig` is lost but has a signed copy (resign.lost)."""
     top = latest_publications(s.matrix, s.vouchers).get(s.variant.id)
     first = top.platforms[0].platform if top and top.platforms else platforms.DEFAULT
     if top is None or s.variant.platform != first:
         return []
+    if lost := resign.lost(s.matrix, top.floating_tag, s.variant.id, top, s.vouchers):
+        return [Finding(variant_id=s.variant.id, reason="tag-drift", status=REPAIR,
+                        detail=resign.lost_line(lost[0]), data=resign.lost_data(lost[0]))]
     moving = [top.floating_tag, *plan.aliases_of(s.matrix, s.variant)]
     moved = tag_repair.drift(oci.Registry(top.registry), top, moving, s.vouchers)
     return [Finding(variant_id=s.variant.id, reason="tag-drift", status=REPAIR,
@@ -397,8 +401,7 @@ def check(matrix: Matrix, variants: list[Variant], *,
           vouchers: Vouchers = NOBODY) -> list[Finding]:
     """Findings for the selected variants the registry records a publication of; the sources
     in `skip` are not asked (see `source_summary`: they are `skipped`, not clean)."""
-    unknown_names = set(skip) - set(REASONS)
-    if unknown_names:
+    if unknown_names := set(skip) - set(REASONS):
         raise ConfigError(f"unknown source {', '.join(sorted(unknown_names))}",
                           hint=f"sources: {', '.join(REASONS)}")
     skipped = frozenset(skip)
@@ -423,11 +426,9 @@ def source_summary(findings: list[Finding], skip: Collection[str] = ()) -> dict[
     order = (UNKNOWN, REBUILD, MATRIX_CHANGE, REPAIR)
     out: dict[str, str] = {}
     for reason in REASONS:
-        if reason in skip:
-            out[reason] = "skipped"
-            continue
         statuses = {f.status for f in findings if f.reason == reason}
-        out[reason] = next((s for s in order if s in statuses), "clean")
+        out[reason] = "skipped" if reason in skip else next(
+            (s for s in order if s in statuses), "clean")
     return out
 
 
@@ -445,6 +446,4 @@ def published_variants(matrix: Matrix, variants: list[Variant],
 def exit_code(findings: list[Finding]) -> int:
     """1 whenever a source asks for a rebuild (or a matrix change), even when another could not
     be asked; 2 only when nothing was decided because sources could not be asked."""
-    if any(f.status != UNKNOWN for f in findings):
-        return 1
-    return 2 if findings else 0
+    return 1 if any(f.status != UNKNOWN for f in findings) else 2 if findings else 0

@@ -52,6 +52,7 @@ def sign_and_move(reg: oci.Registry, repository: str, digest: str, key: Any, vid
     """Sign `digest` as the rollback to `tags[0]` (its dated tag) from `since`, naming `tags`,
     then point the rest of `tags` (the ones that move) at it; those tags."""
     sign.sign_image(reg, repository, digest, key, annotations(vid, tags, tags[0], since))
+    sign.keep_copy(reg, repository, digest, key)  # the copy resign puts back holds it too
     return retag(reg, repository, digest, tags[1:])
 
 

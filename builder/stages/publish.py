@@ -164,6 +164,7 @@ def sign_digest(vetted: Staged, trust: keypair.Trust,
         return {"signed": True, "unsigned": False,
                 "signature": Signed(ref, ref, f"keyless: {signer.describe()}")}
     sign.sign_image(reg, vetted.repository, vetted.digest, trust.key, optional)
+    sign.keep_copy(reg, vetted.repository, vetted.digest, trust.key)  # what resign puts back
     return {"signed": True, "unsigned": False,
             "signature": Signed(sign.sig_tag(vetted.digest), sign.att_tag(vetted.digest),
                                 keypair.key_id(trust.key.public))}

@@ -30,6 +30,13 @@ def build_log(result: subprocess.CompletedProcess[str]) -> str:
     return Path(log).read_text(errors="replace")
 
 
+def shown(result: subprocess.CompletedProcess[str], log: str) -> None:
+    """Print the cache line and what BuildKit's log says of the cache (pytest -rP shows it)."""
+    imported = [x for x in log.splitlines() if "importing cache manifest" in x]
+    print(cache_line(result), *imported[:1],
+          f"BuildKit log: {log.count(' CACHED')} CACHED steps", sep="\n")
+
+
 def image_files(image: str) -> set[str]:
     """Every path in the image's filesystem (a container created, exported, removed)."""
     container = engine.docker("create", image, "true").stdout.strip()

@@ -18,8 +18,11 @@ tags straight into the registry's HTTP API as anyone with push rights could:
       update-the-checkout hint and moves nothing
   (f) a forged `<runtime>-99991231` on the slim's signed digest: `rebuild --check`, `publish`
       and the catalog read the runtime's record as if it were absent
-  (g) the `.sig` of the publication and of its twin overwritten: `verify --key` fails; `publish`
-      of the same content signs both again from their verified evidence, `verify --key` is ok
+  (g) the `.sig` of the publication and of its twin overwritten: `verify --key` fails,
+      `rebuild --check` reports the lost signature (`tag-drift`); `publish` of the same content
+      re-attaches both from their signed copies, `verify --key` is ok
+  (h) a newer dated tag planted on the publication's digest and its `.sig` wiped: `publish`
+      re-attaches the signature naming the genuine dated tag, never the planted one
   and `rebuild --check` reports each tag moved off the newest signed publication as `tag-drift`
   (cases a and d), clean again once `publish` put it back
   and the catalog (`--key`) lists only signed publications as history, the rest as other tags
@@ -56,7 +59,7 @@ NEVER_BUILT = "2.13.0-py3.11-cpu-slim"
 ALIAS = "latest-cpu-runtime"
 PASSWORD = "correct horse"
 OLDER_DATE = "20200101"
-FORGED_COUNT = 20
+FORGED_COUNT = 97  # the issue's count: 99 suffixes taken today, once
 SKIP = ("--skip-source", "python-vuln", "--skip-source", "debian-security")
 
 
@@ -343,7 +346,9 @@ def test_f_a_forged_dated_tag_on_the_slims_signed_digest(env, published, saved) 
 # ---- (g) an overwritten `.sig`, signed again by publish ---------------------------------------
 
 
-def test_g_publish_signs_again_an_overwritten_sig(env, published, saved) -> None:
+def test_g_publish_puts_back_an_overwritten_sig(env, published, older, saved) -> None:
+    """`older` is the newest signed publication while the `.sig` is lost (what the record and
+    `rebuild --check` fall back on)."""
     reg, made = env["reg"], published["zstd"]["digest"]
     junk = [sign.Layer(sign.SIMPLE_SIGNING, b"{}", {sign.SIGNATURE_ANNOTATION: "AAAA"})]
     for digest in (published["digest"], made):
@@ -352,16 +357,61 @@ def test_g_publish_signs_again_an_overwritten_sig(env, published, saved) -> None
     before = verify(env, CPU)
     assert before.returncode == 1, before.stdout
     print("before:", next(x for x in before.stdout.splitlines() if "signature" in x))
+    lost_signature(env, published["digest"], published["dated_tag"])
 
     result = publish(env)
     log = result.stdout + result.stderr
-    line = f"signed {published['digest'][:19]} again as `{published['dated_tag']}`"
+    line = f"re-attached the signature of {published['digest'][:19]} as " \
+           f"`{published['dated_tag']}` from its signed copy"
     assert line in log, log
+    assert f"re-attached the signature of {made[:19]} as " \
+           f"`{twin(published['dated_tag'])}`" in log, log
     print(next(x for x in log.splitlines() if line in x))
     assert already_published(result, published) == []
     for tag in (CPU, twin(CPU), published["dated_tag"], twin(published["dated_tag"])):
         after = verify(env, tag)
         assert after.returncode == 0, (tag, after.stdout, after.stderr)
+
+
+def lost_signature(env: dict[str, Any], digest: str, dated: str) -> None:
+    """`rebuild --check` reports the lost `.sig` of `digest` as a `tag-drift` to repair, naming
+    `dated` (its signed copy's dated tag)."""
+    check = builder(env, "rebuild", "--check", "--json", "--select", f"id={CPU}", *SKIP)
+    findings = json.loads(check.stdout)["findings"]
+    [lost] = [f for f in findings if f["data"].get("tag") == sign.sig_tag(digest)]
+    print(f"rebuild --check: {lost['reason']} ({lost['status']}): {lost['detail']}")
+    assert check.returncode == 1 and (lost["reason"], lost["status"]) == ("tag-drift", "repair")
+    assert lost["detail"].startswith(f"`{dated}` ({digest[:19]}) lost its signature"), lost
+
+
+# ---- (h) a planted dated tag on a digest whose `.sig` was wiped -------------------------------
+
+
+def test_h_a_planted_dated_tag_is_never_signed_when_the_sig_is_put_back(env, published, older,
+                                                                         saved) -> None:
+    reg, digest, dated = env["reg"], published["digest"], published["dated_tag"]
+    planted = f"{dated}.1"  # newer than the genuine dated tag, on the same digest
+    forge(env, saved, digest, planted)
+    saved.keep("torch", sign.sig_tag(digest))
+    sign.write_layers(reg, "torch", sign.sig_tag(digest), [])  # wiped: no signature at all
+    lost_signature(env, digest, dated)
+
+    result = publish(env)
+    log = result.stdout + result.stderr
+    assert f"re-attached the signature of {digest[:19]} as `{dated}` from its signed copy" \
+        in log, log
+    refused = f"`{planted}` ({digest[:19]}): the signed copy of its digest's signature does " \
+              "not name it: not signed"
+    assert refused in log, log
+    print(next(x for x in log.splitlines() if refused in x))
+    assert already_published(result, published) == []
+    signed = sign.tags_signed_by(reg, "torch", digest, [keypair.load_public(env["pub"])])
+    assert dated in signed and planted not in signed, signed
+    assert verify(env, CPU).returncode == 0
+    forged = verify(env, planted)
+    assert forged.returncode == 1, forged.stdout
+    print(f"verify {planted}: exit 1", forged.stdout[-600:], sep="\n")
+    clean_check(env)
 
 
 # ---- the catalog's history: signed publications only (issue 40.2's done-when) -----------------

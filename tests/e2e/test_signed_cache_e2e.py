@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cache_poison import EVIL, build_log, cache_line, image_files, poison
+from cache_poison import EVIL, build_log, cache_line, image_files, poison, shown
 from helpers import cosign_env, free_port, private_matrix, remove_images_of, run_builder
 
 from builder.core import keypair, oci, registry, sign
@@ -79,6 +79,7 @@ def test_a_genuine_signed_cache_is_used_by_its_digest(env) -> None:
                                        f"{cache_tag(env)}`: used as `{pinned}`, its signature "
                                        f"verified against the trusted key {keypair.key_id(env['public'])}")
     log = build_log(result)
+    shown(result, log)
     assert f"importing cache manifest from {pinned}" in log, log[-3000:]
     assert " CACHED" in log
 
@@ -92,9 +93,11 @@ def test_a_poisoned_cache_is_not_used_and_its_layer_is_not_in_the_image(env) -> 
         f"signature did not verify: published unsigned: no signature ({sign.sig_tag(poisoned)} "
         "is missing)"), result.stderr[-3000:]
     log = build_log(result)
+    shown(result, log)
     assert "importing cache manifest" not in log  # BuildKit was never offered it
     [outcome] = json.loads(result.stdout)
     assert outcome["state"] == "built"
     files = image_files(outcome["image"])
     assert "opt/venv/lib/python3.11/site-packages/torch" in files  # the listing is the image's
     assert EVIL not in files
+    print(f"image files: {len(files)} paths, torch's site-packages among them, {EVIL} not")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cache_poison import EVIL, build_log, cache_line, image_files, poison
+from cache_poison import EVIL, build_log, cache_line, image_files, poison, shown
 from fixtures_published import CPU, Publication, own_registry, restage
 from helpers import run_builder
 
@@ -114,6 +114,7 @@ def test_rebuild_uses_a_genuine_signed_cache_by_its_digest(env) -> None:
         f"registry cache `{env['cache']}`: used as `{pinned}`, its signature verified against "
         f"the trusted key {keypair.key_id(public)}"), result.stderr[-3000:]
     log = build_log(result)
+    shown(result, log)
     assert f"importing cache manifest from {pinned}" in log, log[-3000:]
     assert " CACHED" in log
 
@@ -126,7 +127,9 @@ def test_rebuild_never_offers_a_poisoned_cache_and_its_layer_is_not_in_the_image
         f"registry cache `{env['cache']}`: not used: its signature did not verify: published "
         f"unsigned: no signature ({sign.sig_tag(poisoned)} is missing)"), result.stderr[-3000:]
     log = build_log(result)
+    shown(result, log)
     assert "importing cache manifest" not in log  # BuildKit was never offered it
     files = image_files(env["pub"].image)
     assert "opt/venv/lib/python3.11/site-packages/torch" in files  # the listing is the image's
     assert EVIL not in files
+    print(f"image files: {len(files)} paths, torch's site-packages among them, {EVIL} not")

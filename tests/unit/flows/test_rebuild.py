@@ -46,6 +46,7 @@ def clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
         {"name": "numpy", "version": "2.4.5", "purl": "pkg:pypi/numpy@2.4.5"}]})
     monkeypatch.setattr(checking.plan, "smoke_files_hash", lambda: "s")
     monkeypatch.setattr(checking.tag_repair, "drift", lambda *a: [])
+    monkeypatch.setattr(checking.resign, "lost", lambda *a: None)
     monkeypatch.setattr(checking.plan, "aliases_of", lambda *a: ["latest"])
     return monkeypatch
 
@@ -75,6 +76,17 @@ def test_a_moved_floating_tag_is_tag_drift_not_a_rebuild(clean) -> None:
     assert checking.exit_code(findings) == 1
     assert checking.source_summary(findings)["tag-drift"] == "repair"
     assert not rebuild.plan_actions(findings)  # nothing to rebuild: publish repairs it
+
+
+def test_a_lost_signature_with_a_signed_copy_is_tag_drift(clean) -> None:
+    """A newer publication's `.sig` was overwritten (resign.lost): `publish` re-attaches it; the
+    tags are not compared with the older publication the record falls back on meanwhile."""
+    lost = publication(content_hash=HASH, digest="sha256:" + "7" * 64, dated_tag=f"{VID}-20261206")
+    clean.setattr(checking.resign, "lost", lambda *a: (lost, []))
+    clean.setattr(checking.tag_repair, "drift", lambda *a: pytest.fail("compared"))
+    [finding] = [f for f in run_check() if f.reason == "tag-drift"]
+    assert (finding.status, finding.data["tag"]) == ("repair", sign.sig_tag(lost.digest))
+    assert finding.detail.startswith(f"`{VID}-20261206` (sha256:777777777777) lost its signature")
 
 
 def test_debian_updates_need_rebuild(clean) -> None:

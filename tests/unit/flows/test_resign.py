@@ -1,5 +1,6 @@
-"""A lost `.sig` is signed again by publish only from verified evidence: no valid signature,
-attested evidence, the same content, newer than the newest signed publication."""
+"""A lost `.sig` is put back by publish only from its signed copy (sign.keep_copy): no valid
+signature, a copy naming the dated tag, the same content, newer than the newest signed
+publication; a dated tag planted on the digest is never signed."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 from records import publication  # type: ignore[import-not-found]
 
-from builder.core import keypair, oci
+from builder.core import keypair, oci, sign
 from builder.flows import resign
 
 VID = "2.13.0-py3.11-cpu-runtime"
@@ -17,6 +18,7 @@ GOOD, OLD, DECOY, TWIN = ("sha256:" + c * 64 for c in "1234")
 CONTENT = "b" * 64
 TODAY = f"{VID}-20261206"
 TAGS = ["build-" + CONTENT[:20], VID, "latest"]
+TRUSTED = keypair.Vouchers((object(),))  # type: ignore[arg-type]
 
 
 class Reg:
@@ -37,60 +39,96 @@ def pub(digest: str, dated: str, content: str = CONTENT) -> Any:
     return publication(digest=digest, content_hash=content, dated_tag=dated)
 
 
+def layer(digest: str, tags: list[str]) -> sign.Layer:
+    """A `.sig` layer whose payload signs `digest` naming `tags` (its signature is checked by
+    sign.copied_layers, tested in tests/unit/core/test_sign_copy.py)."""
+    payload = sign.simple_signing_payload("127.0.0.1:5000/torch", digest,
+                                          sign.tag_annotations(VID, tags))
+    return sign.Layer(sign.SIMPLE_SIGNING, payload, {})
+
+
 @pytest.fixture
 def world(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """A registry where GOOD (today, this content) lost its signature and is attested, OLD (an
-    older dated tag) and DECOY (a forged newer tag, same labels, no evidence) are beside it."""
+    """A registry where GOOD (today, this content) lost its signature and has a signed copy of
+    it naming `TODAY`, and so does its twin; OLD (an older dated tag) is beside it, and
+    `TODAY.3` (newer) and a future date are planted on GOOD, DECOY (no copy) under `TODAY.4`."""
     reg = Reg({TODAY: GOOD, f"{TODAY}-zstd": TWIN, f"{VID}-20261201": OLD,
-               f"{TODAY}.3": DECOY, f"{VID}-99991231": GOOD})
-    digests = {TODAY: GOOD, f"{VID}-20261201": OLD, f"{TODAY}.3": DECOY}
-    w: dict[str, Any] = {"reg": reg, "signed": [], "unsigned": {GOOD, DECOY, TWIN},
-                         "attested": {GOOD}}
+               f"{TODAY}.3": GOOD, f"{TODAY}.4": DECOY, f"{VID}-99991231": GOOD})
+    copies = {GOOD: [layer(GOOD, [TODAY, *TAGS])],
+              TWIN: [layer(TWIN, [f"{t}-zstd" for t in (TODAY, *TAGS)])]}
+    w: dict[str, Any] = {"reg": reg, "put_back": [], "unsigned": {GOOD, DECOY, TWIN},
+                         "copies": copies}
     monkeypatch.setattr(resign.oci, "Registry", lambda _addr: reg)
     monkeypatch.setattr(resign.clock, "stamp", lambda: "20261206")
     monkeypatch.setattr(resign.record, "read_publication", lambda _r, _m, dated, _t: (
-        VID, pub(digests[dated.tag], dated.tag)))
+        VID, pub(reg.by_tag[dated.tag], dated.tag)))
     monkeypatch.setattr(resign.record, "signed_for", lambda _r, _repo, digest, _k: (
         set(), set(), "no signature" if digest in w["unsigned"] else ""))
-    monkeypatch.setattr(resign.vouch, "attestations", lambda _r, _repo, digest, _k: (
-        dict.fromkeys(("sbom", "smoke", "provenance"), 1) if digest in w["attested"] else {},
-        {}))
-    monkeypatch.setattr(resign.sign, "sign_image", lambda _r, _repo, digest, _key, optional:
-                        w["signed"].append((digest, resign.sign.signed_tags(optional))))
-    monkeypatch.setattr(resign.twin, "make", lambda _r, _repo, _d: oci.Descriptor(
-        TWIN, oci.OCI_MANIFEST, 1))
+    monkeypatch.setattr(resign, "copied", lambda _r, _repo, digest, _v: w["copies"].get(
+        digest, []))
+    monkeypatch.setattr(resign.sign, "reattach", lambda _r, _repo, digest, layers:
+                        w["put_back"].append((digest, resign.named(layers))))
     return w
 
 
-def restore(newest: Any = None, content: str = CONTENT) -> Any:
+def restore(newest: Any = None, content: str = CONTENT,
+            vouchers: keypair.Vouchers = TRUSTED) -> Any:
     group = [SimpleNamespace(variant=SimpleNamespace(id=VID), floating_tag=VID,
                              content_hash=content)]
     matrix = SimpleNamespace(registry="127.0.0.1:5000", repository="torch")
-    trust = keypair.Trust(key=object(), vouchers=keypair.Vouchers((object(),)))  # type: ignore[arg-type]
-    return resign.restore(matrix, group, newest, TAGS, trust)  # type: ignore[arg-type]
+    return resign.restore(matrix, group, newest, vouchers)  # type: ignore[arg-type]
 
 
-def test_a_lost_signature_is_signed_again_with_its_twin(world, capsys) -> None:
+def test_a_lost_signature_is_put_back_from_its_signed_copy_with_its_twin(world, capsys) -> None:
     again = restore(pub(OLD, f"{VID}-20261201"))
-    assert again.digest == GOOD and again.signed is True
-    assert world["signed"] == [(GOOD, {TODAY, *TAGS}),
-                               (TWIN, {f"{t}-zstd" for t in (TODAY, *TAGS)})]
-    assert f"signed {GOOD[:19]} again as `{TODAY}`" in capsys.readouterr().err
+    assert again.digest == GOOD and again.dated_tag == TODAY and again.signed is True
+    assert world["put_back"] == [(GOOD, {TODAY, *TAGS}),
+                                 (TWIN, {f"{t}-zstd" for t in (TODAY, *TAGS)})]
+    assert f"re-attached the signature of {GOOD[:19]} as `{TODAY}`" in capsys.readouterr().err
 
 
-def test_nothing_unverified_is_signed(world) -> None:
-    world["attested"] = set()  # no attested evidence
+def test_a_dated_tag_planted_on_the_digest_is_never_signed(world, capsys) -> None:
+    """`TODAY.3` on GOOD is newer than `TODAY` and GOOD's `.sig` is gone: signing the newest
+    dated tag found would sign the attacker's; only the tag the copy names is put back."""
+    again = restore()
+    assert again.dated_tag == TODAY
+    assert all(f"{TODAY}.3" not in tags for _, tags in world["put_back"])
+    err = capsys.readouterr().err
+    assert f"`{TODAY}.3` ({GOOD[:19]}): the signed copy of its digest's signature does not " \
+           "name it: not signed" in err, err
+    assert f"`{TODAY}.4`" not in err  # DECOY has no copy at all: nothing to say
+
+
+def test_nothing_is_put_back_without_a_copy_naming_it(world) -> None:
+    world["copies"] = {GOOD: [layer(GOOD, [f"{VID}-20261205", *TAGS])]}  # names another date
     assert restore() is None
-    world["attested"] = {GOOD}
+    world["copies"] = {}
+    assert restore() is None
+    assert world["put_back"] == []
+
+
+def test_nothing_else_is_put_back(world) -> None:
     assert restore(content="c" * 64) is None  # other content than this checkout's
     assert restore(pub(GOOD, f"{TODAY}.4")) is None  # not newer than the newest signed
     world["unsigned"] = {DECOY}  # GOOD's signature verifies: its other tags are forgeries
     assert restore() is None
-    assert world["signed"] == []
+    assert restore(vouchers=keypair.NOBODY) is None  # no trusted key to check a copy with
+    assert world["put_back"] == []
 
 
-def test_no_key_no_signature(world) -> None:
-    group = [SimpleNamespace(variant=SimpleNamespace(id=VID), floating_tag=VID,
-                             content_hash=CONTENT)]
-    assert resign.restore(None, group, None, TAGS, keypair.Trust()) is None  # type: ignore[arg-type]
-    assert world["signed"] == []
+def test_a_twin_without_a_copy_naming_its_tag_stays_unsigned(world, capsys) -> None:
+    world["copies"][TWIN] = [layer(TWIN, ["other-zstd"])]
+    assert restore().digest == GOOD
+    assert world["put_back"] == [(GOOD, {TODAY, *TAGS})]
+    assert f"`{TODAY}-zstd` ({TWIN[:19]}): the signed copy of its digest's signature does " \
+           "not name it" in capsys.readouterr().err
+
+
+def test_rebuild_check_names_the_lost_signature(world) -> None:
+    found = resign.lost(SimpleNamespace(registry="127.0.0.1:5000", repository="torch"),  # type: ignore[arg-type]
+                        VID, VID, pub(OLD, f"{VID}-20261201"), TRUSTED)
+    assert found is not None
+    line = resign.lost_line(found[0])
+    assert line.startswith(f"`{TODAY}` ({GOOD[:19]}) lost its signature") and \
+        "`builder publish` re-attaches it" in line, line
+    assert resign.lost_data(found[0]) == {"tag": sign.sig_tag(GOOD), "old": "", "new": GOOD}
