@@ -11,8 +11,8 @@ import transcript
 
 def test_an_entry_is_the_command_its_output_and_its_exit_status() -> None:
     text = transcript.entry(["verify", "--key", "my key.pub", "REF"], 1, "ok\n", "error: no",
-                            test="tests/e2e/test_signing.py::test_y (call)")
-    assert text == ("# tests/e2e/test_signing.py::test_y (call)\n"
+                            test="e2e/test_x.py::test_y (call)")
+    assert text == ("# e2e/test_x.py::test_y (call)\n"
                     "$ builder verify --key 'my key.pub' REF\nok\nerror: no\nexit 1\n\n")
 
 
