@@ -17,6 +17,7 @@ from builder.commands.options import (
     vouchers,
 )
 from builder.core import keypair
+from builder.core.errors import UsageError
 from builder.core.output import emit_json, human_bytes, step, table
 from builder.flows import bases
 from builder.flows.build import BuildOptions, Outcome, build_images, build_lock
@@ -61,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "`<repository>-staging:cache-<tag>` image, pushed and signed by --stage --key, "
                    "used only when that signature verifies) nor its signed bootstrapped base "
                    "(bootstrapped here instead)")
+    p.add_argument("--verify-reproducible", action="store_true",
+                   help="with --stage: build each new image again with no cache at all and "
+                   "stage it only when that gives the same image id (a full second build)")
     p.add_argument("--apt-refresh", default="", metavar="TOKEN",
                    help="re-run the apt upgrade step (security rebuilds pass a new token)")
 
@@ -148,9 +152,13 @@ def left_to_other_runners(variants: list[Variant]) -> list[Variant]:
 
 def build_options(args: argparse.Namespace) -> BuildOptions:
     """What `builder build` was asked for, as the build stage takes it."""
+    if args.verify_reproducible and not args.stage:
+        raise UsageError("--verify-reproducible without --stage",
+                         hint="it checks an image before it is staged: add --stage")
     return BuildOptions(locks=args.locks, force=args.force, relock=args.relock,
                         fail_fast=args.fail_fast, smoke=not args.no_smoke, sbom=not args.no_sbom,
                         resmoke=args.resmoke, stage=args.stage, require_gpu=args.require_gpu,
                         apt_refresh=args.apt_refresh, registry_cache=not args.no_registry_cache,
+                        verify_reproducible=args.verify_reproducible,
                         key=keypair.signing_key(args.key) if args.stage or args.key else None,
                         keyless=keyless_signer(args) if args.stage else None)

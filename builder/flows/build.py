@@ -12,6 +12,8 @@
                --resmoke make them again
     smoke      the smoke suite (an image whose id has no passing report)
     sbom       the SBOM (likewise)
+    same_again --stage --verify-reproducible: a new image built again with no cache must give
+               the same id (builder.flows.same_again)
     stage      --stage: image, build cache (signed with --key), base and evidence in the
                staging registry
     summarize  the smoke summary and SBOM size for the table and --json
@@ -35,6 +37,7 @@ from builder.core import engine, keypair, limits, reproducible, state
 from builder.core.errors import BuilderError
 from builder.core.output import human_bytes, step
 from builder.flows import bases
+from builder.flows import same_again as same_again_check
 from builder.model import lockfile, platforms, rendered, smokereport
 from builder.model.bases import registry_served
 from builder.model.matrix import Matrix, Variant
@@ -61,6 +64,7 @@ class BuildOptions:
     require_gpu: bool = False
     apt_refresh: str = ""
     registry_cache: bool = True  # --cache-from the registry's cache image of the variant
+    verify_reproducible: bool = False  # --stage: a cache-free rebuild gives the same id first
     key: keypair.SigningKey | None = None  # signs the evidence attached at staging
     keyless: keypair.KeylessSigner | None = None  # an OIDC token: signs a kept base keylessly
     # who a base or cache taken from the registry must be signed by (no key: `key`'s own)
@@ -222,23 +226,40 @@ def context(run: Run, o: Outcome) -> Outcome:
     return o
 
 
-def buildkit(run: Run, o: Outcome) -> Outcome:
-    """The BuildKit build (from the registry's cache), its config made reproducible."""
-    if o.state != "build":
-        return o
-    p, log = planned_of(o), state.path("logs") / f"{o.variant_id}.log"
-    spec = build.Spec(
+def spec_of(run: Run, o: Outcome) -> build.Spec:
+    """The BuildKit build of the variant, as step `buildkit` runs it (and `same_again` again)."""
+    p = planned_of(o)
+    return build.Spec(
         key=o.variant_id, image=p.local_image, platform=p.variant.platform,
         labels=build.build_labels(lockfile.lock_paths(run.options.locks, p.variant),
                                   p.base_digest, p.content_hash, p.lock_hash),
         context=state.root() / "context",
-        dockerfile=state.root() / "rendered" / p.variant.key / "Dockerfile", log=log,
-        apt_refresh=run.options.apt_refresh,
+        dockerfile=state.root() / "rendered" / p.variant.key / "Dockerfile",
+        log=state.path("logs") / f"{o.variant_id}.log", apt_refresh=run.options.apt_refresh,
         base_image=run.base_pins.get(platforms.base_key(p.variant.base.image,
                                                         p.variant.platform), ""))
+
+
+def same_again(run: Run, o: Outcome) -> Outcome:
+    """Step `same_again` (--stage --verify-reproducible): a new image is built again with no
+    cache and must give the same id before it is staged (builder.flows.same_again)."""
+    if o.state != "built" or not (run.options.stage and run.options.verify_reproducible):
+        return o
+    try:
+        same_again_check.check(spec_of(run, o), o.image_id)
+    except BuilderError as exc:
+        return failed(o, exc)
+    return o
+
+
+def buildkit(run: Run, o: Outcome) -> Outcome:
+    """The BuildKit build (from the registry's cache), its config made reproducible."""
+    if o.state != "build":
+        return o
+    p, spec = planned_of(o), spec_of(run, o)
     if registry_served(p.variant) and not spec.base_image:  # never FROM the movable tag
         return failed(o, BuilderError(f"no verified base reference for {o.variant_id}"))
-    step(f"  [{o.variant_id}] building (log: {log})")
+    step(f"  [{o.variant_id}] building (log: {spec.log})")
     try:
         cache = signed_cache.choose(run.matrix, build.cache_ref(run.matrix, p.local_image),
                                     run.options.cache_vouchers,
@@ -336,8 +357,8 @@ def summarize(run: Run, o: Outcome) -> Outcome:
     return summarized(o)
 
 
-STEPS: tuple[Step, ...] = (local_image, context, buildkit, evidence, smoke, sbom, stage,
-                          summarize)
+STEPS: tuple[Step, ...] = (local_image, context, buildkit, evidence, smoke, sbom, same_again,
+                          stage, summarize)
 
 
 # ---- helpers ----------------------------------------------------------------------------------

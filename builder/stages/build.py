@@ -98,6 +98,7 @@ class Spec:
     log: Path
     apt_refresh: str = ""
     base_image: str = ""  # the verified `<ref>@<digest>` of a registry-served base (BASE_IMAGE)
+    no_cache: bool = False  # no cache at all, BuildKit's own included (flows/same_again.py)
 
 
 def created_time(lock_files: tuple[Path, Path]) -> str:
@@ -209,6 +210,7 @@ def docker_build(spec: Spec, cache_from: list[str] | None = None) -> str:
     # (the cache image the staging path pushed) instead of installing them again.
     argv += ["--build-arg", "BUILDKIT_INLINE_CACHE=1"]
     argv += [a for ref in cache_from or [] for a in ("--cache-from", ref)]
+    argv += ["--no-cache"] if spec.no_cache else []
     if spec.platform != platforms.DEFAULT:  # emulated unless the host is that platform
         argv += ["--platform", spec.platform]
     spec.log.unlink(missing_ok=True)

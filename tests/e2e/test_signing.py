@@ -160,7 +160,7 @@ def test_the_signature_is_cosigns_layout(env, published) -> None:
     assert set(layer["annotations"]) == {"dev.cosignproject.cosign/signature"}
     body, _ = reg.manifest(env["repo"], sign.att_tag(published["digest"]))
     types = {x["annotations"]["predicateType"] for x in json.loads(body)["layers"]}
-    assert types == set(sign.ATTESTED.values())  # the required ones and publish's audit
+    assert types == set(sign.ATTESTED.values())  # the required ones, the audit, the .sig copy
 
 
 # ---- forgeries: publish refuses ------------------------------------------------------------------
