@@ -335,6 +335,10 @@ def test_the_workflows_rehearsed(stage: dict[str, Any]) -> None:
                                 "report-failure": "skipped"}, runner.log
     dated = f"{CPU}-{today}.1"
     assert dated in tags(stage)
+    assert ("builder rebuild (rebuilds, smokes and publishes)", "success") in \
+        rebuilt["rebuild"].steps
+    runner.log += ["== the keyless steps' output since", *[
+        x for x in keyless_lines(runner) if x not in runner.log]]
 
     # 5. the new dated tag verifies by rebuild.yml's identity
     verify = verify_by(stage, f"{stage['addr']}/{stage['repository']}:{dated}", REBUILD)
