@@ -49,8 +49,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     --key or COSIGN_PRIVATE_KEY; keyless with an OIDC token, --identity-token,
     SIGSTORE_ID_TOKEN or a GitHub Actions job's own (`id-token: write`): sigstore bundles of
     the digest and its evidence, as `builder attest` writes them; either or both), then tag
-    `<tag>-YYYYMMDD` (never overwritten), `build-<hash>`, the floating tag and aliases. Never builds; a stopped run is completed by the next. Exit 1
-    when any image was refused."""
+    `<tag>-YYYYMMDD` (never overwritten), `build-<hash>`, the floating tag and aliases. Never
+    builds; a stopped run is completed by the next. Exit 1 when any image was refused."""
     if args.rollback_to and args.dry_run:
         raise UsageError("--rollback-to moves tags: it has no --dry-run",
                          hint="`builder verify --key` of the dated tag shows what it names")
