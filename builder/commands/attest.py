@@ -10,6 +10,7 @@ from builder.commands.options import (
     add_ca_bundle_option,
     add_command,
     add_keyless_options,
+    sigstore_config,
 )
 from builder.commands.verify import reference_of
 from builder.core import keyless, oci
@@ -38,7 +39,8 @@ def cmd_attest(args: argparse.Namespace) -> int:
     token = keyless.identity_token(args.identity_token, dict(os.environ))
     if token is None:
         raise BuilderError("no identity token to sign with",
-                           hint="give --identity-token FILE or set SIGSTORE_ID_TOKEN")
+                           hint="give --identity-token FILE, set SIGSTORE_ID_TOKEN, or run in "
+                           "a GitHub Actions job with `permissions: id-token: write`")
     reference = reference_of(args.reference, args.matrix)
     reg = oci.Registry(reference.registry)
     desc = reg.head(reference.repository, reference.ref)
@@ -46,7 +48,7 @@ def cmd_attest(args: argparse.Namespace) -> int:
         raise BuilderError(f"`{reference.registry}/{reference.repository}` has no image "
                            f"`{reference.ref}`")
     signer, kinds = keyless.attest_digest(reg, reference.repository, desc.digest, token,
-                                          args.sigstore_config)
+                                          sigstore_config(args))
     if args.json:
         emit_json({"digest": desc.digest, "signer": signer.subject, "issuer": signer.issuer,
                    "attested": [keyless.IMAGE_PREDICATE, *kinds]})

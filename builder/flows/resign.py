@@ -16,6 +16,12 @@ else, so nothing anyone could write becomes trusted:
 The zstd twin's `.sig` is put back from the twin's own signed copy. Then `publish` goes on as
 for any publication it already holds (builder.flows.tag_repair); `rebuild --check` reports a
 signature `lost` so (builder.flows.rebuild_check, `tag-drift`).
+
+A publication trusted by identity alone (no trusted key: no `.sig`, no copy) whose sigstore
+bundles were removed is signed again with an OIDC token (`resign_keyless`): a bundle of the
+image naming its dated tag and this checkout's tags, when its SBOM, smoke report and provenance
+attestations verify. That path still names a dated tag read off the registry (no signed copy
+of a bundle's tags is kept yet).
 """
 
 from __future__ import annotations
@@ -24,10 +30,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 
-from builder.core import clock, keypair, oci, sign, vouch
+from builder.core import keypair, oci, sign, vouch
 from builder.core.output import step
-from builder.flows import record, tag_repair
-from builder.model import catalog_doc
+from builder.flows import resign_keyless, tag_repair
 from builder.model.matrix import Matrix
 from builder.model.planned import PlannedVariant
 from builder.model.publication import Publication
@@ -38,9 +43,13 @@ NOT_NAMED = ("the signed copy of its digest's signature does not name it: not si
 
 
 def restore(matrix: Matrix, group: Sequence[PlannedVariant], newest: Publication | None,
-            vouchers: keypair.Vouchers) -> Publication | None:
+            tags: Sequence[str], trust: keypair.Trust) -> Publication | None:
     """The group's publication whose signature was lost, its `.sig` put back from its signed
-    copy (and its twin's); None when there is none."""
+    copy (and its twin's), or with identities alone signed again keylessly (`tags`: content
+    tag, floating, aliases); None when there is none."""
+    vouchers = trust.vouchers
+    if not vouchers.keys:
+        return resign_keyless.restore(matrix, group, newest, tags, trust)
     found = lost(matrix, group[0].floating_tag, group[0].variant.id, newest, vouchers)
     if found is None or not tag_repair.holds(found[0], group):
         return None
@@ -60,21 +69,15 @@ def lost(matrix: Matrix, floating: str, vid: str, newest: Publication | None,
     if not vouchers.keys:
         return None
     reg = oci.Registry(matrix.registry)
-    all_tags = reg.tags(matrix.repository)
-    floor = (catalog_doc.dated_key(newest.dated_tag) if newest else None) or ("", "", -1)
-    for dated in record.dated_tags(all_tags):
-        if dated.floating != floating or dated.date > clock.stamp() \
-                or dated.order <= floor[1:]:
-            continue
-        found, pub = record.read_publication(reg, matrix, dated, all_tags)
-        if pub is None or found != vid or not unsigned(reg, pub.repository, pub.digest,
-                                                        vouchers):
+    for found, pub in resign_keyless.newer(matrix, floating, newest):
+        if found != vid or \
+                not resign_keyless.unsigned(reg, pub.repository, pub.digest, vouchers):
             continue
         layers = copied(reg, pub.repository, pub.digest, vouchers)
-        if dated.tag in named(layers):
+        if pub.dated_tag in named(layers):
             return pub, layers
         if layers:  # a tag planted on a signed publication: said (no copy at all is silent)
-            step(f"  `{dated.tag}` ({pub.digest[:19]}): {NOT_NAMED}")
+            step(f"  `{pub.dated_tag}` ({pub.digest[:19]}): {NOT_NAMED}")
     return None
 
 
@@ -104,18 +107,12 @@ def named(layers: Sequence[sign.Layer]) -> set[str]:
     return {tag for x in layers for tag in sign.signed_tags(json.loads(x.data).get("optional"))}
 
 
-def unsigned(reg: oci.Registry, repository: str, digest: str, vouchers: keypair.Vouchers
-             ) -> bool:
-    """Whether no signature of `digest` verifies against the trusted keys and identities."""
-    return bool(record.signed_for(reg, repository, digest, vouchers)[2])
-
-
 def restore_twin(reg: oci.Registry, pub: Publication, vouchers: keypair.Vouchers) -> None:
     """Put the `.sig` of the twin under the dated `-zstd` tag back from the twin's signed copy
     when it is lost too and the copy names that tag (nothing else is put back)."""
     tag = twin.tag_of(pub.dated_tag)
     head = reg.head(pub.repository, tag)
-    if head is None or not unsigned(reg, pub.repository, head.digest, vouchers):
+    if head is None or not resign_keyless.unsigned(reg, pub.repository, head.digest, vouchers):
         return
     layers = copied(reg, pub.repository, head.digest, vouchers)
     if tag not in named(layers):

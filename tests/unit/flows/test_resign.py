@@ -4,14 +4,15 @@ publication; a dated tag planted on the digest is never signed."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from records import publication  # type: ignore[import-not-found]
 
-from builder.core import keypair, oci, sign
-from builder.flows import resign
+from builder.core import keyless, keypair, oci, sign
+from builder.flows import resign, resign_keyless
 
 VID = "2.13.0-py3.11-cpu-runtime"
 GOOD, OLD, DECOY, TWIN = ("sha256:" + c * 64 for c in "1234")
@@ -19,6 +20,8 @@ CONTENT = "b" * 64
 TODAY = f"{VID}-20261206"
 TAGS = ["build-" + CONTENT[:20], VID, "latest"]
 TRUSTED = keypair.Vouchers((object(),))  # type: ignore[arg-type]
+IDENTITY = keypair.Identity(keyless.GITHUB_ISSUER, "https://github.com/o/r/.github/workflows/"
+                            "build.yml@refs/heads/main")
 
 
 class Reg:
@@ -58,11 +61,11 @@ def world(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
               TWIN: [layer(TWIN, [f"{t}-zstd" for t in (TODAY, *TAGS)])]}
     w: dict[str, Any] = {"reg": reg, "put_back": [], "unsigned": {GOOD, DECOY, TWIN},
                          "copies": copies}
-    monkeypatch.setattr(resign.oci, "Registry", lambda _addr: reg)
-    monkeypatch.setattr(resign.clock, "stamp", lambda: "20261206")
-    monkeypatch.setattr(resign.record, "read_publication", lambda _r, _m, dated, _t: (
+    monkeypatch.setattr(resign_keyless.oci, "Registry", lambda _addr: reg)
+    monkeypatch.setattr(resign_keyless.clock, "stamp", lambda: "20261206")
+    monkeypatch.setattr(resign_keyless.record, "read_publication", lambda _r, _m, dated, _t: (
         VID, pub(reg.by_tag[dated.tag], dated.tag)))
-    monkeypatch.setattr(resign.record, "signed_for", lambda _r, _repo, digest, _k: (
+    monkeypatch.setattr(resign_keyless.record, "signed_for", lambda _r, _repo, digest, _k: (
         set(), set(), "no signature" if digest in w["unsigned"] else ""))
     monkeypatch.setattr(resign, "copied", lambda _r, _repo, digest, _v: w["copies"].get(
         digest, []))
@@ -76,7 +79,8 @@ def restore(newest: Any = None, content: str = CONTENT,
     group = [SimpleNamespace(variant=SimpleNamespace(id=VID), floating_tag=VID,
                              content_hash=content)]
     matrix = SimpleNamespace(registry="127.0.0.1:5000", repository="torch")
-    return resign.restore(matrix, group, newest, vouchers)  # type: ignore[arg-type]
+    return resign.restore(matrix, group, newest, TAGS,  # type: ignore[arg-type]
+                          keypair.Trust(vouchers=vouchers))
 
 
 def test_a_lost_signature_is_put_back_from_its_signed_copy_with_its_twin(world, capsys) -> None:
@@ -132,3 +136,33 @@ def test_rebuild_check_names_the_lost_signature(world) -> None:
     assert line.startswith(f"`{TODAY}` ({GOOD[:19]}) lost its signature") and \
         "`builder publish` re-attaches it" in line, line
     assert resign.lost_data(found[0]) == {"tag": sign.sig_tag(GOOD), "old": "", "new": GOOD}
+
+
+def test_an_oidc_token_signs_a_lost_signature_again_keylessly(world, monkeypatch) -> None:
+    """Identities alone (no key, no `.sig` copy: builder.flows.resign_keyless): with a token the
+    lost signature and its twin's come back as sigstore bundles of the image (no evidence
+    statements: that is attested already), naming the same tags; no `.sig` is written. (The
+    dated tag is read off the registry there: a planted one is not told apart.)"""
+    for planted in (f"{TODAY}.3", f"{TODAY}.4"):
+        del world["reg"].by_tag[planted]
+    monkeypatch.setattr(resign_keyless.vouch, "attestations", lambda _r, _repo, digest, _k: (
+        dict.fromkeys(("sbom", "smoke", "provenance"), 1) if digest == GOOD else {}, {}))
+    monkeypatch.setattr(resign_keyless.twin, "make", lambda _r, _repo, _d: oci.Descriptor(
+        TWIN, oci.OCI_MANIFEST, 1))
+    bundles = []
+    monkeypatch.setattr(keyless, "sign_and_attach", lambda _r, _repo, digest, token, config,
+                        statements, optional: bundles.append(
+                            (digest, token, config, statements, sign.signed_tags(optional))))
+    group = [SimpleNamespace(variant=SimpleNamespace(id=VID), floating_tag=VID,
+                             content_hash=CONTENT)]
+    matrix = SimpleNamespace(registry="127.0.0.1:5000", repository="torch")
+    trust = keypair.Trust(keyless=keypair.KeylessSigner("TOKEN", Path("mock.json")),
+                          vouchers=keypair.Vouchers(identities=(IDENTITY,)))
+    again = resign.restore(matrix, group, pub(OLD, f"{VID}-20261201"), TAGS,  # type: ignore[arg-type]
+                           trust)
+    assert again.digest == GOOD and again.signed is True
+    assert bundles == [(GOOD, "TOKEN", Path("mock.json"), [], {TODAY, *TAGS}),
+                       (TWIN, "TOKEN", Path("mock.json"), [],
+                        {f"{t}-zstd" for t in (TODAY, *TAGS)})]
+    assert world["put_back"] == []
+    assert resign.restore(matrix, group, None, TAGS, keypair.Trust()) is None  # type: ignore[arg-type]
