@@ -13,8 +13,9 @@ brand-new engine did not reproduce bit for bit); its layer records are what forg
 The planted image is built and published on the shared engine (every step before the planted
 one is the session image's, cached there), so the private engine never ran the planted step: its
 rebuild takes the other steps from the first test's rebuild (or the warm build), runs the
-planted one afresh, and that layer alone differs. Needs the worktree to be committed: the
-rebuild checks out the commit the image names.
+planted one afresh, and that layer alone differs. Needs the worktree committed, and unchanged
+while the run lasts: the session's image is labelled dirty when built from a tree that differs
+from its commit, and the rebuild checks out that commit.
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ def base_tags() -> tuple[str, ...]:
 
 
 @pytest.fixture(scope="module")
-def own_engine() -> Iterator[str]:
+def own_engine(shared_publication: Publication) -> Iterator[str]:
     """The module's own dockerd, with DOCKER_HOST pointing at it (the builder's commands, and
-    engine.docker here); gone afterwards, on failure too."""
+    engine.docker here); gone afterwards, on failure too. The session's publication is asked for
+    first: made (and its environment taken) here, it would be made on this engine."""
     with private_engine(base_tags()) as private, pytest.MonkeyPatch.context() as patch:
         patch.setenv("DOCKER_HOST", private.host)
         yield private.host
@@ -90,8 +92,8 @@ def forget(env) -> None:
     engine.docker("builder", "prune", "-af", "--filter", "type=regular", timeout=600)
 
 
-def test_a_published_image_is_rebuilt_bit_for_bit(env, request) -> None:
-    shared: Publication = request.getfixturevalue("shared_publication")  # after the warm build
+def test_a_published_image_is_rebuilt_bit_for_bit(env, shared_publication: Publication) -> None:
+    shared = shared_publication
     forget(env)
     result = run_builder("reproduce", shared.reference, "--json", matrix=shared.matrix,
                          check=False)
@@ -119,14 +121,14 @@ def publish_planted(shared: Publication, folder: Path, templates: Path) -> tuple
     return pubs[-1]["reference"], matrix
 
 
-def test_a_planted_build_time_is_named_and_exits_1(env, request, tmp_path) -> None:
-    shared: Publication = request.getfixturevalue("shared_publication")
+def test_a_planted_build_time_is_named_and_exits_1(env, shared_publication: Publication,
+                                                   tmp_path: Path) -> None:
     templates = tmp_path / "templates"
     shutil.copytree(ROOT / "templates", templates)
     dockerfile = templates / "Dockerfile.j2"
     text = dockerfile.read_text()
     dockerfile.write_text(text.replace("\nLABEL ", f"\nRUN date +%s%N > {PLANTED}\nLABEL ", 1))
-    reference, matrix = publish_planted(shared, tmp_path, templates)
+    reference, matrix = publish_planted(shared_publication, tmp_path, templates)
     assert engine.engine_address() == env["engine"]  # rebuilt where the step never ran
     result = run_builder("reproduce", reference, matrix=matrix, check=False,
                          env={**os.environ, "BUILDER_TEMPLATES": str(templates)})
