@@ -394,8 +394,8 @@ def test_h_a_planted_dated_tag_is_never_signed_when_the_sig_is_put_back(env, pub
     reg, digest, dated = env["reg"], published["digest"], published["dated_tag"]
     planted = f"{dated}.1"  # newer than the genuine dated tag, on the same digest
     forge(env, saved, digest, planted)
-    saved.keep("torch", sign.sig_tag(digest))
-    sign.write_layers(reg, "torch", sign.sig_tag(digest), [])  # wiped: no signature at all
+    saved.keep(env["repo"], sign.sig_tag(digest))
+    sign.write_layers(reg, env["repo"], sign.sig_tag(digest), [])  # wiped: no signature at all
     lost_signature(env, digest, dated)
 
     result = publish(env)
@@ -407,7 +407,7 @@ def test_h_a_planted_dated_tag_is_never_signed_when_the_sig_is_put_back(env, pub
     assert refused in log, log
     print(next(x for x in log.splitlines() if refused in x))
     assert already_published(result, published) == []
-    signed = sign.tags_signed_by(reg, "torch", digest, [keypair.load_public(env["pub"])])
+    signed = sign.tags_signed_by(reg, env["repo"], digest, [keypair.load_public(env["pub"])])
     assert dated in signed and planted not in signed, signed
     assert verify(env, CPU).returncode == 0
     forged = verify(env, planted)
