@@ -1,6 +1,7 @@
 """`publish --rollback-to`, for real (issue 41.1): a deliberate rollback is signed, `verify --key`
 reports it as a signed rollback (ok), the catalog names it and the key; a hand-moved tag, or a
-rollback made stale by a newer publication, still fails.
+rollback made stale by a newer publication, still fails. And the daily check (issue 41.7)
+audits the publication afresh: a changed finding is attached, signed, and the catalog shows it.
 
 The session's CPU runtime (fixtures_published: built and staged with signed evidence once, only
 read) is published by its key on day 1 (`TORCH_IMAGES_NOW`), with its zstd twin, into a registry
@@ -20,8 +21,9 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from fake_security_suite import FIXED, OLDER, security_suite
 from fixtures_published import PASSWORD, Publication, moved_matrix, own_registry, republish
-from helpers import Saved, fake_image, real_labels, run_builder
+from helpers import Saved, fake_image, free_port, real_labels, run_builder
 from packageurl import PackageURL
 
 from builder.core import keypair, labels, oci, sign
@@ -85,6 +87,79 @@ def day1(env: dict[str, Any]) -> dict[str, Any]:
     assert pub["dated_tag"] == OLD, pub
     assert head(env, twin(OLD)) is not None, "the matrix publishes zstd twins"
     return pub
+
+
+CHECK = ("rebuild", "--check", "--json", "--skip-source", "debian-security", "--skip-source",
+         "python-vuln", "--skip-source", "base-moved", "--skip-source", "inputs-changed")
+
+
+def deb_in_sbom(reg: oci.Registry, repository: str, digest: str) -> tuple[str, str]:
+    """(name, version) of a Debian package the attached SBOM lists (one without an epoch)."""
+    doc = json.loads(reg.fetch_artifact(repository, digest, "sbom"))
+    debs = sorted((p.name, p.version) for p in (PackageURL.from_string(c["purl"])
+                                                for c in with_key(doc, "purl"))
+                  if p.type == "deb" and p.version and ":" not in p.version)
+    return next((d for d in debs if d[0] == "libc6"), debs[0])
+
+
+def audit_tags(env: dict[str, Any], *digests: str) -> dict[str, str | None]:
+    """`sha256-<hex>.audit` → the digest it points at, for each image digest."""
+    tags = [oci.artifact_tag(d, "audit") for d in digests]
+    return {tag: head(env, tag) for tag in tags}
+
+
+def test_the_daily_check_audits_afresh_and_the_catalog_shows_the_new_debian_row(
+        env, day1) -> None:
+    """Issue 41.7: `rebuild --check --key` audits the signed SBOM again; with a (stand-in)
+    security suite that has a newer version of one installed package, the findings changed:
+    the new report is attached to the image and its twin, attested with the key, and the
+    catalog shows its Debian row with the CVE ids from that package's changelog. A second check
+    finds the same findings and attaches nothing; without a key it says so and attaches nothing.
+    Before the rollback tests (the latest publication is day 1's); day 1's audit put back."""
+    reg, digest, twin_digest = env["reg"], day1["digest"], head(env, twin(OLD))
+    package, installed = deb_in_sbom(reg, env["repo"], digest)
+    saved = Saved(env["addr"])
+    for d in (digest, twin_digest):
+        saved.keep(env["repo"], oci.artifact_tag(d, "audit"))
+        saved.keep(env["repo"], sign.att_tag(d))
+    try:
+        with security_suite(package, installed) as suite:
+            mirror = {**env["env"], "BUILDER_DEBIAN_SECURITY_MIRROR": suite.url}
+            first = run_builder(*CHECK, "--key", str(env["key"]), matrix=env["matrix"],
+                                env=mirror)
+            [audit] = json.loads(first.stdout)["audits"]
+            print(audit["refresh"], audit["refresh_detail"], first.stderr[-500:], sep="\n")
+            assert audit["refresh"] == "attached", audit
+            [row] = [f for f in audit["fixes"] if f["package"] == package]
+            assert row["aliases"] == list(FIXED) and row["fixed"] == [suite.newer], row
+            report = json.loads(reg.fetch_artifact(env["repo"], digest, "audit"))
+            attested, _ = sign.verified_attestations(reg, env["repo"], digest,
+                                                     [keypair.load_public(env["pub"])])
+            assert attested["audit"]["predicate"]["scanner"]["result"] == report
+            assert json.loads(reg.fetch_artifact(env["repo"], twin_digest, "audit")) == report
+            attached = audit_tags(env, digest, twin_digest)
+            site = env["tmp"] / "daily-site"
+            run_builder("catalog", f"{env['addr']}/{env['repo']}", "--out", str(site), "--key",
+                        str(env["pub"]), env=env["env"])
+            doc = json.loads((site / "catalog.json").read_text())
+            [entry] = [e for e in with_key(doc, "fixes") if e.get("tag") == OLD]
+            [shown] = [f for f in entry["fixes"] if f["package"] == package]
+            assert shown["aliases"] == list(FIXED) and OLDER not in shown["aliases"], shown
+            page = (site / "tags" / f"{OLD}.html").read_text()
+            assert f'<small class="cves">{" ".join(FIXED)}</small>' in page
+            again = json.loads(run_builder(*CHECK, "--key", str(env["key"]),
+                                           matrix=env["matrix"], env=mirror).stdout)
+            assert again["audits"][0]["refresh"] == "unchanged", again["audits"]
+            assert audit_tags(env, digest, twin_digest) == attached
+        closed = {**env["env"], "BUILDER_DEBIAN_SECURITY_MIRROR": f"http://127.0.0.1:{free_port()}"}
+        keyless = run_builder(*CHECK, "--trust-key", str(env["pub"]), matrix=env["matrix"],
+                              env=closed)
+        print(keyless.stderr[-500:])
+        assert json.loads(keyless.stdout)["audits"][0]["refresh"] == "not attached"
+        assert "fresh audits not attached: no signing key" in keyless.stderr
+        assert audit_tags(env, digest, twin_digest) == attached
+    finally:
+        saved.restore()
 
 
 def newer_publication(env: dict[str, Any], day1: dict[str, Any], dated: str,
