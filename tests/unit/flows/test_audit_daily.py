@@ -11,8 +11,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric import ec
 from memregistry import MemoryRegistry
+from test_audit_check import new_key
 
 from builder.commands import rebuild as rebuild_cmd
 from builder.core import keypair, oci, sign
@@ -28,17 +28,6 @@ ROW = {"id": "bookworm-security:libc6@2.36-9+deb12u9", "source": "debian-securit
        "name": "libc6", "version": "2.36-9", "fix_versions": ["2.36-9+deb12u9"],
        "aliases": ["CVE-2026-0001"]}
 NEW = {**OLD, "audited_at": "2026-12-06T04:17:00Z", "vulnerabilities": [ROW]}
-
-
-def new_key() -> keypair.SigningKey:
-    return keypair.SigningKey(ec.generate_private_key(ec.SECP256R1()))
-
-
-@pytest.fixture
-def reg(monkeypatch: pytest.MonkeyPatch) -> MemoryRegistry:
-    reg = MemoryRegistry()
-    monkeypatch.setattr(audit_check.oci, "Registry", lambda _addr: reg)
-    return reg
 
 
 @pytest.fixture
