@@ -27,14 +27,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from builder.core import keyless, keypair, oci, sign
+from builder.core import keyless, keypair, oci, sign, vouch
 from builder.core.errors import BuilderError
 from builder.core.keypair import Vouchers
 from builder.flows import audit_check, vuln_audit
 from builder.flows.audit_check import Audit
 from builder.model.publication import Publication
 from builder.model.staged import Staged
-from builder.stages import staging
+from builder.stages import staging, twin
 
 ATTACHED, UNCHANGED, NOT_ATTACHED, NOT_AUDITED = (
     "attached", "unchanged", "not attached", "not audited afresh")
@@ -69,11 +69,11 @@ def refresh(variant: str, pub: Publication, vouchers: Vouchers, signer: keypair.
         return replace(signed, refresh=NOT_AUDITED, refresh_detail=str(exc))
     before = audit_check.report_of(found["audit"]) if "audit" in found else None
     return replace(audit_check.of_report(where, fresh),
-                   **outcome(pub, fresh, before, signer))
+                   **outcome(pub, fresh, before, signer, vouchers))
 
 
 def outcome(pub: Publication, fresh: dict[str, Any], before: dict[str, Any] | None,
-            signer: keypair.Trust) -> dict[str, str]:
+            signer: keypair.Trust, vouchers: Vouchers) -> dict[str, str]:
     """Audit's refresh fields: unchanged, else attached and signed, else not attached."""
     since = f"the signed audit of {before.get('audited_at') or '?'}" if before else \
         "no signed audit"
@@ -83,7 +83,7 @@ def outcome(pub: Publication, fresh: dict[str, Any], before: dict[str, Any] | No
         return {"refresh": NOT_ATTACHED, "refresh_detail": f"the findings changed since {since}; "
                 "no signing key or identity token"}
     try:
-        attached = attach(pub, fresh, signer)
+        attached = attach(pub, fresh, signer, vouchers)
     except BuilderError as exc:
         return {"refresh": NOT_ATTACHED, "refresh_detail": f"attaching failed: {exc}"}
     return {"refresh": ATTACHED, "refresh_detail": f"the findings changed since {since}: "
@@ -105,11 +105,12 @@ def findings(report: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(vulns), tuple(unknown), tuple(sources)
 
 
-def attach(pub: Publication, fresh: dict[str, Any], signer: keypair.Trust) -> list[str]:
-    """The fresh report attached to the image's digest and its zstd twin's, each attested with
-    the key (as publish attaches its first audit) and/or keylessly; the digests."""
+def attach(pub: Publication, fresh: dict[str, Any], signer: keypair.Trust,
+           vouchers: Vouchers) -> list[str]:
+    """The fresh report attached to the image's digest and its signed zstd twin's, each
+    attested with the key (as publish attaches its first audit) and/or keylessly; the digests."""
     reg = oci.Registry(pub.registry)
-    targets = [staging.staged_at(reg, pub.repository, pub.digest), twin_of(reg, pub)]
+    targets = [staging.staged_at(reg, pub.repository, pub.digest), twin_of(reg, pub, vouchers)]
     done = []
     for staged in targets:
         if staged is not None:
@@ -133,17 +134,19 @@ def attest_keyless(reg: oci.Registry, staged: Staged, fresh: dict[str, Any],
     keyless.attach(reg, staged.repository, staged.digest, bundle, ptype)
 
 
-def twin_of(reg: oci.Registry, pub: Publication) -> Staged | None:
-    """The zstd twin of this platform's image (in a multi-platform twin index, the manifest of
-    the same platform), or None."""
-    if pub.zstd is None:
+def twin_of(reg: oci.Registry, pub: Publication, vouchers: Vouchers) -> Staged | None:
+    """This platform's zstd twin: the digest under the twin of the dated tag, when a voucher's
+    signature of it names that tag (anyone with push rights can move a tag: a report is never
+    attested on a digest the publisher did not sign); in a multi-platform twin index, the
+    manifest of the same platform. None when there is none."""
+    tag = twin.tag_of(pub.dated_tag)
+    head = reg.head(pub.repository, tag)
+    if head is None or not vouch.names_tag(reg, pub.repository, head.digest, tag, vouchers):
         return None
-    found = reg.manifest(pub.repository, pub.zstd.digest)
-    if found is None:
-        return None
-    doc = json.loads(found[0])
+    found = reg.manifest(pub.repository, head.digest)
+    doc = json.loads(found[0]) if found else {}
     if "manifests" not in doc:
-        return staging.staged_at(reg, pub.repository, pub.zstd.digest)
+        return staging.staged_at(reg, pub.repository, head.digest)
     mine = next((p.platform for p in pub.platforms if p.digest == pub.digest), "")
     for entry in doc["manifests"]:
         platform = entry.get("platform") or {}

@@ -131,6 +131,7 @@ def test_the_daily_check_audits_afresh_and_the_catalog_shows_the_new_debian_row(
             print(audit["refresh"], audit["refresh_detail"], first.stderr[-500:], sep="\n")
             assert audit["refresh"] == "attached", audit
             [row] = [f for f in audit["fixes"] if f["package"] == package]
+            print(f"check: {row['id']} in {package} {installed}: {row['aliases']}")
             assert row["aliases"] == list(FIXED) and row["fixed"] == [suite.newer], row
             report = json.loads(reg.fetch_artifact(env["repo"], digest, "audit"))
             attested, _ = sign.verified_attestations(reg, env["repo"], digest,
@@ -144,11 +145,13 @@ def test_the_daily_check_audits_afresh_and_the_catalog_shows_the_new_debian_row(
             doc = json.loads((site / "catalog.json").read_text())
             [entry] = [e for e in with_key(doc, "fixes") if e.get("tag") == OLD]
             [shown] = [f for f in entry["fixes"] if f["package"] == package]
+            print(f"catalog ({OLD}): {shown}")
             assert shown["aliases"] == list(FIXED) and OLDER not in shown["aliases"], shown
             page = (site / "tags" / f"{OLD}.html").read_text()
             assert f'<small class="cves">{" ".join(FIXED)}</small>' in page
             again = json.loads(run_builder(*CHECK, "--key", str(env["key"]),
                                            matrix=env["matrix"], env=mirror).stdout)
+            print("second check:", again["audits"][0]["refresh"], again["audits"][0]["refresh_detail"])
             assert again["audits"][0]["refresh"] == "unchanged", again["audits"]
             assert audit_tags(env, digest, twin_digest) == attached
         closed = {**env["env"], "BUILDER_DEBIAN_SECURITY_MIRROR": f"http://127.0.0.1:{free_port()}"}

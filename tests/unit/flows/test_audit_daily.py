@@ -46,8 +46,12 @@ def image(reg: MemoryRegistry, n: int) -> str:
 
 def published(reg: MemoryRegistry, key: keypair.SigningKey, audit: dict[str, Any] | None,
               sbom: bool = True) -> SimpleNamespace:
-    """A published image (and its twin) whose SBOM and `audit` the key attested."""
+    """A published image whose SBOM and `audit` the key attested, and its twin under the
+    signed twin of its dated tag."""
     digest, twin = image(reg, 1), image(reg, 2)
+    sign.sign_image(reg, "torch", twin, key, sign.tag_annotations(  # type: ignore[arg-type]
+        "v", ["t-20261201-zstd"]))
+    reg.tag("torch", twin, "t-20261201-zstd")
     if sbom:
         sign.attest(reg, "torch", digest, key, "sbom", SBOM)  # type: ignore[arg-type]
     if audit is not None:
@@ -138,18 +142,25 @@ def test_findings_ignore_when_and_in_what_words() -> None:
     assert audit_daily.findings(unreachable) != audit_daily.findings(OLD)
 
 
-def test_a_multi_platform_twin_is_the_same_platform_s_manifest(reg) -> None:
-    arm, amd = image(reg, 3), image(reg, 4)
+def test_the_twin_is_the_signed_one_of_the_same_platform(reg) -> None:
+    """The twin under the dated tag's twin counts only when the key's signature names that tag;
+    in a twin index, the manifest of the publication's platform."""
+    key, arm, amd = new_key(), image(reg, 3), image(reg, 4)
     index = json.dumps({"schemaVersion": 2, "manifests": [
         {"digest": amd, "platform": {"os": "linux", "architecture": "amd64"}},
         {"digest": arm, "platform": {"os": "linux", "architecture": "arm64"}}]}).encode()
-    twin_index = reg.put_manifest("torch", "idx", index, oci.OCI_INDEX)
-    pub = SimpleNamespace(repository="torch", digest="sha256:" + "b" * 64,
-                          zstd=SimpleNamespace(digest=twin_index), platforms=(
-                              SimpleNamespace(platform="linux/arm64", digest="sha256:" + "b" * 64),))
-    twin = audit_daily.twin_of(reg, pub)  # type: ignore[arg-type]
-    assert twin is not None and twin.digest == arm
-    assert audit_daily.twin_of(reg, SimpleNamespace(zstd=None)) is None  # type: ignore[arg-type]
+    twin_index = reg.put_manifest("torch", "t-20261201-zstd", index, oci.OCI_INDEX)
+    mine = "sha256:" + "b" * 64
+    pub = SimpleNamespace(repository="torch", digest=mine, dated_tag="t-20261201",
+                          platforms=(SimpleNamespace(platform="linux/arm64", digest=mine),))
+    trusted = Vouchers(keys=(key.public,))
+    assert audit_daily.twin_of(reg, pub, trusted) is None  # type: ignore[arg-type]  # unsigned
+    sign.sign_image(reg, "torch", twin_index, key, sign.tag_annotations(  # type: ignore[arg-type]
+        "v", ["t-20261201-zstd"]))
+    found = audit_daily.twin_of(reg, pub, trusted)  # type: ignore[arg-type]
+    assert found is not None and found.digest == arm
+    other = Vouchers(keys=(new_key().public,))
+    assert audit_daily.twin_of(reg, pub, other) is None  # type: ignore[arg-type]
 
 
 def test_an_identity_token_attests_the_fresh_audit_keylessly(reg, attached, monkeypatch):
