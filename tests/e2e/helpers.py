@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import run_wide
+import transcript
 
 from builder.core import oci
 
@@ -43,11 +44,13 @@ def free_port() -> int:
 def run_builder(*args: str, matrix: Path | None = None, env: dict[str, str] | None = None,
                 check: bool = True) -> subprocess.CompletedProcess[str]:
     """`python -m builder COMMAND [--matrix FILE] ARGS` as a user runs it, from the checkout;
-    on an unexpected exit the test fails with the command's output."""
+    on an unexpected exit the test fails with the command's output. With BUILDER_TRANSCRIPT
+    set, the command and its output are appended to that file (tests/transcript.py)."""
     argv = [*args[:1], "--matrix", str(matrix), *args[1:]] if matrix else list(args)
     with run_wide.the_base(exclusive=False):  # not while the other worker holds it aside
         result = subprocess.run([sys.executable, "-m", "builder", *argv], cwd=ROOT, env=env,
                                 capture_output=True, text=True, check=False, timeout=3600)
+    transcript.append(argv, result.returncode, result.stdout, result.stderr)
     if check and result.returncode != 0:
         pytest.fail(f"builder {' '.join(argv)} exited {result.returncode}:\n"
                     f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}", pytrace=False)
