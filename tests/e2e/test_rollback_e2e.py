@@ -182,6 +182,26 @@ def newer_publication(env: dict[str, Any], day1: dict[str, Any], dated: str,
     return made
 
 
+def test_a_rebuild_from_a_checkout_behind_the_registry_moves_nothing(env, day1) -> None:
+    """Issue 41.1: the registry's newest signed publication (`OLD.1`, as a later rebuild's
+    publish signed and tagged it) is newer than what this checkout's lock builds (day 1's
+    content): `builder rebuild --key` rebuilds it, and its publish refuses with the
+    update-the-checkout hint, exit 1, no tag moved. Before the rollback tests: their newer
+    publication (`NEW`) comes after this one."""
+    newer_publication(env, day1, f"{OLD}.1", "4" * 64)
+    before = {tag: head(env, tag) for tag in env["reg"].tags(env["repo"])}
+    today = {k: v for k, v in env["env"].items() if k != "TORCH_IMAGES_NOW"}  # today's base
+    result = run_builder("rebuild", "--key", str(env["key"]), "--skip-source", "debian-security",
+                         "--skip-source", "python-vuln", "--skip-source", "base-moved",
+                         "--skip-source", "tag-drift", matrix=env["matrix"], env=today,
+                         check=False)
+    out = result.stdout + result.stderr
+    print(next((line for line in out.splitlines() if "update the checkout" in line), out[-3000:]))
+    assert result.returncode == 1 and "update the checkout" in out, out[-5000:]
+    assert f"`{OLD}.1`" in out, out[-5000:]
+    assert {tag: head(env, tag) for tag in env["reg"].tags(env["repo"])} == before
+
+
 @pytest.fixture(scope="module")
 def rolled(env: dict[str, Any], day1: dict[str, Any]) -> dict[str, Any]:
     """Day 2: a newer publication, then `publish --rollback-to` the day-1 one."""
