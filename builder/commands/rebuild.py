@@ -131,6 +131,9 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
                   [(a.variant_id, ", ".join(a.reasons), a.state, download_text(a), a.message)
                    for a in actions])
             print_changelogs(actions)
+    for a in actions:  # a failure's hint, as every error gives one (stderr)
+        if a.state == "failed" and a.hint:
+            print(f"hint: [{a.variant_id}] {a.hint}", file=sys.stderr)
     if any(a.state == "failed" for a in actions):
         return 1
     # What it did decides: a publication succeeded (unknown sources were warned about above);

@@ -14,8 +14,11 @@ command. Then, on day 2, `publish --rollback-to` the day-1 publication.
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import subprocess
+import tarfile
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -182,13 +185,39 @@ def newer_publication(env: dict[str, Any], day1: dict[str, Any], dated: str,
     return made
 
 
+def pullable_image(reg: oci.Registry, repository: str, found: dict[str, str]) -> str:
+    """A tiny image the engine can pull (one real gzip tar layer, a valid `created`) wearing
+    `found` labels: what `rebuild --check` reads a publication's content hash from."""
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w") as t:
+        info = tarfile.TarInfo("newer")
+        info.size = 3
+        t.addfile(info, io.BytesIO(b"new"))
+    layer = gzip.compress(tar.getvalue(), mtime=0)
+    config = json.dumps({"architecture": "amd64", "os": "linux", "created": DAY2,
+                         "config": {"Labels": found}, "rootfs": {
+                             "type": "layers", "diff_ids": [oci.sha256(tar.getvalue())]}}).encode()
+    body = json.dumps({"schemaVersion": 2, "mediaType": oci.OCI_MANIFEST,
+                       "config": {"mediaType": oci.OCI_CONFIG, "size": len(config),
+                                  "digest": reg.push_blob(repository, config)},
+                       "layers": [{"mediaType": oci.OCI_LAYER_GZIP, "size": len(layer),
+                                   "digest": reg.push_blob(repository, layer)}]}).encode()
+    return reg.put_manifest(repository, oci.sha256(body), body, oci.OCI_MANIFEST)
+
+
 def test_a_rebuild_from_a_checkout_behind_the_registry_moves_nothing(env, day1) -> None:
     """Issue 41.1: the registry's newest signed publication (`OLD.1`, as a later rebuild's
     publish signed and tagged it) is newer than what this checkout's lock builds (day 1's
     content): `builder rebuild --key` rebuilds it, and its publish refuses with the
     update-the-checkout hint, exit 1, no tag moved. Before the rollback tests: their newer
     publication (`NEW`) comes after this one."""
-    newer_publication(env, day1, f"{OLD}.1", "4" * 64)
+    behind = f"{OLD}.1"
+    found = real_labels(env["reg"], env["repo"], day1["digest"]) | {labels.CONTENT_HASH: "4" * 64}
+    digest = pullable_image(env["reg"], env["repo"], found)
+    tags = [behind, tag_rules.HASH_TAG_PREFIX + "4" * 20, *MOVING]
+    sign.sign_image(env["reg"], env["repo"], digest, ours(env), sign.tag_annotations(CPU, tags))
+    for tag in tags:  # as that rebuild's publish moved them
+        env["reg"].tag(env["repo"], digest, tag)
     before = {tag: head(env, tag) for tag in env["reg"].tags(env["repo"])}
     today = {k: v for k, v in env["env"].items() if k != "TORCH_IMAGES_NOW"}  # today's base
     result = run_builder("rebuild", "--key", str(env["key"]), "--skip-source", "debian-security",
@@ -198,7 +227,7 @@ def test_a_rebuild_from_a_checkout_behind_the_registry_moves_nothing(env, day1) 
     out = result.stdout + result.stderr
     print(next((line for line in out.splitlines() if "update the checkout" in line), out[-3000:]))
     assert result.returncode == 1 and "update the checkout" in out, out[-5000:]
-    assert f"`{OLD}.1`" in out, out[-5000:]
+    assert f"`{behind}`" in out, out[-5000:]
     assert {tag: head(env, tag) for tag in env["reg"].tags(env["repo"])} == before
 
 
