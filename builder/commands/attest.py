@@ -10,6 +10,7 @@ from builder.commands.options import (
     add_ca_bundle_option,
     add_command,
     add_keyless_options,
+    sigstore_config,
 )
 from builder.commands.verify import reference_of
 from builder.core import keyless, oci
@@ -46,7 +47,7 @@ def cmd_attest(args: argparse.Namespace) -> int:
         raise BuilderError(f"`{reference.registry}/{reference.repository}` has no image "
                            f"`{reference.ref}`")
     signer, kinds = keyless.attest_digest(reg, reference.repository, desc.digest, token,
-                                          args.sigstore_config)
+                                          sigstore_config(args))
     if args.json:
         emit_json({"digest": desc.digest, "signer": signer.subject, "issuer": signer.issuer,
                    "attested": [keyless.IMAGE_PREDICATE, *kinds]})

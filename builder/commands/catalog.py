@@ -6,7 +6,12 @@ import argparse
 import time
 from pathlib import Path
 
-from builder.commands.options import add_command, add_identity_options, identities
+from builder.commands.options import (
+    add_command,
+    add_identity_options,
+    identities,
+    trusted_root,
+)
 from builder.core import keyless, keypair, state
 from builder.core.output import emit_json, step
 from builder.model import catalog_doc, matrix, startup
@@ -55,7 +60,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     cache = args.cache or args.out / ".cache" / "catalog.json"
     keys = [keypair.load_public(path) for path in args.key]
     doc, fetched = catalog.collect(source, args.out, cache, keys=keys, progress=step,
-                                   trusted_root=args.trusted_root or keyless.PUBLIC_GOOD_ROOT,
+                                   trusted_root=trusted_root(args) or keyless.PUBLIC_GOOD_ROOT,
                                    identities=identities(args))
     startup.add(doc["images"], startup.load(startup.results_path(args.startup, args.no_startup)))
     same = catalog_doc.same_facts(doc, args.out / "catalog.json")

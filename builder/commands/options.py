@@ -19,6 +19,11 @@ from builder.core.settings import CA_BUNDLE_ENV, Settings
 from builder.model import matrix
 
 SHARED = ("matrix", "select", "json", "registries", "locks")  # groups a command may take
+# Another sigstore instance than the public good, for a whole machine (the workflow
+# rehearsal's mock services on loopback, set in its runner's environment): the defaults of
+# --sigstore-config and --trusted-root. GitHub's runners set neither, so CI signs through the
+# public good and verifies against its pinned root.
+SIGSTORE_CONFIG_ENV, TRUSTED_ROOT_ENV = "BUILDER_SIGSTORE_CONFIG", "BUILDER_TRUSTED_ROOT"
 
 
 def add_command(sub: argparse._SubParsersAction, name: str, func: Callable[..., int],
@@ -149,8 +154,20 @@ def add_identity_options(p: argparse.ArgumentParser, what: str, default: str) ->
                    help=f"the identities' OIDC issuer (GitHub Actions: {keyless.GITHUB_ISSUER})")
     p.add_argument("--trusted-root", type=Path, metavar="FILE",
                    help="sigstore trusted_root.json the certificates and log entries must chain "
-                   "to (default: the matrix's `trust.trusted_root`, else sigstore's public "
-                   "good, pinned in builder/trust/)")
+                   f"to (default: ${TRUSTED_ROOT_ENV}, else the matrix's `trust.trusted_root`, "
+                   "else sigstore's public good, pinned in builder/trust/)")
+
+
+def trusted_root(args: argparse.Namespace) -> Path | None:
+    """--trusted-root, else $BUILDER_TRUSTED_ROOT; None: the matrix's, else the public good."""
+    chosen = args.trusted_root or os.environ.get(TRUSTED_ROOT_ENV)
+    return Path(chosen) if chosen else None
+
+
+def sigstore_config(args: argparse.Namespace) -> Path | None:
+    """--sigstore-config, else $BUILDER_SIGSTORE_CONFIG; None: the public good."""
+    chosen = args.sigstore_config or os.environ.get(SIGSTORE_CONFIG_ENV)
+    return Path(chosen) if chosen else None
 
 
 def identities(args: argparse.Namespace) -> tuple[keyless.Identity, ...]:
@@ -161,13 +178,13 @@ def identities(args: argparse.Namespace) -> tuple[keyless.Identity, ...]:
 
 def vouchers(args: argparse.Namespace, m: matrix.Matrix | None) -> keypair.Vouchers:
     """Who signatures read back must be made by: --trust-key, else the matrix's `trust.keys`;
-    the identity options, else the matrix's `trust.identities`; --trusted-root, else the
-    matrix's. Each half defaults on its own, so a command line naming an identity keeps the
-    matrix's keys."""
+    the identity options, else the matrix's `trust.identities`; --trusted-root (or
+    $BUILDER_TRUSTED_ROOT), else the matrix's. Each half defaults on its own, so a command
+    line naming an identity keeps the matrix's keys."""
     configured = matrix_vouchers(m) if m is not None else keypair.NOBODY
     return keypair.Vouchers(
         keypair.trusted_keys(args.trust_key, None) or configured.keys,
-        identities(args) or configured.identities, args.trusted_root or configured.trusted_root)
+        identities(args) or configured.identities, trusted_root(args) or configured.trusted_root)
 
 
 def matrix_vouchers(m: matrix.Matrix) -> keypair.Vouchers:
@@ -181,7 +198,7 @@ def keyless_signer(args: argparse.Namespace) -> keypair.KeylessSigner | None:
     """The OIDC token (--identity-token, else SIGSTORE_ID_TOKEN) and sigstore config to sign
     keylessly with; None without a token."""
     token = keyless.identity_token(args.identity_token, dict(os.environ))
-    return None if token is None else keypair.KeylessSigner(token, args.sigstore_config)
+    return None if token is None else keypair.KeylessSigner(token, sigstore_config(args))
 
 
 def add_keyless_options(p: argparse.ArgumentParser) -> None:
@@ -191,7 +208,8 @@ def add_keyless_options(p: argparse.ArgumentParser) -> None:
                    "the job's token for audience `sigstore`)")
     p.add_argument("--sigstore-config", type=Path, metavar="FILE",
                    help="sigstore client trust config (trusted root + signing config: which "
-                   "Fulcio, Rekor, TSA); default: sigstore's public-good instance")
+                   f"Fulcio, Rekor, TSA); default: ${SIGSTORE_CONFIG_ENV}, else sigstore's "
+                   "public-good instance")
 
 
 def load_selected(args: argparse.Namespace) -> tuple[matrix.Matrix, list[matrix.Variant]]:

@@ -11,6 +11,7 @@ from builder.commands.options import (
     add_command,
     add_identity_options,
     identities,
+    trusted_root,
 )
 from builder.core import keyless, keypair
 from builder.core.errors import BuilderError, CheckFailed
@@ -56,7 +57,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     asked."""
     reference = reference_of(args.reference, args.matrix)
     named = identities(args)
-    root = args.trusted_root or keyless.PUBLIC_GOOD_ROOT
+    root = trusted_root(args) or keyless.PUBLIC_GOOD_ROOT
     policy = Policy(keys=tuple(keypair.load_public(path) for path in args.key),
                     require_gpu=args.require_gpu,
                     contents_only=args.contents_only and not (args.key or named),

@@ -275,8 +275,14 @@ class _TrustedSigner:
             _check_identity(signer_of(certificate), self.identities)
 
 
+def trusts(identities: Iterable[Identity], signer: Signer) -> bool:
+    """Whether one of `identities` names `signer` (its issuer, its subject exactly or by
+    full-match regexp)."""
+    return any(x.issuer == signer.issuer and x.matches(signer.subject) for x in identities)
+
+
 def _check_identity(signer: Signer, identities: tuple[Identity, ...]) -> None:
-    if any(x.issuer == signer.issuer and x.matches(signer.subject) for x in identities):
+    if trusts(identities, signer):
         return
     trusted = "; ".join(x.describe() for x in identities) or "none given"
     if not any(x.issuer == signer.issuer for x in identities):

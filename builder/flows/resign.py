@@ -1,10 +1,11 @@
 """A missing or overwritten `.sig` is put back by `publish` (issue 40.3).
 
-Anyone with push rights can overwrite `sha256-<hex>.sig`: the genuine signature is gone, the
-publication drops out of the record (builder.flows.record) and every `verify --key` of its tags
-fails. `publish --key` of the same content finds such a dated tag and signs its digest again,
-naming the tags it carries, but only from verified evidence, so nothing anyone could write
-becomes trusted:
+Anyone with push rights can overwrite `sha256-<hex>.sig` (or the referrers index of its
+sigstore bundles): the genuine signature is gone, the publication drops out of the record
+(builder.flows.record) and every `verify` of its tags fails. `publish` of the same content,
+with the key, an OIDC token (a sigstore bundle of the image, `--identity-token`) or both,
+finds such a dated tag and signs its digest again, naming the tags it carries, but only from
+verified evidence, so nothing anyone could write becomes trusted:
   - its digest carries no valid signature at all (a tag a valid signature does not name is a
     forgery, never signed);
   - its labels name the variant and the very content hashes this checkout publishes;
@@ -29,13 +30,15 @@ from builder.model.matrix import Matrix
 from builder.model.planned import PlannedVariant
 from builder.model.publication import Publication
 from builder.stages import twin
+from builder.stages.publish import sign_image_as
 
 
 def restore(matrix: Matrix, group: Sequence[PlannedVariant], newest: Publication | None,
             tags: Sequence[str], trust: keypair.Trust) -> Publication | None:
     """The group's publication whose signature was lost, signed again naming its dated tag and
-    `tags` (content tag, floating, aliases); None when there is none, or no key to sign with."""
-    if trust.key is None:
+    `tags` (content tag, floating, aliases), with the key, an OIDC token or both; None when
+    there is none, or nothing to sign with."""
+    if not trust.signs:
         return None
     reg = oci.Registry(matrix.registry)
     all_tags = reg.tags(matrix.repository)
@@ -48,8 +51,8 @@ def restore(matrix: Matrix, group: Sequence[PlannedVariant], newest: Publication
         if pub is not None and vid == group[0].variant.id and tag_repair.holds(pub, group) \
                 and lost(reg, pub, trust.vouchers):
             signed = [dated.tag, *tags]
-            sign.sign_image(reg, pub.repository, pub.digest, trust.key,
-                            sign.tag_annotations(vid, signed))
+            sign_image_as(reg, pub.repository, pub.digest, trust,
+                          sign.tag_annotations(vid, signed))
             step(f"  [{vid}] signed {pub.digest[:19]} again as `{dated.tag}`: its signature "
                  "was missing or did not verify; its attested evidence does")
             resign_twin(reg, pub, vid, signed, trust)
@@ -77,12 +80,12 @@ def resign_twin(reg: oci.Registry, pub: Publication, vid: str, tags: Sequence[st
     """Sign the twin under the dated `-zstd` tag again when its signature is gone too and it is
     the twin `twin.make` gives (nothing else is signed)."""
     head = reg.head(pub.repository, twin.tag_of(pub.dated_tag))
-    if head is None or trust.key is None or \
+    if head is None or not trust.signs or \
             not unsigned(reg, pub.repository, head.digest, trust.vouchers):
         return
     if twin.make(reg, pub.repository, pub.digest).digest != head.digest:
         step(f"  [{vid}] `{twin.tag_of(pub.dated_tag)}` is not the twin of {pub.digest[:19]}: "
              "not signed (the next publication makes a new one)")
         return
-    sign.sign_image(reg, pub.repository, head.digest, trust.key,
-                    sign.tag_annotations(vid, [twin.tag_of(t) for t in tags]))
+    sign_image_as(reg, pub.repository, head.digest, trust,
+                  sign.tag_annotations(vid, [twin.tag_of(t) for t in tags]))

@@ -23,22 +23,25 @@ from builder.model import tags as tag_rules
 from builder.model.matrix import Matrix
 from builder.model.publication import Publication
 from builder.stages import twin
+from builder.stages.publish import sign_image_as
 
 
 def rollback_to(matrix: Matrix, dated_tag: str, trust: keypair.Trust) -> dict[str, Any]:
     """Point the floating tag, aliases and twins of `dated_tag`'s variant back at it, signed;
     the result row (`status`: rolled-back)."""
-    if trust.key is None:
-        raise UsageError("--rollback-to needs a signing key: a rollback is signed, or it is "
-                          "tampering", hint="give --key (or COSIGN_PRIVATE_KEY)")
+    if not trust.signs:
+        raise UsageError("--rollback-to needs a signing key or an OIDC token: a rollback is "
+                         "signed, or it is tampering",
+                         hint="give --key (or COSIGN_PRIVATE_KEY), or --identity-token (or "
+                         "SIGSTORE_ID_TOKEN)")
     reg = oci.Registry(matrix.registry)
     vid, target, newest = find(matrix, dated_tag, trust.vouchers)
     moving = sorted(moving_tags(reg, matrix.repository, target, newest, trust.vouchers))
-    moved = sign_and_move(reg, matrix.repository, target.digest, trust.key, vid,
+    moved = sign_and_move(reg, matrix.repository, target.digest, trust, vid,
                           [target.dated_tag, *moving], newest.dated_tag)
     held = reg.head(matrix.repository, twin.tag_of(target.dated_tag))
     if held is not None:
-        moved += sign_and_move(reg, matrix.repository, held.digest, trust.key, vid,
+        moved += sign_and_move(reg, matrix.repository, held.digest, trust, vid,
                                [twin.tag_of(t) for t in [target.dated_tag, *moving]],
                                twin.tag_of(newest.dated_tag))
     step(f"  [{vid}] rolled back to `{target.dated_tag}` from `{newest.dated_tag}` (signed)")
@@ -47,11 +50,12 @@ def rollback_to(matrix: Matrix, dated_tag: str, trust: keypair.Trust) -> dict[st
             "rollback_from": newest.dated_tag, "tags": moved}
 
 
-def sign_and_move(reg: oci.Registry, repository: str, digest: str, key: Any, vid: str,
-                  tags: list[str], since: str) -> list[str]:
-    """Sign `digest` as the rollback to `tags[0]` (its dated tag) from `since`, naming `tags`,
-    then point the rest of `tags` (the ones that move) at it; those tags."""
-    sign.sign_image(reg, repository, digest, key, annotations(vid, tags, tags[0], since))
+def sign_and_move(reg: oci.Registry, repository: str, digest: str, trust: keypair.Trust,
+                  vid: str, tags: list[str], since: str) -> list[str]:
+    """Sign `digest` (key, OIDC token or both) as the rollback to `tags[0]` (its dated tag)
+    from `since`, naming `tags`, then point the rest of `tags` (the ones that move) at it;
+    those tags."""
+    sign_image_as(reg, repository, digest, trust, annotations(vid, tags, tags[0], since))
     return retag(reg, repository, digest, tags[1:])
 
 

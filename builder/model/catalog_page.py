@@ -258,7 +258,8 @@ def identity_commands(reference: str, identities: list[dict[str, str]]
     for who in identities:
         subject, issuer = shlex.quote(who["subject"]), shlex.quote(who["issuer"])
         pinned = f"--certificate-identity {subject} --certificate-oidc-issuer {issuer}"
-        out += [(f"signed keylessly by {who['subject']} (builder)",
+        trusted = "a trusted identity" if who.get("trusted") else "not an identity given as trusted"
+        out += [(f"signed keylessly by {who['subject']} ({trusted}; builder)",
                  f"builder verify {pinned} {reference}"),
                 ("the same with stock cosign", f"cosign verify {pinned} {reference}")]
         repo = re.match(r"https://github\.com/([^/]+/[^/]+)/\.github/workflows/", who["subject"])

@@ -3,10 +3,10 @@
 Input is one vetted repository (`REGISTRY/REPOSITORY`); nothing from a checkout, `.state/` or
 the matrix. Its tag list says nearly everything: floating tags, their dated tags
 (`<floating>-YYYYMMDD[.n]`), `build-<hash>` tags and the fallback tags of the evidence attached
-to each digest (`sha256-<hex>.sbom|smoke|provenance|audit|rebuild`, cosign's `.sig` and
-`.att`). Each tag
-is resolved to a digest with one HEAD; what a digest names never changes, so every manifest,
-config and artifact read is cached by its digest, and a second run fetches only new digests.
+to each digest (`sha256-<hex>.sbom|smoke|provenance|audit|rebuild`, cosign's `.sig`, `.att`).
+Each tag is resolved to a digest with one HEAD; what a digest names never changes, so every
+manifest, config and artifact read is cached by its digest, and a second run fetches only new
+digests.
 """
 
 from __future__ import annotations
@@ -295,11 +295,10 @@ def signature_status(reader: Reader, digest: str, tags: TagSet, digests: dict[st
 
 
 def keyless_signers(reader: Reader, digest: str, tags: TagSet, digests: dict[str, str]
-                    ) -> list[dict[str, str]]:
+                    ) -> list[dict[str, Any]]:
     """Who signed the image's sigstore bundles, each verified against the trusted root (any
-    identity: the page shows who, the verify commands pin it); cached by the referrers index."""
-    index = digests.get(tags.artifacts.get((digest, REFERRERS), ""))
-    if index is None:
+    identity: the page shows who; `trusted`: one given names it); cached by referrers index."""
+    if (index := digests.get(tags.artifacts.get((digest, REFERRERS), ""))) is None:
         return []
 
     def read() -> list[dict[str, str]]:
@@ -307,7 +306,8 @@ def keyless_signers(reader: Reader, digest: str, tags: TagSet, digests: dict[str
         return [{"subject": x.subject, "issuer": x.issuer} for x in keyless.verified_signers(
             reader.reg, reader.source.repository, digest, anyone)]
 
-    return reader.cache.get("keyless", f"{digest}|{index}|{reader.trusted_root}", read)
+    found = reader.cache.get("keyless", f"{digest}|{index}|{reader.trusted_root}", read)
+    return [{**x, "trusted": keyless.trusts(reader.identities, keyless.Signer(**x))} for x in found]
 
 
 def verify_signed(reader: Reader, digest: str, keys: list[Any]) -> dict[str, Any]:

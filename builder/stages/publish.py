@@ -169,6 +169,19 @@ def sign_digest(vetted: Staged, trust: keypair.Trust,
                                 keypair.key_id(trust.key.public))}
 
 
+def sign_image_as(reg: oci.Registry, repository: str, digest: str, trust: keypair.Trust,
+                  optional: dict[str, str]) -> None:
+    """Sign `digest` again, its image signature alone (re-signing a lost signature, a
+    rollback: its evidence stays as attested), with what `trust` signs with: the key's `.sig`,
+    an OIDC token's sigstore bundle (the image statement naming `optional`'s tags), or both."""
+    assert trust.signs, "the callers refuse to re-sign without a key or a token"
+    if trust.keyless is not None:
+        keyless.sign_and_attach(reg, repository, digest, trust.keyless.token,
+                                trust.keyless.config, [], optional)
+    if trust.key is not None:
+        sign.sign_image(reg, repository, digest, trust.key, optional)
+
+
 # ---- one variant ------------------------------------------------------------------------------
 
 

@@ -11,9 +11,13 @@ Each job's PATH holds only the tools of GitHub's ubuntu-24.04 image (runner_imag
 committed runner_tools_ubuntu-24.04.txt) and what its own steps install (`sudo apt-get install`),
 so a step running a tool no earlier step installed fails as it would on GitHub.
 `uses:` steps that only set up tools are stood in for here (STAND_INS names each); any other
-`uses:` fails the job. Keyless signing steps (GitHub's OIDC identity) cannot run here: they are
-skipped and logged as such. A job's `permissions: contents` decides whether a `git push` to the
-origin is accepted (its pre-receive hook), as GITHUB_TOKEN's permission decides on GitHub.
+`uses:` fails the job. A job with `id-token: write` gets ACTIONS_ID_TOKEN_REQUEST_URL and
+ACTIONS_ID_TOKEN_REQUEST_TOKEN from the runner's `oidc` (a stand-in for GitHub's token endpoint
+that issues a token for the job's workflow identity), so its keyless signing runs; a step that
+runs cosign (tools/sign_keyless.sh) is skipped and logged where cosign is not installed
+(sigstore/cosign-installer downloads it from GitHub). A job's `permissions: contents` decides
+whether a `git push` to the origin is accepted (its pre-receive hook), as GITHUB_TOKEN's
+permission decides on GitHub.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +38,7 @@ import runner_image
 import yaml
 
 STEP_TIMEOUT = 3600
+REPOSITORY, REF = "rehearsal/torch-images", "refs/heads/main"  # what every job runs as
 
 # ---- expressions --------------------------------------------------------------------------------
 
@@ -131,6 +137,8 @@ class Runner:
     root: Path  # jobs' folders and artifacts
     secrets: dict[str, str]
     runner_env: dict[str, str] = field(default_factory=dict)  # the self-hosted runner's .env
+    # GitHub's OIDC token endpoint: a job_workflow_ref's ACTIONS_ID_TOKEN_REQUEST_* variables
+    oidc: Callable[[str], dict[str, str]] | None = None
     log: list[str] = field(default_factory=list)
     counter: int = 0
 
@@ -156,8 +164,8 @@ class Runner:
         needs = [spec["needs"]] if isinstance(spec.get("needs"), str) else spec.get("needs", [])
         context = {"needs": {n: {"result": done[n].result, "outputs": done[n].outputs}
                              for n in needs}, "inputs": inputs, "secrets": dict(secrets),
-                   "github": {"token": "", "repository": "rehearsal/torch-images",
-                              "server_url": "file://", "run_id": "1", "ref": "refs/heads/main"},
+                   "github": {"token": "", "repository": REPOSITORY,
+                              "server_url": "file://", "run_id": "1", "ref": REF},
                    "vars": {}, "env": {}}
         results = [done[n].result for n in needs]
         status = {"success": all(r == "success" for r in results), "always": True,
@@ -175,14 +183,15 @@ class Runner:
             return JobRecord(title, result)
         legs = matrix_legs(substitute((spec.get("strategy") or {}).get("matrix"),
                                       context, status))
-        records = [self.leg(wf, spec, prefix, {**context, "matrix": leg}) for leg in legs]
+        records = [self.leg(wf, spec, prefix, {**context, "matrix": leg}, workflow)
+                   for leg in legs]
         failed = any(r.result == "failure" for r in records)
         outputs = records[-1].outputs if records else {}
         return JobRecord(title, "failure" if failed else "success", outputs,
                          [s for r in records for s in r.steps])
 
     def leg(self, wf: dict[str, Any], spec: dict[str, Any], prefix: str,
-            context: dict[str, Any]) -> JobRecord:
+            context: dict[str, Any], workflow: Path) -> JobRecord:
         self.counter += 1
         home = self.root / f"job{self.counter:02d}"
         work, files = home / "work", home / "runner"
@@ -191,10 +200,11 @@ class Runner:
         name = prefix + as_text(substitute(spec.get("name", ""), context, status))
         perms = spec.get("permissions", wf.get("permissions", {})) or {}
         env = self.base_env(home, work, files, perms)
+        env.update(self.id_token(perms, workflow))
         env.update({k: as_text(substitute(v, context, status))
                     for k, v in {**(wf.get("env") or {}), **(spec.get("env") or {})}.items()})
         context["env"] = env
-        record = JobRecord(name, "success")
+        record, started = JobRecord(name, "success"), time.monotonic()
         steps_ctx: dict[str, Any] = {}
         context["steps"] = steps_ctx
         for step in spec.get("steps", []):
@@ -214,7 +224,7 @@ class Runner:
         context["steps"] = steps_ctx
         record.outputs = {k: as_text(substitute(v, context, status))
                           for k, v in (spec.get("outputs") or {}).items()}
-        self.log.append(f"{name}: {record.result} ("
+        self.log.append(f"{name}: {record.result} in {time.monotonic() - started:.0f} s ("
                         + ", ".join(f"{s} {o}" for s, o in record.steps) + ")")
         return record
 
@@ -228,16 +238,26 @@ class Runner:
         return {"HOME": str(home), "PATH": path, "REHEARSAL_TOOLS": str(tools),
                 "CI": "true", "GITHUB_ACTIONS": "true", "GITHUB_WORKSPACE": str(work),
                 # what GitHub sets on every runner (tools/trusted_identity.sh reads them)
-                "GITHUB_REPOSITORY": "rehearsal/torch-images", "GITHUB_REF": "refs/heads/main",
+                "GITHUB_REPOSITORY": REPOSITORY, "GITHUB_REF": REF,
                 "RUNNER_TEMP": str(files), "LANG": "C.UTF-8",
                 "REHEARSAL_CONTENTS": contents, **self.runner_env, **wheel_mirror()}
+
+    def id_token(self, perms: Any, workflow: Path) -> dict[str, str]:
+        """GitHub's OIDC request variables, for a job with `id-token: write` alone (GitHub
+        sets them for no other); their token names the job's workflow file on REF."""
+        if self.oidc is None or not (perms == "write-all" or (
+                isinstance(perms, dict) and perms.get("id-token") == "write")):
+            return {}
+        self.log.append(f"  id-token: write: OIDC tokens for {workflow.name}@{REF}")
+        return self.oidc(f"{REPOSITORY}/.github/workflows/{workflow.name}@{REF}")
 
     def step(self, step: dict[str, Any], label: str, context: dict[str, Any],
              status: dict[str, bool], env: dict[str, str], work: Path,
              files: Path) -> tuple[str, dict[str, str]]:
-        if "keyless" in label.lower():
-            self.log.append(f"  skipped `{label}`: keyless signing needs GitHub's OIDC identity "
-                            "(Fulcio, Rekor), which cannot run here")
+        if "sign_keyless.sh" in step.get("run", "") and not shutil.which("cosign",
+                                                                         path=env["PATH"]):
+            self.log.append(f"  skipped `{label}`: cosign is not installable here "
+                            "(sigstore/cosign-installer downloads it from GitHub)")
             return "skipped", {}
         step_env = {**env, **{k: as_text(substitute(v, context, status))
                               for k, v in (step.get("env") or {}).items()}}
@@ -431,7 +451,7 @@ STAND_INS: dict[str, Callable[[Runner, dict[str, str], dict[str, str], Path], st
     "actions/setup-python": setup_python,
     "actions/upload-artifact": upload_artifact,
     "actions/download-artifact": download_artifact,
-    # installs cosign, which only the keyless steps (skipped here) call
+    # installs cosign, which only tools/sign_keyless.sh calls (its step is skipped here)
     "sigstore/cosign-installer": nothing,
     # a cache miss: the catalog is made from the registry alone
     "actions/cache": nothing,

@@ -1,7 +1,8 @@
 """The mock sigstore services of the keyless e2e tests (`@sigstore/mock`'s Fulcio and Rekor,
-tests/e2e/sigstore_mock, pinned with integrity hashes in its package-lock.json) and a mock
-GitHub OIDC token: one copy for every module that signs keylessly on loopback (the keyless
-rehearsal, the real publication attested by identity, publish trusting an identity alone)."""
+tests/e2e/sigstore_mock, pinned with integrity hashes in its package-lock.json), a mock
+GitHub OIDC token and a stand-in for GitHub's OIDC token endpoint: one copy for every module
+that signs keylessly on loopback (the keyless rehearsal, the real publication attested by
+identity, publish trusting an identity alone, the workflow rehearsal's jobs)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,15 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from helpers import missing
@@ -37,10 +43,12 @@ def token(subject: str, issuer: str = ISSUER) -> str:
     now = int(time.time())
     workflow_ref = subject.removeprefix("https://github.com/")
     ref = workflow_ref.partition("@")[2]
+    repository = workflow_ref.partition("/.github/")[0]
     claims = {"iss": issuer, "aud": "sigstore", "iat": now, "nbf": now, "exp": now + 600,
-              "sub": f"repo:torch-images/torch-images:ref:{ref}", "mock_san": subject,
-              "job_workflow_ref": workflow_ref, "repository": "torch-images/torch-images",
-              "ref": ref, "sha": "0" * 40, "event_name": "push", "workflow": "build"}
+              "sub": f"repo:{repository}:ref:{ref}", "mock_san": subject,
+              "job_workflow_ref": workflow_ref, "repository": repository,
+              "ref": ref, "sha": "0" * 40, "event_name": "push",
+              "workflow": Path(workflow_ref.partition("@")[0]).stem}
     return f"{part({'alg': 'RS256', 'typ': 'JWT'})}.{part(claims)}.{part({'sig': 'none'})}"
 
 
@@ -74,3 +82,60 @@ def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def by(identity: str = MAIN, issuer: str = ISSUER) -> tuple[str, ...]:
     return ("--certificate-identity", identity, "--certificate-oidc-issuer", issuer)
+
+
+@dataclass(frozen=True)
+class OidcEndpoint:
+    """GitHub's OIDC token endpoint as a job sees it: `grant` gives a job with `id-token:
+    write` its ACTIONS_ID_TOKEN_REQUEST_URL and ACTIONS_ID_TOKEN_REQUEST_TOKEN, and a GET of
+    `<url>&audience=sigstore` with `Authorization: bearer <that token>` answers `{"value":
+    <a mock token whose subject is the job's workflow identity>}` (tools/oidc_token.sh)."""
+
+    url: str
+    granted: dict[str, str] = field(default_factory=dict)  # request token -> identity
+
+    def grant(self, job_workflow_ref: str) -> dict[str, str]:
+        """The job's request variables, for `OWNER/REPO/.github/workflows/F@REF`."""
+        request = uuid.uuid4().hex
+        self.granted[request] = f"https://github.com/{job_workflow_ref}"
+        return {"ACTIONS_ID_TOKEN_REQUEST_URL": f"{self.url}/token?api-version=2.0",
+                "ACTIONS_ID_TOKEN_REQUEST_TOKEN": request}
+
+    def answer(self, path: str, authorization: str) -> tuple[int, dict[str, str]]:
+        """(status, body) of one token request: 401 without a granted request token, 400 for
+        another audience than sigstore's (the only one these jobs ask for)."""
+        scheme, _, request = authorization.partition(" ")
+        identity = self.granted.get(request) if scheme.lower() == "bearer" else None
+        if identity is None:
+            return 401, {"message": "no request token granted to a job"}
+        audience = parse_qs(urlsplit(path).query).get("audience", [""])[0]
+        if audience != "sigstore":
+            return 400, {"message": f"audience {audience!r}: only `sigstore` is served"}
+        return 200, {"value": token(identity)}
+
+
+@contextlib.contextmanager
+def oidc_endpoint() -> Iterator[OidcEndpoint]:
+    """The endpoint on a free loopback port, served from a thread while in use."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # http.server's name for a GET
+            status, body = endpoint.answer(self.path, self.headers.get("Authorization", ""))
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    endpoint = OidcEndpoint(f"http://127.0.0.1:{server.server_address[1]}")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield endpoint
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -5,19 +5,30 @@ tools plus what its own steps install (tests/e2e/runner_image.py).
 
   0. A planted build.yml whose build job does not install mmdebstrap fails there.
   1. build.yml (dispatched with `select: id=<CPU runtime>`): plan → build --stage → smoke →
-     publish → catalog, with numpy one patch release older in the lock.
+     publish → catalog, with numpy one patch release older in the lock, keyless: the smoke job
+     attests the staged evidence and publish signs with the job's OIDC token, trusting the
+     workflows' identity (tools/trusted_identity.sh). Then, from a fresh clone, `builder verify
+     --certificate-identity …/build.yml@refs/heads/main --certificate-oidc-issuer …` is ok on
+     the published tag, and one trusting a pull-request ref identity is refused in one line.
   2. A fresh clone with no published.json and an empty state folder: `rebuild --check` names
      the variant, `catalog` lists it, a second `publish` says "already published as …".
   3. A planted `contents: read` publish job that commits its record is refused (re-run).
   4. numpy bumped in the lock (the shipped lock): a planted rebuild.yml that logs in after the
      rebuild fails; the shipped one runs check → rebuild (publishes `-YYYYMMDD.1`) → catalog.
-  5. `builder verify --key cosign.pub` of the new dated tag, from a fresh clone.
+  5. `builder verify --certificate-identity …/rebuild.yml@refs/heads/main` of the new dated
+     tag, from a fresh clone.
 The relock-pr job runs after the rebuild (no relock here: python-vuln is unreachable); given
 a relock report it is rehearsed alone by test_relock_pr_job.py.
 
-Secrets come from a throw-away `builder keygen`. The vulnerability feed this machine cannot
-reach (python-vuln) is named in the runner's environment (REBUILD_SKIP_SOURCES) and reported as
-skipped; keyless signing steps are skipped and logged (no GitHub OIDC here).
+No COSIGN_PRIVATE_KEY, COSIGN_PASSWORD or COSIGN_PUBLIC_KEY secret is set: everything signs
+keylessly. `@sigstore/mock`'s Fulcio and Rekor (keyless_mock.py) stand in for the public good,
+named in the runner's environment (BUILDER_SIGSTORE_CONFIG, BUILDER_TRUSTED_ROOT: GitHub's
+runners set neither), and a loopback stand-in for GitHub's OIDC token endpoint gives each job
+with `id-token: write` a token for its workflow file on refs/heads/main. cosign itself is not
+installable here: the step that runs it (tools/sign_keyless.sh) is skipped and logged. The key
+path stays proven by the `--key` e2e modules. The vulnerability feed this machine cannot reach
+(python-vuln) is named in the runner's environment (REBUILD_SKIP_SOURCES) and reported as
+skipped.
 """
 
 from __future__ import annotations
@@ -36,9 +47,11 @@ from typing import Any
 
 import pytest
 import yaml
-from actions_runner import JobRecord, Runner, make_origin, make_shims
+from actions_runner import REPOSITORY, JobRecord, Runner, make_origin, make_shims
 from helpers import free_port, missing, remove_images_of
+from keyless_mock import ISSUER, by, oidc_endpoint, token
 
+from builder.commands.options import SIGSTORE_CONFIG_ENV, TRUSTED_ROOT_ENV
 from builder.core import clock, oci
 
 pytestmark = pytest.mark.docker
@@ -50,6 +63,9 @@ OLD_NUMPY = "numpy==2.4.5"
 # The jobs' one clock (builder/core/clock.py), fixed for the whole rehearsal: a run that crosses
 # midnight UTC expects one day in every job's dated tags.
 NOW = clock.start().strftime("%Y-%m-%dT%H:%M:%SZ")
+WORKFLOWS = f"https://github.com/{REPOSITORY}/.github/workflows"
+BUILD, REBUILD = f"{WORKFLOWS}/build.yml@refs/heads/main", f"{WORKFLOWS}/rebuild.yml@refs/heads/main"
+PULL = f"{WORKFLOWS}/build.yml@refs/pull/7/merge"
 
 
 def git(folder: Path, *args: str, **env: str) -> str:
@@ -92,17 +108,23 @@ def start_registry(folder: Path) -> tuple[str, subprocess.Popen[bytes]]:
     return addr, child
 
 
+def trusted_identity() -> str:
+    """tools/trusted_identity.sh as the jobs run it: the regexp their tokens must match."""
+    return subprocess.run(["bash", str(ROOT / "tools" / "trusted_identity.sh")], check=True,
+                          capture_output=True, text=True,
+                          env={**os.environ, "GITHUB_REPOSITORY": REPOSITORY}).stdout.strip()
+
+
 @pytest.fixture(scope="module")
-def stage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """Registry, origin repository (phase 1: numpy one patch older), keys, runner."""
+def stage(tmp_path_factory: pytest.TempPathFactory, mock: Path) -> Iterator[dict[str, Any]]:
+    """Registry, origin repository (phase 1: numpy one patch older), the mock sigstore
+    services and GitHub OIDC endpoint, runner (no signing key anywhere)."""
     tmp = tmp_path_factory.mktemp("rehearsal")
     (tmp / "registry").mkdir()
     addr, registry = start_registry(tmp / "registry")
     repository = f"rehearsal-{uuid.uuid4().hex[:8]}-torch"
-    keys = tmp / "keys"
-    keys.mkdir()
-    subprocess.run([sys.executable, "-m", "builder", "keygen", "--out", str(keys)], check=True,
-                   capture_output=True, env={**os.environ, "COSIGN_PASSWORD": PASSWORD})
+    sigstore = {SIGSTORE_CONFIG_ENV: str(mock / "trust_config.json"),
+                TRUSTED_ROOT_ENV: str(mock / "trusted_root.json")}
     origin, tree = tmp / "origin.git", tmp / "maintainer"
     make_origin(origin)
     files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others",
@@ -123,13 +145,13 @@ def stage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         f"rehearsal: the CPU runtime with {OLD_NUMPY}")
     git(tree, "push", "-q", str(origin), "main", REHEARSAL_CONTENTS="write")
     make_shims(tmp / "runs")
-    runner = Runner(origin=origin, root=tmp / "runs", secrets={
-        "REGISTRY_USERNAME": USER, "REGISTRY_PASSWORD": PASSWORD,
-        "COSIGN_PRIVATE_KEY": (keys / "cosign.key").read_text(), "COSIGN_PASSWORD": PASSWORD,
-        "COSIGN_PUBLIC_KEY": (keys / "cosign.pub").read_text()},
-        runner_env={"REBUILD_SKIP_SOURCES": "python-vuln", clock.ENV: NOW})
-    yield {"tmp": tmp, "addr": addr, "repository": repository, "keys": keys, "tree": tree,
-           "origin": origin, "runner": runner}
+    with oidc_endpoint() as oidc:
+        runner = Runner(origin=origin, root=tmp / "runs", secrets={
+            "REGISTRY_USERNAME": USER, "REGISTRY_PASSWORD": PASSWORD},
+            runner_env={"REBUILD_SKIP_SOURCES": "python-vuln", clock.ENV: NOW, **sigstore},
+            oidc=oidc.grant)
+        yield {"tmp": tmp, "addr": addr, "repository": repository, "tree": tree,
+               "origin": origin, "runner": runner, "sigstore": sigstore}
     print("\n".join(["", "== rehearsal job log", *runner.log]))
     registry.terminate()
     registry.wait(timeout=10)
@@ -161,15 +183,42 @@ def tags(stage: dict[str, Any]) -> list[str]:
         del os.environ["REGISTRY_USERNAME"], os.environ["REGISTRY_PASSWORD"]
 
 
-def in_fresh_clone(stage: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
-    """`builder ARGS` in a fresh clone of the origin with an empty state folder."""
+def in_fresh_clone(stage: dict[str, Any], *args: str, **extra: str
+                   ) -> subprocess.CompletedProcess[str]:
+    """`builder ARGS` in a fresh clone of the origin with an empty state folder, no key, the
+    mock sigstore instance (and `extra` in the environment)."""
     clone = stage["tmp"] / f"clone-{uuid.uuid4().hex[:6]}"
     subprocess.run(["git", "clone", "-q", str(stage["origin"]), str(clone)], check=True)
-    env = {**os.environ, "REGISTRY_USERNAME": USER, "REGISTRY_PASSWORD": PASSWORD,
-           "COSIGN_PASSWORD": PASSWORD, "BUILDER_STATE": str(clone / ".state"),
-           "PYTHONPATH": str(clone), clock.ENV: NOW}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("COSIGN_", "SIGSTORE_"))},
+           "REGISTRY_USERNAME": USER, "REGISTRY_PASSWORD": PASSWORD,
+           "BUILDER_STATE": str(clone / ".state"), "PYTHONPATH": str(clone), clock.ENV: NOW,
+           **stage["sigstore"], **extra}
     return subprocess.run([sys.executable, "-m", "builder", *args], cwd=clone, env=env,
                           capture_output=True, text=True, timeout=3600, check=False)
+
+
+def keyless_lines(runner: Runner) -> list[str]:
+    """What the jobs' steps printed about their workflow identity (attest, publish, verify),
+    from each job's steps.log: the keyless part of the run's log."""
+    found = []
+    for log in sorted(runner.root.glob("job*/runner/steps.log")):
+        label = ""
+        for line in log.read_text().splitlines():
+            label = line[3:].rpartition(" (exit")[0] if line.startswith("== ") else label
+            if f"{REPOSITORY}/.github/workflows" in line and not line.startswith("== "):
+                found.append(f"  {log.parts[-3]} `{label}`: {line.strip()}")
+    return found
+
+
+def verify_by(stage: dict[str, Any], image: str, identity: str
+              ) -> subprocess.CompletedProcess[str]:
+    """`builder verify IMAGE --certificate-identity IDENTITY --certificate-oidc-issuer …` from
+    a fresh clone (the mock's trusted root), logged with its output."""
+    done = in_fresh_clone(stage, "verify", image, *by(identity))
+    stage["runner"].log += [f"== builder verify {image.rpartition(':')[2]} "
+                            f"{' '.join(by(identity))}: exit {done.returncode}",
+                            *done.stdout.splitlines(), *done.stderr.splitlines()]
+    return done
 
 
 def plant_commit(doc: dict[str, Any]) -> None:
@@ -218,12 +267,30 @@ def test_the_workflows_rehearsed(stage: dict[str, Any]) -> None:
                               "smoke-cpu": "success", "publish": "success",
                               "catalog": "success"}, runner.log
     assert f"{CPU}-{today}" in tags(stage)
+    # … keylessly: the staged evidence attested and the publication signed by the job's token,
+    # only the cosign step skipped (no cosign here)
+    assert ("builder attest the staged evidence (keyless, GitHub OIDC)", "success") in \
+        built["smoke-cpu"].steps
+    assert ("cosign sign and attest (keyless, GitHub OIDC)", "skipped") in built["publish"].steps
+    assert re.fullmatch(trusted_identity(), BUILD) and not re.fullmatch(trusted_identity(), PULL)
+    runner.log += ["== the keyless steps' output", *keyless_lines(runner)]
+    image = f"{stage['addr']}/{stage['repository']}:{CPU}-{today}"
+    ok = verify_by(stage, image, BUILD)
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
+    assert f"`{CPU}-{today}` is among the tags signed" in ok.stdout, ok.stdout
+    refused = verify_by(stage, image, PULL)
+    errors = [x for x in refused.stderr.splitlines() if x.startswith("error:")]
+    assert refused.returncode == 1 and len(errors) == 1, refused.stdout + refused.stderr
+    assert f"another identity: signed by {BUILD}" in errors[0], errors
 
     # 2. a fresh clone: the registry is the record
     runner.log.append("== fresh clone, no published.json, empty state")
-    check = in_fresh_clone(stage, "rebuild", "--check", "--json", "--trust-key",
-                           str(stage["keys"] / "cosign.pub"), "--skip-source", "python-vuln")
-    runner.log.append(f"rebuild --check --json --trust-key cosign.pub: exit {check.returncode}")
+    trusted = ("--certificate-oidc-issuer", ISSUER, "--certificate-identity-regexp",
+               trusted_identity())
+    check = in_fresh_clone(stage, "rebuild", "--check", "--json", *trusted, "--skip-source",
+                           "python-vuln")
+    runner.log.append(f"rebuild --check --json (trusting the workflows' identity): exit "
+                      f"{check.returncode}")
     assert check.returncode in (0, 1), check.stderr[-3000:]
     assert json.loads(check.stdout)["checked"] == [CPU]
     site = stage["tmp"] / "site"
@@ -231,7 +298,7 @@ def test_the_workflows_rehearsed(stage: dict[str, Any]) -> None:
     listed = (site / "catalog.json").read_text() if catalog.returncode == 0 else ""
     runner.log.append(f"catalog: exit {catalog.returncode}, lists {CPU}: {CPU in listed}")
     assert catalog.returncode == 0 and CPU in listed, catalog.stderr[-3000:]
-    again = in_fresh_clone(stage, "publish", "--key", str(stage["keys"] / "cosign.key"))
+    again = in_fresh_clone(stage, "publish", *trusted, SIGSTORE_ID_TOKEN=token(BUILD))
     runner.log.append(f"publish (same content): exit {again.returncode}: "
                       + " ".join(re.findall(r"already published as \S+ \(dated \S+\)",
                                             again.stdout + again.stderr)[:1]))
@@ -268,10 +335,12 @@ def test_the_workflows_rehearsed(stage: dict[str, Any]) -> None:
                                 "report-failure": "skipped"}, runner.log
     dated = f"{CPU}-{today}.1"
     assert dated in tags(stage)
+    assert ("builder rebuild (rebuilds, smokes and publishes)", "success") in \
+        rebuilt["rebuild"].steps
+    runner.log += ["== the keyless steps' output since", *[
+        x for x in keyless_lines(runner) if x not in runner.log]]
 
-    # 5. the new dated tag verifies with the key
-    verify = in_fresh_clone(stage, "verify", "--key", str(stage["keys"] / "cosign.pub"),
-                            f"{stage['addr']}/{stage['repository']}:{dated}")
-    runner.log.append(f"== builder verify --key cosign.pub {dated}: exit {verify.returncode}")
+    # 5. the new dated tag verifies by rebuild.yml's identity
+    verify = verify_by(stage, f"{stage['addr']}/{stage['repository']}:{dated}", REBUILD)
     assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
 

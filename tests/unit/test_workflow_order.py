@@ -86,14 +86,15 @@ def test_no_registry_writing_job_may_write_contents() -> None:
 
 def test_ci_signs_without_a_key_and_trusts_the_workflow_identity() -> None:
     """No step needs COSIGN_PRIVATE_KEY: whatever signs (the kept base, staged evidence,
-    publish, rebuild) signs with the job's OIDC token (`id-token: write`, tools/oidc_token.sh),
+    publish, rebuild, the repair's re-signing of a lost signature) signs with the job's OIDC token (`id-token: write`, tools/oidc_token.sh),
     whatever reads signatures back trusts the workflows' identity (tools/trusted_identity.sh),
     and a public key is used only when the secret holds one."""
     signing = {("build.yml", "build"): "builder build ",
                ("build.yml", "smoke-gpu"): "builder attest ",
                ("build.yml", "smoke-cpu"): "builder attest ",
                ("build.yml", "publish"): "builder publish ",
-               ("rebuild.yml", "rebuild"): "builder rebuild "}
+               ("rebuild.yml", "rebuild"): "builder rebuild ",
+               ("rebuild.yml", "repair"): "builder publish "}
     for (name, job_name), command in signing.items():
         job = workflow(name)["jobs"][job_name]
         assert job["permissions"].get("id-token") == "write", (name, job_name)
@@ -108,3 +109,31 @@ def test_ci_signs_without_a_key_and_trusts_the_workflow_identity() -> None:
                         script or "${args[@]}" in script, (name, step.get("name"))
                 if "> cosign.pub" in script:
                     assert 'if [ -n "${COSIGN_PUBLIC_KEY:-}" ]' in script, step.get("name")
+
+
+def test_build_yml_still_signs_with_the_key_when_the_secret_is_set() -> None:
+    """The workflow rehearsal runs build.yml with no COSIGN_* secret (keyless alone); a
+    repository that keeps the key still signs with it: each step whose `builder` command signs
+    (the kept base, the smoke report, the publication) gets COSIGN_PRIVATE_KEY and
+    COSIGN_PASSWORD from the secrets (builder reads them: keypair.signing_key), and the verify
+    step passes the secret public key as --key when there is one."""
+    jobs = workflow("build.yml")["jobs"]
+    for job_name, command in (("build", "builder build "), ("smoke-gpu", "builder smoke "),
+                              ("smoke-cpu", "builder smoke "), ("publish", "builder publish ")):
+        steps = jobs[job_name]["steps"]
+        env = steps[step_index(steps, command)]["env"]
+        assert env["COSIGN_PRIVATE_KEY"] == "${{ secrets.COSIGN_PRIVATE_KEY }}", job_name
+        assert env["COSIGN_PASSWORD"] == "${{ secrets.COSIGN_PASSWORD }}", job_name
+    steps = jobs["publish"]["steps"]
+    verify = steps[step_index(steps, "builder verify ")]
+    assert verify["env"]["COSIGN_PUBLIC_KEY"] == "${{ secrets.COSIGN_PUBLIC_KEY }}"
+    assert "key=(--key cosign.pub)" in verify["run"] and '"${key[@]}"' in verify["run"]
+
+
+def test_the_catalog_trusts_the_workflows_identity() -> None:
+    """The published catalog marks the workflows' identity as the trusted signer (and takes the
+    dated tags it signed as the history): the same identity every other reader trusts."""
+    steps = workflow("catalog.yml")["jobs"]["site"]["steps"]
+    script = steps[step_index(steps, "builder catalog ")]["run"]
+    assert '--certificate-identity-regexp "$(tools/trusted_identity.sh)"' in script
+    assert "--certificate-oidc-issuer https://token.actions.githubusercontent.com" in script

@@ -64,7 +64,7 @@ def test_tag_drift_alone_is_a_warning_and_rebuilds_nothing() -> None:
 
 def test_the_daily_job_repairs_drifted_tags_with_the_key_on_a_hosted_runner() -> None:
     """Issue 40 item 3: a `tag-drift` finding is not only a warning: a job that holds the
-    signing key runs `builder publish` for each drifted variant that is not rebuilt anyway,
+    signing key or its OIDC token runs `builder publish` for each drifted variant that is not rebuilt anyway,
     checks that no drift is left, and a failed repair opens the tracking issue."""
     wf = jobs("rebuild.yml")
     script = check_script()
@@ -73,7 +73,8 @@ def test_the_daily_job_repairs_drifted_tags_with_the_key_on_a_hosted_runner() ->
     repair = wf["repair"]
     assert repair["needs"] == "check" and "needs.check.outputs.drifted == 'true'" in repair["if"]
     assert repair["runs-on"] == "ubuntu-24.04" and repair["environment"] == "publish"
-    assert repair["permissions"] == {"contents": "read"}  # moves registry tags, never git
+    # moves registry tags, never git; signs a lost signature again as this workflow
+    assert repair["permissions"] == {"contents": "read", "id-token": "write"}
     assert repair["strategy"]["matrix"] == "${{ fromJSON(needs.check.outputs.repairs) }}"
     runs = [s.get("run", "") for s in repair["steps"]]
     login = next(i for i, r in enumerate(runs) if "docker login" in r)

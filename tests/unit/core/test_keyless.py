@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from memregistry import MemoryRegistry
 
-from builder.core import keyless, oci
+from builder.core import keyless, keypair, oci
 from builder.core.errors import BuilderError
 from builder.flows import verify_keyless
 
@@ -135,21 +136,21 @@ def test_keys_and_identities_either_suffices_unless_all_are_required() -> None:
 
 
 def test_the_catalog_shows_who_signed_a_verified_image_bundle(tmp_path: Path) -> None:
-    """Any identity the root's CA certified is shown (the page's commands then pin it); a
-    bundle of evidence (not the image's own predicate) or one that does not chain to the root
-    shows no one."""
+    """Any identity the root's CA certified is shown (the page's commands then pin it), marked
+    `trusted` when an identity the catalog was given names it; a bundle of evidence (not the
+    image's own predicate) or one that does not chain to the root shows no one."""
     from builder.model import catalog_doc
     from builder.stages import catalog
 
     digest = "sha256:" + "cd" * 32
 
-    def signers(root: Path, *names: str) -> list[dict[str, str]]:
+    def signers(root: Path, *names: str, trusting: tuple = ()) -> list[dict[str, Any]]:
         reg = ReferrerlessRegistry()
         reg.manifests[("torch", digest)] = b"{}"  # the subject attach() looks up
         for name in names:
             keyless.attach(reg, "torch", digest, (FIXTURE / name).read_bytes(), "x")
         reader = catalog.Reader(catalog.Source("r.example:5000", "torch"),
-                                catalog.Cache(None), tmp_path, [], root)
+                                catalog.Cache(None), tmp_path, [], root, trusting)
         reader.reg = reg
         index_tag = keyless.referrers_tag(digest)
         tags = catalog_doc.classify([index_tag, "2.13.0-py3.11-cpu-runtime"])
@@ -158,7 +159,12 @@ def test_the_catalog_shows_who_signed_a_verified_image_bundle(tmp_path: Path) ->
                                        {index_tag: reg.head("torch", index_tag).digest})
 
     image, evidence = "actions_attest_image.sigstore.json", "actions_attest_other.sigstore.json"
-    assert signers(ROOT, image, evidence, image) == [{"subject": MAIN, "issuer": ISSUER}]
+    assert signers(ROOT, image, evidence, image) == [{"subject": MAIN, "issuer": ISSUER,
+                                                      "trusted": False}]
+    main = keypair.Identity(ISSUER, MAIN)
+    assert signers(ROOT, image, trusting=(main,))[0]["trusted"] is True
+    pull = keypair.Identity(ISSUER, MAIN.replace("heads/main", "pull/7/merge"))
+    assert signers(ROOT, image, trusting=(pull,))[0]["trusted"] is False
     assert signers(ROOT, evidence) == []
     assert signers(keyless.PUBLIC_GOOD_ROOT, image) == []
 

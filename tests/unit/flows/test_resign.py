@@ -3,13 +3,14 @@ attested evidence, the same content, newer than the newest signed publication.""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from records import publication  # type: ignore[import-not-found]
 
-from builder.core import keypair, oci
+from builder.core import keyless, keypair, oci, sign
 from builder.flows import resign
 
 VID = "2.13.0-py3.11-cpu-runtime"
@@ -17,6 +18,8 @@ GOOD, OLD, DECOY, TWIN = ("sha256:" + c * 64 for c in "1234")
 CONTENT = "b" * 64
 TODAY = f"{VID}-20261206"
 TAGS = ["build-" + CONTENT[:20], VID, "latest"]
+IDENTITY = keypair.Identity(keyless.GITHUB_ISSUER, "https://github.com/o/r/.github/workflows/"
+                            "build.yml@refs/heads/main")
 
 
 class Reg:
@@ -93,4 +96,26 @@ def test_no_key_no_signature(world) -> None:
     group = [SimpleNamespace(variant=SimpleNamespace(id=VID), floating_tag=VID,
                              content_hash=CONTENT)]
     assert resign.restore(None, group, None, TAGS, keypair.Trust()) is None  # type: ignore[arg-type]
+    assert world["signed"] == []
+
+
+def test_an_oidc_token_signs_a_lost_signature_again_keylessly(world, monkeypatch) -> None:
+    """With a token and no key, the lost signature and its twin's come back as sigstore
+    bundles of the image (no evidence statements: that is attested already), naming the same
+    tags; no `.sig` is written."""
+    bundles = []
+    monkeypatch.setattr(keyless, "sign_and_attach", lambda _r, _repo, digest, token, config,
+                        statements, optional: bundles.append(
+                            (digest, token, config, statements, sign.signed_tags(optional))))
+    group = [SimpleNamespace(variant=SimpleNamespace(id=VID), floating_tag=VID,
+                             content_hash=CONTENT)]
+    matrix = SimpleNamespace(registry="127.0.0.1:5000", repository="torch")
+    trust = keypair.Trust(keyless=keypair.KeylessSigner("TOKEN", Path("mock.json")),
+                          vouchers=keypair.Vouchers(identities=(IDENTITY,)))
+    again = resign.restore(matrix, group, pub(OLD, f"{VID}-20261201"), TAGS,  # type: ignore[arg-type]
+                           trust)
+    assert again.digest == GOOD and again.signed is True
+    assert bundles == [(GOOD, "TOKEN", Path("mock.json"), [], {TODAY, *TAGS}),
+                       (TWIN, "TOKEN", Path("mock.json"), [],
+                        {f"{t}-zstd" for t in (TODAY, *TAGS)})]
     assert world["signed"] == []

@@ -8,13 +8,15 @@ from typing import Any
 import pytest
 from records import publication  # type: ignore[import-not-found]
 
-from builder.core import keypair, sign
+from builder.core import keyless, keypair, sign
 from builder.core.errors import UsageError
 from builder.flows import rollback
 
 VID = "2.13.0-py3.11-cpu-runtime"
 OLD, NEW, OLD_TWIN = ("sha256:" + c * 64 for c in "123")
 DATED_OLD, DATED_NEW = f"{VID}-20261201", f"{VID}-20261205"
+IDENTITY = keypair.Identity(keyless.GITHUB_ISSUER, "https://github.com/o/r/.github/workflows/"
+                            "build.yml@refs/heads/main")
 
 
 class Registry:
@@ -81,5 +83,23 @@ def test_only_an_older_signed_publication_can_be_rolled_back_to(world, dated, wh
 
 
 def test_a_rollback_needs_a_key(world) -> None:
-    with pytest.raises(UsageError, match="needs a signing key"):
+    with pytest.raises(UsageError, match="needs a signing key or an OIDC token"):
         rollback.rollback_to(Matrix(), DATED_OLD, keypair.UNSIGNED)  # type: ignore[arg-type]
+
+
+def test_an_oidc_token_signs_the_rollback_keylessly(world, monkeypatch) -> None:
+    """With a token and no key the rollback signature is a sigstore bundle of the image whose
+    statement names the same tags and the rollback (vouch reads it as it reads a `.sig`)."""
+    bundles = []
+    monkeypatch.setattr(keyless, "sign_and_attach", lambda _r, _repo, digest, token, _config,
+                        statements, optional: bundles.append((digest, token, statements,
+                                                              optional)))
+    trust = keypair.Trust(keyless=keypair.KeylessSigner("TOKEN"),
+                          vouchers=keypair.Vouchers(identities=(IDENTITY,)))
+    row = rollback.rollback_to(Matrix(), DATED_OLD, trust)  # type: ignore[arg-type]
+    assert row["status"] == "rolled-back" and world["made"] == []  # no `.sig`
+    [(digest, token, statements, optional), (twin_digest, *_)] = bundles
+    assert (digest, token, statements, twin_digest) == (OLD, "TOKEN", [], OLD_TWIN)
+    assert sign.signed_tags(optional) == {DATED_OLD, VID, "latest"}
+    assert optional[sign.ROLLBACK_TO] == DATED_OLD and optional[sign.ROLLBACK_FROM] == DATED_NEW
+    assert world["reg"].by_tag[VID] == OLD

@@ -100,12 +100,14 @@ def test_an_identity_signed_image_gets_commands_that_pin_its_signer() -> None:
     rows = howto.verify_commands(REF, {"present": False, "identities": [who]}, "cosign.pub", None)
     pinned = (f"--certificate-identity {who['subject']} --certificate-oidc-issuer "
               f"{who['issuer']}")
-    assert rows[1] == (f"signed keylessly by {who['subject']} (builder)",
-                       f"builder verify {pinned} {REF}")
+    assert rows[1] == (f"signed keylessly by {who['subject']} (not an identity given as "
+                       "trusted; builder)", f"builder verify {pinned} {REF}")
     assert rows[2][1] == f"cosign verify {pinned} {REF}"
     assert rows[3][1] == (f"gh attestation verify oci://{REF} --bundle-from-oci --repo "
                           f"o/torch-images --cert-identity {who['subject']} --cert-oidc-issuer "
                           f"{who['issuer']}")
+    rows = howto.verify_commands(REF, {"identities": [{**who, "trusted": True}]}, "k", None)
+    assert rows[1][0] == f"signed keylessly by {who['subject']} (a trusted identity; builder)"
     person = {"subject": "someone@example.com", "issuer": "https://accounts.google.com"}
     rows = howto.verify_commands(REF, {"present": False, "identities": [person]}, "k", None)
     assert len(rows) == 3  # no GitHub repository to name: no gh command
