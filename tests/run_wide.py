@@ -37,10 +37,11 @@ Make = Callable[[Path, list[Undo]], dict[str, Any]]
 # out whole modules in collection order (noxfile.py turns its reordering by test count off), so
 # a long module begun last would run alone at the end.
 SLOWEST_FIRST = (
-    "tests/e2e/test_e2e.py",  # ~670 s (the CUDA slim and devel built, smoked on the CPU)
-    "tests/e2e/test_reproduce_e2e.py",  # ~380 s
-    "tests/e2e/test_workflow_rehearsal.py",  # ~270 s
-    "tests/e2e/test_rebuild_e2e.py",  # ~260 s
+    "tests/e2e/test_e2e.py",  # ~570 s (the CUDA slim and devel; the shared publication first)
+    "tests/e2e/test_workflow_rehearsal.py",  # ~300 s, its own clone: the other worker's first
+    # The session's publication is made by then: its first test does not wait for it.
+    "tests/e2e/test_reproduce_e2e.py",  # ~200 s (a private engine: two builds, one reproduce)
+    "tests/e2e/test_rebuild_e2e.py",  # ~170 s
     "tests/e2e/test_signed_cache_rebuild_e2e.py",  # two real rebuilds
     # Builds outside `run_builder` (so outside the base lock): done before the two below.
     "tests/e2e/test_readme_quickstart_e2e.py",

@@ -39,7 +39,8 @@ def cmd_attest(args: argparse.Namespace) -> int:
     token = keyless.identity_token(args.identity_token, dict(os.environ))
     if token is None:
         raise BuilderError("no identity token to sign with",
-                           hint="give --identity-token FILE or set SIGSTORE_ID_TOKEN")
+                           hint="give --identity-token FILE, set SIGSTORE_ID_TOKEN, or run in "
+                           "a GitHub Actions job with `permissions: id-token: write`")
     reference = reference_of(args.reference, args.matrix)
     reg = oci.Registry(reference.registry)
     desc = reg.head(reference.repository, reference.ref)

@@ -195,8 +195,8 @@ def matrix_vouchers(m: matrix.Matrix) -> keypair.Vouchers:
 
 
 def keyless_signer(args: argparse.Namespace) -> keypair.KeylessSigner | None:
-    """The OIDC token (--identity-token, else SIGSTORE_ID_TOKEN) and sigstore config to sign
-    keylessly with; None without a token."""
+    """The OIDC token (--identity-token, else SIGSTORE_ID_TOKEN, else a GitHub Actions job's
+    own, asked for when signing) and sigstore config to sign keylessly with; None without."""
     token = keyless.identity_token(args.identity_token, dict(os.environ))
     return None if token is None else keypair.KeylessSigner(token, sigstore_config(args))
 
@@ -204,8 +204,9 @@ def keyless_signer(args: argparse.Namespace) -> keypair.KeylessSigner | None:
 def add_keyless_options(p: argparse.ArgumentParser) -> None:
     """The OIDC token and sigstore instance of keyless signing (attest, publish)."""
     p.add_argument("--identity-token", type=Path, metavar="FILE",
-                   help="OIDC token to sign with (default: $SIGSTORE_ID_TOKEN; in GitHub Actions "
-                   "the job's token for audience `sigstore`)")
+                   help="OIDC token to sign with (default: $SIGSTORE_ID_TOKEN; in a GitHub "
+                   "Actions job with `id-token: write`, the job's token for audience `sigstore`, "
+                   "asked for when signing)")
     p.add_argument("--sigstore-config", type=Path, metavar="FILE",
                    help="sigstore client trust config (trusted root + signing config: which "
                    f"Fulcio, Rekor, TSA); default: ${SIGSTORE_CONFIG_ENV}, else sigstore's "

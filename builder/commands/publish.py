@@ -46,11 +46,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
     trusted key or identity (--trust-key, --certificate-identity…, else the matrix's `trust:`)
     and valid, copy it into the vetted repository by digest, attach SBOM, smoke report and
     provenance with their signed attestations, sign the digest naming its tags (cosign's format:
-    --key or COSIGN_PRIVATE_KEY; keyless with an OIDC token, --identity-token or
-    SIGSTORE_ID_TOKEN: sigstore bundles of the digest and its evidence, as `builder attest`
-    writes them; either or both), then tag `<tag>-YYYYMMDD` (never overwritten), `build-<hash>`,
-    the floating tag and aliases. Never builds; a stopped run is completed by the next. Exit 1
-    when any image was refused."""
+    --key or COSIGN_PRIVATE_KEY; keyless with an OIDC token, --identity-token,
+    SIGSTORE_ID_TOKEN or a GitHub Actions job's own (`id-token: write`): sigstore bundles of
+    the digest and its evidence, as `builder attest` writes them; either or both), then tag
+    `<tag>-YYYYMMDD` (never overwritten), `build-<hash>`, the floating tag and aliases. Never
+    builds; a stopped run is completed by the next. Exit 1 when any image was refused."""
     if args.rollback_to and args.dry_run:
         raise UsageError("--rollback-to moves tags: it has no --dry-run",
                          hint="`builder verify --key` of the dated tag shows what it names")

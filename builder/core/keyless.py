@@ -323,22 +323,49 @@ def verified_statements(reg: oci.Registry, repository: str, digest: str, policy:
 # ---- signing -------------------------------------------------------------------------------------
 
 
+AMBIENT = ""  # the token of identity_token for "ask the CI job's OIDC provider when signing"
+
+
 def identity_token(path: Path | None, environ: dict[str, str]) -> str | None:
-    """The OIDC token to sign with: --identity-token FILE, else SIGSTORE_ID_TOKEN (what a CI
-    job exports from its OIDC provider), else None (no keyless signing)."""
+    """The OIDC token to sign with: --identity-token FILE, else SIGSTORE_ID_TOKEN, else AMBIENT
+    in a GitHub Actions job that may ask for one (`id-token: write` sets
+    ACTIONS_ID_TOKEN_REQUEST_URL and _TOKEN), else None (no keyless signing)."""
     if path is not None:
         try:
             return path.read_text().strip()
         except OSError as exc:
             raise BuilderError(f"--identity-token {path}: {exc.strerror}") from None
-    return environ.get("SIGSTORE_ID_TOKEN") or None
+    if token := environ.get("SIGSTORE_ID_TOKEN"):
+        return token
+    github = ("GITHUB_ACTIONS", "ACTIONS_ID_TOKEN_REQUEST_URL", "ACTIONS_ID_TOKEN_REQUEST_TOKEN")
+    return AMBIENT if all(environ.get(name) for name in github) else None
+
+
+def ambient_token() -> str:
+    """A token from the CI job's OIDC provider, asked for when signing rather than when the job's
+    step starts: GitHub's tokens are short-lived, and a CUDA build or a rebuild that signs at
+    its end outlasts one fetched before it (cosign asks at signing time too). sigstore-python's
+    `detect_credential` makes the request (GitHub Actions, GitLab, Buildkite, CircleCI, GCP)."""
+    from sigstore.oidc import IdentityError, detect_credential
+
+    try:
+        token = detect_credential()
+    except IdentityError as exc:
+        raise BuilderError(f"keyless signing: the CI job's OIDC provider: {_one_line(exc)}",
+                           hint="the job needs `permissions: id-token: write`") from None
+    if not token:
+        raise BuilderError("keyless signing: the CI job's OIDC provider gave no token",
+                           hint="the job needs `permissions: id-token: write`, or set "
+                           "SIGSTORE_ID_TOKEN")
+    return token
 
 
 def sign_statements(token: str, trust_config: Path | None, statements: list[dict[str, Any]]
                     ) -> list[bytes]:
     """One sigstore bundle per in-toto statement, all under one short-lived Fulcio certificate
     for the token's identity, each logged in Rekor. `trust_config` is sigstore's client trust
-    config (trusted root + signing config: which Fulcio, Rekor, TSA); None: public good."""
+    config (trusted root + signing config: which Fulcio, Rekor, TSA); None: public good. A token
+    of AMBIENT is asked of the CI job's OIDC provider now (ambient_token)."""
     from sigstore import dsse
     from sigstore.errors import Error as SigstoreError
     from sigstore.models import ClientTrustConfig
@@ -349,7 +376,7 @@ def sign_statements(token: str, trust_config: Path | None, statements: list[dict
         config = (ClientTrustConfig.from_json(trust_config.read_text()) if trust_config
                   else ClientTrustConfig.production())
         context = SigningContext.from_trust_config(config)
-        with context.signer(IdentityToken(token)) as signer:
+        with context.signer(IdentityToken(token or ambient_token())) as signer:
             return [signer.sign_dsse(dsse.Statement(json.dumps(x).encode())).to_json().encode()
                     for x in statements]
     except ExpiredCertificate:

@@ -11,7 +11,6 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import run_wide
@@ -62,13 +61,14 @@ def run_builder(*args: str, matrix: Path | None = None, env: dict[str, str] | No
 PRIVATE_REPOSITORIES: set[str] = set()
 
 
-def private_matrix(folder: Path, **changes: object) -> Path:
-    """The shipped matrix under a repository name of its own (plus `changes`), in `folder`:
-    images a test builds never take the names of the user's images (`nox -s build` would call
-    them up to date). Remove them with `remove_images_of`."""
+def private_matrix(folder: Path, source: Path = ROOT / "matrix.yaml", **changes: object) -> Path:
+    """The shipped matrix (or `source`) under a repository name of its own (plus `changes`), in
+    `folder`: images a test builds never take the names of the user's images (`nox -s build`
+    would call them up to date), nor of the session's publication. Remove them with
+    `remove_images_of`."""
     import yaml
 
-    data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    data = yaml.safe_load(source.read_text())
     data |= {"repository": f"e2e-{uuid.uuid4().hex[:8]}-torch", **changes}
     PRIVATE_REPOSITORIES.add(data["repository"])
     path = folder / "matrix.yaml"
@@ -163,27 +163,6 @@ def cosign_env(password: str) -> dict[str, str]:
     environ = {**os.environ, "COSIGN_PASSWORD": password}
     environ.pop("COSIGN_PRIVATE_KEY", None)
     return environ
-
-
-@contextlib.contextmanager
-def trusting_registry(tmp: Path, alias: str, password: str) -> Iterator[dict[str, Any]]:
-    """A fresh registry of the module's own, a key pair from `builder keygen` (`ours/`), and
-    cpu_alias_matrix trusting its public half; the registry and its images removed afterwards."""
-    from builder.core import registry
-
-    addr = f"127.0.0.1:{free_port()}"
-    matrix_path = cpu_alias_matrix(tmp, addr, alias, trust_keys=["ours/cosign.pub"])
-    registry.start(addr, tmp / "registry")
-    environ = {**cosign_env(password), "BUILDER_STATE": str(tmp / "state")}
-    (tmp / "ours").mkdir()
-    try:
-        run_builder("keygen", "--out", str(tmp / "ours"), env=environ)
-        yield {"matrix": matrix_path, "addr": addr, "tmp": tmp, "env": environ,
-               "key": tmp / "ours" / "cosign.key", "pub": tmp / "ours" / "cosign.pub",
-               "reg": oci.Registry(addr)}
-    finally:
-        registry.stop(tmp / "registry")
-        remove_images_at(addr)
 
 
 # ---- forging registry content, as anyone with push rights could ------------------------------

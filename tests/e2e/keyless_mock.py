@@ -89,7 +89,8 @@ class OidcEndpoint:
     """GitHub's OIDC token endpoint as a job sees it: `grant` gives a job with `id-token:
     write` its ACTIONS_ID_TOKEN_REQUEST_URL and ACTIONS_ID_TOKEN_REQUEST_TOKEN, and a GET of
     `<url>&audience=sigstore` with `Authorization: bearer <that token>` answers `{"value":
-    <a mock token whose subject is the job's workflow identity>}` (tools/oidc_token.sh)."""
+    <a mock token whose subject is the job's workflow identity>}` (what builder asks through
+    sigstore-python's detect_credential when it signs)."""
 
     url: str
     granted: dict[str, str] = field(default_factory=dict)  # request token -> identity

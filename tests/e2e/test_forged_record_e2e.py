@@ -1,8 +1,10 @@
 """Push rights are not trust, for real (issues 40.2, 40.3, 41.1): tags anyone may write never
 become the record, and what they moved is put right.
 
-One CPU runtime image is built and staged with signed evidence, then published once with a key
-from `builder keygen`, under a matrix whose `trust_keys` is that key's public half. Beside it
+The session's CPU runtime (fixtures_published: built and staged with signed evidence once) is
+published once into a registry of this module's own with the session's `builder keygen` key,
+under the session's matrix moved there, whose `trust_keys` is that key's public half and whose
+staging stays the session's (only read: nothing is built or pushed again). Beside it
 the test makes, with the same key, the signed publications a pipeline would have made (tiny
 images wearing the real labels: an older one, and a newer one of other content), and forges
 tags straight into the registry's HTTP API as anyone with push rights could:
@@ -38,33 +40,34 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import (
-    Saved,
-    fake_image,
-    real_labels,
-    run_builder,
-    trusting_registry,
-)
+from fixtures_published import ALIAS, PASSWORD, Publication, moved_matrix, own_registry
+from helpers import Saved, fake_image, real_labels, run_builder
 
-from builder.core import clock, keypair, labels, sign
+from builder.core import clock, keypair, labels, oci, sign
 from builder.model import tags as tag_rules
 
 pytestmark = pytest.mark.docker
 
 CPU = "2.13.0-py3.11-cpu-runtime"
 NEVER_BUILT = "2.13.0-py3.11-cpu-slim"
-ALIAS = "latest-cpu-runtime"
-PASSWORD = "correct horse"
 OLDER_DATE = "20200101"
 FORGED_COUNT = 20
 SKIP = ("--skip-source", "python-vuln", "--skip-source", "debian-security")
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A fresh registry, a key pair, a matrix trusting that key (helpers.trusting_registry)."""
-    with trusting_registry(tmp_path_factory.mktemp("forged-record"), ALIAS, PASSWORD) as found:
-        yield found
+def env(shared_publication: Publication,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A registry of the module's own; the session's matrix moved there, trusting the session's
+    key, its staging the session's; a state folder of the module's own."""
+    shared, tmp = shared_publication, tmp_path_factory.mktemp("forged-record")
+    with own_registry(tmp) as addr:
+        matrix = moved_matrix(shared, tmp, addr, staging=f"{shared.addr}/{shared.staging}",
+                              trust_keys=[str(shared.pub)])
+        yield {"matrix": matrix, "addr": addr, "tmp": tmp, "repo": shared.repository,
+               "shared": shared, "key": shared.key, "pub": shared.pub,
+               "env": {**shared.env, "BUILDER_STATE": str(tmp / "state")},
+               "reg": oci.Registry(addr)}
 
 
 def builder(env: dict[str, Any], *args: str, check: bool = False
@@ -78,18 +81,18 @@ def publish(env: dict[str, Any]) -> subprocess.CompletedProcess[str]:
 
 
 def verify(env: dict[str, Any], tag: str) -> subprocess.CompletedProcess[str]:
-    return run_builder("verify", f"{env['addr']}/torch:{tag}", "--key", str(env["pub"]),
+    return run_builder("verify", f"{env['addr']}/{env['repo']}:{tag}", "--key", str(env["pub"]),
                        env=env["env"], check=False)
 
 
 def head(env: dict[str, Any], tag: str) -> str | None:
-    desc = env["reg"].head("torch", tag)
+    desc = env["reg"].head(env["repo"], tag)
     return desc.digest if desc else None
 
 
 def snapshot(env: dict[str, Any]) -> dict[str, str | None]:
     """Every tag of the vetted repository → its digest."""
-    return {tag: head(env, tag) for tag in env["reg"].tags("torch")}
+    return {tag: head(env, tag) for tag in env["reg"].tags(env["repo"])}
 
 
 def ours(env: dict[str, Any]) -> keypair.SigningKey:
@@ -111,21 +114,20 @@ def twin(tag: str) -> str:
 
 @pytest.fixture(scope="module")
 def published(env: dict[str, Any]) -> dict[str, Any]:
-    """Case (c)'s setting, then the module's one real publication: the image built and staged
-    (signed evidence), FORGED_COUNT unsigned dated tags for today (and twins) planted on an
-    image wearing its labels, then `publish --key`. Returns its publication and publish's run."""
-    out = builder(env, "build", "--select", f"id={CPU}", "--stage", "--key", str(env["key"]),
-                  "--json", check=True)
-    staged = json.loads(out.stdout)[0]["message"].rsplit("@", 1)[1]
+    """Case (c)'s setting, then the module's one real publication: FORGED_COUNT unsigned dated
+    tags for today (and twins) planted on an image wearing the session's staged image's labels,
+    then `publish --key` of that staged image. Returns its publication and publish's run."""
+    shared: Publication = env["shared"]
     reg = env["reg"]
-    decoy = fake_image(reg, "torch", real_labels(reg, "torch-staging", staged))
+    staged_labels = real_labels(oci.Registry(shared.addr), shared.staging, shared.staged)
+    decoy = fake_image(reg, env["repo"], staged_labels)
     forged = [f"{CPU}-{today(env)}" + (f".{n}" if n else "") for n in range(FORGED_COUNT)]
-    body, desc = reg.manifest("torch", decoy)  # one small manifest, a PUT per tag
+    body, desc = reg.manifest(env["repo"], decoy)  # one small manifest, a PUT per tag
     for tag in forged:
         for name in (tag, twin(tag)):
-            reg.put_manifest("torch", name, body, desc.media_type)
+            reg.put_manifest(env["repo"], name, body, desc.media_type)
     result = publish(env)
-    print(out.stderr, result.stdout, result.stderr, sep="\n")  # each step's time (pytest -rP)
+    print(result.stdout, result.stderr, sep="\n")  # each step's time (pytest -rP)
     [pub] = json.loads((env["tmp"] / "published.json").read_text())["variants"][CPU][
         "publications"]
     return {**pub, "run": result, "forged": forged, "decoy": decoy}
@@ -143,11 +145,11 @@ def signed_publication(env: dict[str, Any], published: dict[str, Any], dated: st
     """A publication of the CPU runtime signed by the trusted key (a tiny image wearing the
     real labels but `content_hash`), tagged `dated` only."""
     reg = env["reg"]
-    found = real_labels(reg, "torch", published["digest"]) | {labels.CONTENT_HASH: content_hash}
-    digest = fake_image(reg, "torch", found)
+    found = real_labels(reg, env["repo"], published["digest"]) | {labels.CONTENT_HASH: content_hash}
+    digest = fake_image(reg, env["repo"], found)
     tags = [dated, tag_rules.HASH_TAG_PREFIX + content_hash[:20], CPU, ALIAS]
-    sign.sign_image(reg, "torch", digest, ours(env), sign.tag_annotations(CPU, tags))
-    reg.tag("torch", digest, dated)
+    sign.sign_image(reg, env["repo"], digest, ours(env), sign.tag_annotations(CPU, tags))
+    reg.tag(env["repo"], digest, dated)
     return {"digest": digest, "dated_tag": dated, "content_hash": content_hash}
 
 
@@ -161,8 +163,8 @@ def saved(env: dict[str, Any]) -> Iterator[Saved]:
 def forge(env: dict[str, Any], saved: Saved, digest: str, *tags: str) -> None:
     """Point `tags` at `digest`, as anyone with push rights may; put back after the test."""
     for tag in tags:
-        saved.keep("torch", tag)
-        env["reg"].tag("torch", digest, tag)
+        saved.keep(env["repo"], tag)
+        env["reg"].tag(env["repo"], digest, tag)
 
 
 def rolled_back(result: subprocess.CompletedProcess[str], tag: str, newest: str) -> None:
@@ -292,7 +294,7 @@ def test_d_publish_repairs_a_forged_rollback(env, published, older, saved) -> No
 
 def test_e_a_checkout_behind_the_registry_moves_nothing(env, published, saved) -> None:
     newer = f"{published['dated_tag']}.1"
-    saved.keep("torch", newer)
+    saved.keep(env["repo"], newer)
     pub = signed_publication(env, published, newer, "f" * 64)
     forge(env, saved, pub["digest"], CPU, ALIAS)  # as its publish moved them
     before = snapshot(env)
@@ -316,10 +318,10 @@ def test_f_a_forged_dated_tag_on_the_slims_signed_digest(env, published, saved) 
     building a second torch variant would take minutes and prove nothing more, since the record
     reads only the labels and the signature (both the slim's here)."""
     reg = env["reg"]
-    found = real_labels(reg, "torch", published["digest"])
-    slim = fake_image(reg, "torch", found | {labels.VARIANT: NEVER_BUILT,
+    found = real_labels(reg, env["repo"], published["digest"])
+    slim = fake_image(reg, env["repo"], found | {labels.VARIANT: NEVER_BUILT,
                                              labels.FLAVOR: "slim"})
-    sign.sign_image(reg, "torch", slim, ours(env), sign.tag_annotations(
+    sign.sign_image(reg, env["repo"], slim, ours(env), sign.tag_annotations(
         NEVER_BUILT, [f"{NEVER_BUILT}-{today(env)}", NEVER_BUILT]))
     forged = f"{CPU}-99991231"
     forge(env, saved, slim, forged, twin(forged))
@@ -329,7 +331,7 @@ def test_f_a_forged_dated_tag_on_the_slims_signed_digest(env, published, saved) 
     assert "records no publication" not in check.stdout + check.stderr
     assert already_published(publish(env), published) == []
     site = env["tmp"] / "site-f"
-    run_builder("catalog", f"{env['addr']}/torch", "--out", str(site), "--key", str(env["pub"]),
+    run_builder("catalog", f"{env['addr']}/{env['repo']}", "--out", str(site), "--key", str(env["pub"]),
                 env=env["env"])
     doc = json.loads((site / "catalog.json").read_text())
     [entry] = [v for v in doc["variants"] if v["tag"] == CPU]
@@ -347,8 +349,8 @@ def test_g_publish_signs_again_an_overwritten_sig(env, published, saved) -> None
     reg, made = env["reg"], published["zstd"]["digest"]
     junk = [sign.Layer(sign.SIMPLE_SIGNING, b"{}", {sign.SIGNATURE_ANNOTATION: "AAAA"})]
     for digest in (published["digest"], made):
-        saved.keep("torch", sign.sig_tag(digest))
-        sign.write_layers(reg, "torch", sign.sig_tag(digest), junk)
+        saved.keep(env["repo"], sign.sig_tag(digest))
+        sign.write_layers(reg, env["repo"], sign.sig_tag(digest), junk)
     before = verify(env, CPU)
     assert before.returncode == 1, before.stdout
     print("before:", next(x for x in before.stdout.splitlines() if "signature" in x))
@@ -369,7 +371,7 @@ def test_g_publish_signs_again_an_overwritten_sig(env, published, saved) -> None
 
 def test_the_catalog_lists_only_signed_publications_as_history(env, published, older) -> None:
     site = env["tmp"] / "site"
-    run_builder("catalog", f"{env['addr']}/torch", "--out", str(site), "--key", str(env["pub"]),
+    run_builder("catalog", f"{env['addr']}/{env['repo']}", "--out", str(site), "--key", str(env["pub"]),
                 env=env["env"])
     doc = json.loads((site / "catalog.json").read_text())
     [entry] = [v for v in doc["variants"] if v["tag"] == CPU]

@@ -1,13 +1,21 @@
-"""`builder reproduce` for real: build, stage and publish the CPU runtime; forget the image and
-BuildKit's layer cache; rebuild from the provenance and get the same image. A planted
-non-determinism (a test-only template that writes the build's time into a file) makes it exit 1
-and name that file.
+"""`builder reproduce` for real: the session's published CPU runtime (fixtures_published) rebuilt
+from its provenance with no layer cache, on an engine of the module's own, is the same image. A
+planted non-determinism (a test-only template that writes the build's time into a file) makes it
+exit 1 and name that file.
 
 Forgetting prunes BuildKit's layer records (`--filter type=regular`), so the module runs on an
 engine of its own (private_engine: a second dockerd, its own data root and bridge, removed
 afterwards) with the shared engine's bootstrapped base loaded into it: the shared build cache
-stays whole under every other test, in any order. Needs the worktree to be committed: the
-rebuild checks out the commit the image names.
+stays whole under every other test, in any order. One build there warms that engine's cache
+mounts first, as the shared engine's are (an image published from the first build on a
+brand-new engine did not reproduce bit for bit); its layer records are what forgetting prunes.
+
+The planted image is built and published on the shared engine (every step before the planted
+one is the session image's, cached there), so the private engine never ran the planted step: its
+rebuild takes the other steps from the first test's rebuild (or the warm build), runs the
+planted one afresh, and that layer alone differs. Needs the worktree committed, and unchanged
+while the run lasts: the session's image is labelled dirty when built from a tree that differs
+from its commit, and the rebuild checks out that commit.
 """
 
 from __future__ import annotations
@@ -20,8 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
-from helpers import free_port, run_builder
+from fixtures_published import Publication
+from helpers import amd64_matrix, free_port, private_matrix, run_builder
 from private_engine import private_engine
 
 from builder.core import engine, registry
@@ -42,9 +50,10 @@ def base_tags() -> tuple[str, ...]:
 
 
 @pytest.fixture(scope="module")
-def own_engine() -> Iterator[str]:
+def own_engine(shared_publication: Publication) -> Iterator[str]:
     """The module's own dockerd, with DOCKER_HOST pointing at it (the builder's commands, and
-    engine.docker here); gone afterwards, on failure too."""
+    engine.docker here); gone afterwards, on failure too. The session's publication is asked for
+    first: made (and its environment taken) here, it would be made on this engine."""
     with private_engine(base_tags()) as private, pytest.MonkeyPatch.context() as patch:
         patch.setenv("DOCKER_HOST", private.host)
         yield private.host
@@ -52,18 +61,12 @@ def own_engine() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, own_engine):
-    """A matrix with a fresh registry on a free port, built on the module's own engine."""
+    """The module's engine, its cache mounts warmed by one build of the CPU runtime (no smoke
+    test or SBOM) under a matrix of a registry of the module's own."""
     tmp = tmp_path_factory.mktemp("reproduce")
     addr = f"127.0.0.1:{free_port()}"
-    data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
-    data["registry"] = addr
-    data.setdefault("exclude", []).append({"platform": "linux/arm64"})
-    (tmp / "matrix.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     registry.start(addr, tmp / "registry")
-    env = {"matrix": tmp / "matrix.yaml", "addr": addr, "tmp": tmp, "engine": own_engine}
-    # What the shared engine had: warm caches (an image published from the first build on a
-    # brand-new engine did not reproduce bit for bit). Only the build warms them: no smoke test
-    # or SBOM, which each published build below makes (--force) for its own image.
+    env = {"matrix": amd64_matrix(tmp, addr), "tmp": tmp, "engine": own_engine}
     builder(env, "build", "--select", f"id={CPU}", "--no-smoke", "--no-sbom")
     yield env
     registry.stop(tmp / "registry")
@@ -75,46 +78,60 @@ def builder(env, *args: str, extra_env: dict[str, str] | None = None,
                        env={**os.environ, **(extra_env or {})})
 
 
-def publish(env, extra_env: dict[str, str] | None = None) -> str:
-    """Build (smoke, SBOM), stage and publish the CPU runtime; returns its reference."""
-    builder(env, "build", "--select", f"id={CPU}", "--stage", "--force", extra_env=extra_env)
-    manifest = env["tmp"] / "published.json"
-    builder(env, "publish", "--select", f"id={CPU}", "--manifest", str(manifest), "--unsigned",
-            extra_env=extra_env)
-    pubs = json.loads(manifest.read_text())["variants"][CPU]["publications"]
-    return pubs[-1]["reference"]
+def shared_engine_env(**extra: str) -> dict[str, str]:
+    """This process's environment without the module's DOCKER_HOST (the shared engine)."""
+    return {**{k: v for k, v in os.environ.items() if k != "DOCKER_HOST"}, **extra}
 
 
 def forget(env) -> None:
-    """What a fresh engine lacks: the image and every cached layer of every build."""
+    """What a fresh engine lacks: the warm build's image and every cached layer of every build
+    (the cache mounts stay)."""
     plan = json.loads(builder(env, "plan", "--select", f"id={CPU}", "--json").stdout)
     assert engine.engine_address() == env["engine"]  # never the shared engine's cache
     engine.remove_image(plan["include"][0]["image"])
     engine.docker("builder", "prune", "-af", "--filter", "type=regular", timeout=600)
 
 
-def test_a_published_image_is_rebuilt_bit_for_bit(env):
-    reference = publish(env)
+def test_a_published_image_is_rebuilt_bit_for_bit(env, shared_publication: Publication) -> None:
+    shared = shared_publication
     forget(env)
-    result = builder(env, "reproduce", reference, "--json", check=False)
+    result = run_builder("reproduce", shared.reference, "--json", matrix=shared.matrix,
+                         check=False)
     assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
     doc = json.loads(result.stdout)
     differing = [{k: layer[k] for k in ("index", "paths", "step")}
                  for layer in doc["layers"] if not layer["same"]]
     assert result.returncode == 0, json.dumps(differing, indent=1)[-6000:]
     assert doc["identical"] and doc["rebuilt_id"] == doc["published_id"]
+    assert doc["published_id"] == shared.built["image_id"]
 
 
-def test_a_planted_build_time_is_named_and_exits_1(env):
-    templates = env["tmp"] / "templates"
+def publish_planted(shared: Publication, folder: Path, templates: Path) -> tuple[str, Path]:
+    """The CPU runtime from `templates`, built, smoked, SBOM'd, staged and published (unsigned)
+    on the shared engine under a repository of its own in the session's registry (its push
+    mounts the session image's layers); returns its reference and matrix."""
+    matrix = private_matrix(folder, source=shared.matrix, compression=["gzip"])
+    environ = shared_engine_env(BUILDER_TEMPLATES=str(templates),
+                                BUILDER_STATE=str(folder / "state"))
+    run_builder("build", "--select", f"id={CPU}", "--stage", matrix=matrix, env=environ)
+    manifest = folder / "published.json"
+    run_builder("publish", "--select", f"id={CPU}", "--manifest", str(manifest), "--unsigned",
+                matrix=matrix, env=environ)
+    pubs = json.loads(manifest.read_text())["variants"][CPU]["publications"]
+    return pubs[-1]["reference"], matrix
+
+
+def test_a_planted_build_time_is_named_and_exits_1(env, shared_publication: Publication,
+                                                   tmp_path: Path) -> None:
+    templates = tmp_path / "templates"
     shutil.copytree(ROOT / "templates", templates)
     dockerfile = templates / "Dockerfile.j2"
     text = dockerfile.read_text()
     dockerfile.write_text(text.replace("\nLABEL ", f"\nRUN date +%s%N > {PLANTED}\nLABEL ", 1))
-    planted = {"BUILDER_TEMPLATES": str(templates)}
-    reference = publish(env, planted)
-    forget(env)
-    result = builder(env, "reproduce", reference, extra_env=planted, check=False)
+    reference, matrix = publish_planted(shared_publication, tmp_path, templates)
+    assert engine.engine_address() == env["engine"]  # rebuilt where the step never ran
+    result = run_builder("reproduce", reference, matrix=matrix, check=False,
+                         env={**os.environ, "BUILDER_TEMPLATES": str(templates)})
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert "DIFFERENT" in result.stdout and PLANTED in result.stdout, result.stdout
     differing = [line for line in result.stdout.splitlines() if "DIFFERENT" in line]

@@ -7,7 +7,10 @@ its diff id in the config), the build says the cache was not used and why, Build
 offered it, and the `.pth` file is not in the built image (its files listed).
 
 On the shared engine (never pruned): BuildKit's local cache may hold the same steps, so the
-proof that the poisoned cache was never used is that BuildKit was never given it.
+proof that the poisoned cache was never used is that BuildKit was never given it. The matrix is
+a private repository in the session's registry, whose staging holds the session's publication
+(fixtures_published, asked for first): `docker push` mounts those layers instead of compressing
+them again.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from typing import Any
 
 import pytest
 from cache_poison import EVIL, build_log, cache_line, image_files, poison
-from helpers import cosign_env, free_port, private_matrix, remove_images_of, run_builder
+from fixtures_published import Publication
+from helpers import cosign_env, private_matrix, remove_images_of, run_builder
 
-from builder.core import keypair, oci, registry, sign
+from builder.core import keypair, oci, sign
 
 pytestmark = pytest.mark.docker
 
@@ -31,15 +35,15 @@ PASSWORD = "signed-cache-e2e"
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A private matrix on a registry of its own, our key pair; the variant built and staged
+def env(shared_publication: Publication,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A private matrix in the session's registry, our key pair; the variant built and staged
     with our key (so its cache image is pushed and signed)."""
     import yaml
 
     tmp = tmp_path_factory.mktemp("signed-cache")
-    addr = f"127.0.0.1:{free_port()}"
+    addr = shared_publication.addr
     matrix_path = private_matrix(tmp, registry=addr)
-    registry.start(addr, tmp / "registry")
     environ = cosign_env(PASSWORD)
     run_builder("keygen", "--out", str(tmp), env=environ)
     data = yaml.safe_load(matrix_path.read_text())
@@ -50,7 +54,6 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         env["staged"] = build(env, "--stage", "--key", env["key"])
         yield env
     finally:
-        registry.stop(tmp / "registry")
         remove_images_of(matrix_path)
 
 

@@ -3,8 +3,9 @@ likewise"): the scheduled path, which publishes, decides through the same functi
 (builder.stages.signed_cache.choose).
 
 The session's CPU runtime (fixtures_published) is staged (its cache image pushed and signed by
-the `builder keygen` key) and published into a registry of this module's own (`restage`: the
-build is the build cache's). A rebuild needs a reason that leaves the cached steps valid: a
+the `builder keygen` key) into a staging repository of this module's own in the session's
+registry (`own_staging`: the push mounts the session's layers) and published into a registry of
+this module's own (`restage`: the build is the build cache's). A rebuild needs a reason that leaves the cached steps valid: a
 moved base misses the cache for every step, so the lock gains a comment line (recorded in its
 `.json` as `builder lock` would): the content hash moves (`inputs-changed`), the Dockerfile and
 every mounted input do not. Then:
@@ -31,7 +32,7 @@ from typing import Any
 
 import pytest
 from cache_poison import EVIL, build_log, cache_line, image_files, poison
-from fixtures_published import CPU, Publication, own_registry, restage
+from fixtures_published import CPU, Publication, own_registry, own_staging, restage
 from helpers import run_builder
 
 from builder.core import keypair, oci, sign
@@ -47,15 +48,16 @@ SKIP = ("--skip-source", "debian-security", "--skip-source", "python-vuln",
 @pytest.fixture(scope="module")
 def env(shared_publication: Publication,
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """The session's image staged and published by the same key into this module's registry;
-    rebuilds keep their own state folder (the shared one is only read)."""
+    """The session's image staged (in a staging repository of this module's own) and published
+    by the same key into this module's registry; rebuilds keep their own state folder (the
+    shared one is only read)."""
     tmp = tmp_path_factory.mktemp("signed-cache-rebuild")
-    with own_registry(tmp) as addr:
-        pub = restage(shared_publication, tmp, addr)
-        staging = f"{pub.repository}-staging"
+    with own_registry(tmp) as addr, own_staging(shared_publication, "cache-rebuild") as ref:
+        pub = restage(shared_publication, tmp, addr, staging=ref)
+        staging_addr, staging = ref.split("/", 1)
         tag = "cache-" + pub.image.rsplit(":", 1)[1]
-        yield {"pub": pub, "tmp": tmp, "reg": oci.Registry(addr), "staging": staging,
-               "cache": f"{addr}/{staging}:{tag}", "tag": tag,
+        yield {"pub": pub, "tmp": tmp, "reg": oci.Registry(staging_addr), "staging": staging,
+               "staging_ref": ref, "cache": f"{ref}:{tag}", "tag": tag,
                "env": {**pub.env, "BUILDER_STATE": str(tmp / "state")}}
 
 
@@ -108,7 +110,7 @@ def test_rebuild_uses_a_genuine_signed_cache_by_its_digest(env) -> None:
     digest = env["reg"].head(env["staging"], env["tag"]).digest
     result = rebuild(env, "genuine")
     published(result)
-    pinned = f"{env['pub'].addr}/{env['staging']}@{digest}"
+    pinned = f"{env['staging_ref']}@{digest}"
     public = keypair.load_public(env["pub"].pub)
     assert cache_line(result).endswith(
         f"registry cache `{env['cache']}`: used as `{pinned}`, its signature verified against "

@@ -190,3 +190,28 @@ def test_the_issuer_extension_is_read_in_both_der_length_forms() -> None:
     long = b"x" * 200
     assert keyless._der_utf8(b"\x0c\x81\xc8" + long) == long
     assert keyless._der_utf8(b"\x04\x01a") == b""
+
+
+GITHUB_JOB = {"GITHUB_ACTIONS": "true", "ACTIONS_ID_TOKEN_REQUEST_URL": "https://t.example/?v=2",
+              "ACTIONS_ID_TOKEN_REQUEST_TOKEN": "request-token"}
+
+
+def test_a_github_job_that_may_ask_for_a_token_signs_with_one_asked_for_when_signing() -> None:
+    """No token fetched up front in a GitHub job (it could expire before a long build signs):
+    AMBIENT, unless --identity-token or SIGSTORE_ID_TOKEN names one; outside such a job, none."""
+    assert keyless.identity_token(None, GITHUB_JOB) == keyless.AMBIENT
+    assert keyless.identity_token(None, {**GITHUB_JOB, "SIGSTORE_ID_TOKEN": "tok"}) == "tok"
+    assert keyless.identity_token(None, {"GITHUB_ACTIONS": "true"}) is None
+    assert keyless.identity_token(None, {}) is None
+
+
+def test_the_ambient_token_is_asked_of_the_provider_and_its_absence_is_one_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sigstore.oidc
+
+    monkeypatch.setattr(sigstore.oidc, "detect_credential", lambda: "fresh.jwt.token")
+    assert keyless.ambient_token() == "fresh.jwt.token"
+    monkeypatch.setattr(sigstore.oidc, "detect_credential", lambda: None)
+    with pytest.raises(BuilderError, match="OIDC provider gave no token") as caught:
+        keyless.ambient_token()
+    assert "id-token: write" in (caught.value.hint or "")
