@@ -150,8 +150,7 @@ def test_the_check_step_fails_only_when_nothing_could_be_checked(tmp_path: Path)
     (no rebuild, no tracking issue); a matrix change (torch CVE) is not rebuilt but opens the
     tracking issue (`attention`); only a check where no source answered fails the job."""
     (tmp_path / "tools").mkdir()
-    for tool in ("trusted_identity.sh", "oidc_token.sh"):  # no OIDC here: keyless off
-        shutil.copy2(ROOT / "tools" / tool, tmp_path / "tools")
+    shutil.copy2(ROOT / "tools" / "trusted_identity.sh", tmp_path / "tools")
     unknown = {"variant_id": "v", "reason": "python-vuln", "status": "unknown",
                "detail": "pypi.org unreachable"}
     rc, log, out = run_check_step(tmp_path, answer({"python-vuln": "unknown"}, [unknown]), 2)

@@ -117,5 +117,4 @@ def test_the_daily_check_attaches_each_fresh_audit_with_the_key_it_is_given() ->
     assert step["env"]["COSIGN_PRIVATE_KEY"] == "${{ secrets.COSIGN_PRIVATE_KEY }}"
     assert check["environment"] == "publish"
     assert check["permissions"] == {"contents": "read", "id-token": "write"}  # keyless too
-    assert 'SIGSTORE_ID_TOKEN="$(tools/oidc_token.sh)"' in step["run"]
     assert "::notice title=audit \\(.refresh)::" in step["run"]
