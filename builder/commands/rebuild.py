@@ -20,7 +20,7 @@ from builder.commands.options import (
 )
 from builder.core import keypair
 from builder.core.output import emit_json, human_bytes, table
-from builder.flows import audit_check, relock_report
+from builder.flows import audit_check, audit_daily, relock_report
 from builder.flows.rebuild import Action, RebuildOptions, plan_actions, rebuild
 from builder.flows.rebuild_check import (
     REASONS,
@@ -38,7 +38,9 @@ from builder.model.matrix import Matrix, Variant
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "rebuild", cmd_rebuild, ("matrix", "select", "json", "registries",
                     "locks"), "rebuild published images whose sources moved")
-    p.add_argument("--check", action="store_true", help="report only; build and push nothing")
+    p.add_argument("--check", action="store_true",
+                   help="report only; build and publish nothing (each image is audited afresh: "
+                   "with --key, a report whose findings changed is attached, signed)")
     add_publishing_options(p, "say what would be rebuilt and why; change, build and push nothing")
     add_keyless_options(p)
     add_ca_bundle_option(p, "CA bundle for every download: the Debian and PyPI checks and "
@@ -99,8 +101,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     summary = {"checked": sorted({v.id for v in variants}),
                "sources": source_summary(findings, skip), "skipped": skip, "unknown": unknown}
     if args.check:
-        # The latest signed audit of each image: a CVE with a fix is in the daily output.
-        audits = audit_check.audits(latest_publications(matrix, vouched), variants, vouched)
+        audits = daily_audits(args, matrix, variants, vouched)
         if args.json:
             emit_json({"findings": [f.as_json() for f in findings], **summary,
                        "audits": [a.as_json() for a in audits], "exit_code": exit_code(findings)})
@@ -130,11 +131,28 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
                   [(a.variant_id, ", ".join(a.reasons), a.state, download_text(a), a.message)
                    for a in actions])
             print_changelogs(actions)
+    for a in actions:  # a failure's hint, as every error gives one (stderr)
+        if a.state == "failed" and a.hint:
+            print(f"hint: [{a.variant_id}] {a.hint}", file=sys.stderr)
     if any(a.state == "failed" for a in actions):
         return 1
     # What it did decides: a publication succeeded (unknown sources were warned about above);
     # 2 only when nothing was done because the sources that answered asked for nothing.
     return 2 if unknown and not actions else 0
+
+
+def daily_audits(args: argparse.Namespace, matrix: Matrix, variants: list[Variant],
+                 vouched: keypair.Vouchers) -> list[audit_check.Audit]:
+    """Each image audited afresh (builder.flows.audit_daily): a CVE published since is in the
+    daily output; with the signing key or an identity token (not --dry-run), a report whose
+    findings changed is attached, signed. Without either, one line (stderr) says so."""
+    signer = keypair.UNSIGNED if args.dry_run else keypair.Trust(
+        key=keypair.signing_key(args.key), keyless=keyless_signer(args))
+    audits = audit_check.audits(latest_publications(matrix, vouched), variants, vouched,
+                                audit_daily.refresher(signer))
+    if not signer.signs and any(a.refresh == audit_daily.NOT_ATTACHED for a in audits):
+        print(audit_daily.NO_KEY_LINE, file=sys.stderr)
+    return audits
 
 
 def warn_unknown(findings: list[Finding]) -> list[dict[str, str]]:

@@ -48,7 +48,8 @@ def register(subparsers: Any) -> None:
                    help="add the findings to this SBOM's `vulnerabilities` (re-validated)")
     a.add_argument("--debian-security-suite", default="bookworm-security", metavar="SUITE")
     a.add_argument("--debian-mirror", default=None, metavar="URL",
-                   help="debian-security mirror (default: http://deb.debian.org/debian-security)")
+                   help="debian-security mirror (default: $BUILDER_DEBIAN_SECURITY_MIRROR, else "
+                   "http://deb.debian.org/debian-security)")
     a.add_argument("--attach", action="store_true",
                    help="IMAGE is REGISTRY/REPOSITORY@sha256:DIGEST: audit the SBOM attached to "
                    "that digest and attach the report to it (`sha256-<hex>.audit`, what "
@@ -140,7 +141,7 @@ def run_audit(args: argparse.Namespace) -> int:
     Exit 0: all sources answered, nothing found; 1: vulnerabilities; 2: a source was
     unreachable or failed (its packages are unknown, not clean)."""
     import sbom
-    from sbom.audit import DEBIAN_SECURITY_MIRROR, add_to_sbom
+    from sbom.audit import add_to_sbom
 
     staged = attached_to(args.target) if args.attach else None
     target = Path(args.target)
@@ -151,8 +152,8 @@ def run_audit(args: argparse.Namespace) -> int:
     doc = doc if doc is not None else sbom.generate(args.target)
     from builder.flows import vuln_audit
 
-    report = vuln_audit.report(doc, debian_security_suite=args.debian_security_suite,
-                               debian_mirror=args.debian_mirror or DEBIAN_SECURITY_MIRROR)
+    mirror = {"debian_mirror": args.debian_mirror} if args.debian_mirror else {}
+    report = vuln_audit.report(doc, debian_security_suite=args.debian_security_suite, **mirror)
     if staged:
         vuln_audit.attach(staged, report)
     if args.write_into:

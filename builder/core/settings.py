@@ -20,6 +20,7 @@ DEADLINE_ENV = "BUILDER_REGISTRY_DEADLINE_S"
 VERBOSE_ENV = "BUILDER_VERBOSE"
 WHEEL_MIRROR_ENV = "BUILDER_WHEEL_MIRROR"
 PIP_FIND_LINKS_ENV = "PIP_FIND_LINKS"
+DEBIAN_SECURITY_MIRROR_ENV = "BUILDER_DEBIAN_SECURITY_MIRROR"
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
@@ -35,6 +36,10 @@ class Settings:
     # cannot reach them ($BUILDER_WHEEL_MIRROR, else the local folders of pip's own
     # $PIP_FIND_LINKS): the lock and the image stay the same, the lock's hashes pin the bytes.
     wheel_mirror: tuple[str, ...] = ()
+    # The vulnerability audit's Debian security mirror ($BUILDER_DEBIAN_SECURITY_MIRROR; '':
+    # sbom.audit's default, deb.debian.org): a local mirror of the suite, for machines that
+    # cannot reach Debian's (publish's audit and the daily check's use it too).
+    debian_security_mirror: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **given: object) -> Settings:
@@ -46,6 +51,7 @@ class Settings:
             "registry_deadline_s": _seconds(environ.get(DEADLINE_ENV) or "30"),
             "verbose": environ.get(VERBOSE_ENV, "") not in ("", "0"),
             "wheel_mirror": _mirror(environ),
+            "debian_security_mirror": environ.get(DEBIAN_SECURITY_MIRROR_ENV, "").strip(),
         }
         return cls(**{**found, **given})  # type: ignore[arg-type]
 

@@ -121,13 +121,12 @@ def attestations(reg: oci.Registry, repository: str, digest: str, vouchers: Vouc
         found, problems = sign.verified_attestations(reg, repository, digest,
                                                      list(vouchers.keys))
     if vouchers.identities:
-        statements, refused = keyless.verified_statements(reg, repository, digest,
-                                                          policy(vouchers))
+        statements, refused = identity_statements(reg, repository, digest, vouchers)
         for kind, predicate_type in sign.ATTESTED.items():
             if kind in found:
                 continue
             if predicate_type in statements:
-                found[kind] = statements[predicate_type][0]
+                found[kind] = statements[predicate_type]
                 problems.pop(kind, None)
             elif kind in sign.PREDICATES:
                 problems[kind] = _joined(problems.get(kind), _why_not(kind, refused))
@@ -135,6 +134,29 @@ def attestations(reg: oci.Registry, repository: str, digest: str, vouchers: Vouc
         if kind not in found and kind not in problems:
             problems[kind] = "no trusted key or identity to verify with"
     return found, problems
+
+
+def identity_statements(reg: oci.Registry, repository: str, digest: str, vouchers: Vouchers
+                        ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """predicate type → the statement a trusted identity attested (the first listed; of audits
+    the newest scan: bundles are only ever added, and the daily check adds one when the
+    findings change, builder.flows.audit_daily), and one reason per bundle refused."""
+    good, refused = keyless.checked(reg, repository, digest, policy(vouchers))
+    audit = sign.ATTESTED["audit"]
+    chosen: dict[str, dict[str, Any]] = {}
+    for statement, _signer in good:
+        ptype = str(statement.get("predicateType"))
+        newer = ptype == audit and ptype in chosen and _scanned(statement) > _scanned(
+            chosen[ptype])
+        if ptype not in chosen or newer:
+            chosen[ptype] = statement
+    return chosen, refused
+
+
+def _scanned(statement: dict[str, Any]) -> str:
+    """When an attested audit was made (its vuln predicate's scanFinishedOn, ISO 8601 UTC)."""
+    return str(((statement.get("predicate") or {}).get("metadata") or {}).get("scanFinishedOn")
+               or "")
 
 
 def _why_not(kind: str, refused: list[str]) -> str:

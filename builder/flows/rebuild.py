@@ -52,6 +52,7 @@ class Action:
     apt_refresh: str = ""
     state: str = "planned"  # planned | built | published | failed | unchanged | would-rebuild
     message: str = ""
+    hint: str = ""  # a failure's hint (e.g. a checkout behind the registry: update it)
     changelog: dict[str, Any] | None = None
     # What a node that holds the previous digest downloads for the new one (compressed bytes of
     # the new blobs), and the new image's size: a security fix should cost megabytes.
@@ -140,7 +141,7 @@ def rebuild(options: RebuildOptions) -> list[Action]:
             try:
                 rebuild_one(run, a)
             except BuilderError as exc:
-                a.state, a.message = "failed", str(exc)
+                a.state, a.message, a.hint = "failed", str(exc), exc.hint or ""
     return actions
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from builder.core import clock, keypair
+from builder.core import clock, keypair, settings
 from builder.core.errors import BuilderError
 from builder.core.output import step
 from builder.model.staged import Staged
@@ -21,9 +21,12 @@ from builder.stages import staging
 
 
 def report(sbom_doc: dict[str, Any], **sources: Any) -> dict[str, Any]:
-    """sbom.audit's report of an SBOM (`sources`: its suite and mirror), stamped with when."""
+    """sbom.audit's report of an SBOM (`sources`: its suite and mirror; the mirror defaults to
+    $BUILDER_DEBIAN_SECURITY_MIRROR where set), stamped with when."""
     import sbom
 
+    if mirror := settings.current().debian_security_mirror:
+        sources.setdefault("debian_mirror", mirror)
     started = clock.iso()
     found = sbom.audit(sbom_doc, **sources)
     return {**found, "audited_at": started}

@@ -172,7 +172,8 @@ def audit_summary(doc: dict[str, Any]) -> dict[str, Any]:
             "incomplete": sorted(name for name, status in sources.items() if status != "ok"),
             "fixes": [{"id": str(v.get("id") or ""), "package": str(v.get("name") or ""),
                        "version": str(v.get("version") or ""),
-                       "fixed": [str(f) for f in v["fix_versions"]]}
+                       "fixed": [str(f) for f in v["fix_versions"]],
+                       "aliases": [str(a) for a in v.get("aliases") or []]}
                       for v in vulns if v.get("fix_versions")][:MAX_FIXES]}
 
 

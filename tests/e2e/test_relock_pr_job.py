@@ -60,6 +60,8 @@ def test_the_relock_pr_job_pushes_exactly_the_relock_and_opens_the_pull_request(
                       rerun={"rebuild": JobRecord("rebuild", "success")}, only={"relock-pr"})
     print("\n".join(["", "== relock-pr job log", *runner.log]))
     assert done["relock-pr"].result == "success", runner.log
+    print(f"== git diff main {BRANCH} -- locks/ (in the bare origin)")
+    print(git(origin, "diff", "main", BRANCH, "--", "locks/"))
     assert git(origin, "diff", "--name-only", "main", BRANCH, "--", "locks/").split() == [
         f"locks/{CPU}.txt"]  # the json's inputs are unchanged: exactly the relock
     assert git(origin, "show", f"{BRANCH}:locks/{CPU}.txt") == relocked[f"locks/{CPU}.txt"]

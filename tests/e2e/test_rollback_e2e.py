@@ -1,6 +1,7 @@
 """`publish --rollback-to`, for real (issue 41.1): a deliberate rollback is signed, `verify --key`
 reports it as a signed rollback (ok), the catalog names it and the key; a hand-moved tag, or a
-rollback made stale by a newer publication, still fails.
+rollback made stale by a newer publication, still fails. And the daily check (issue 41.7)
+audits the publication afresh: a changed finding is attached, signed, and the catalog shows it.
 
 The session's CPU runtime (fixtures_published: built and staged with signed evidence once, only
 read) is published by its key on day 1 (`TORCH_IMAGES_NOW`), with its zstd twin, into a registry
@@ -13,15 +14,19 @@ command. Then, on day 2, `publish --rollback-to` the day-1 publication.
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import subprocess
+import tarfile
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 import pytest
+from fake_security_suite import FIXED, OLDER, security_suite
 from fixtures_published import PASSWORD, Publication, moved_matrix, own_registry, republish
-from helpers import Saved, fake_image, real_labels, run_builder
+from helpers import Saved, fake_image, free_port, real_labels, run_builder
 from packageurl import PackageURL
 
 from builder.core import keypair, labels, oci, sign
@@ -87,6 +92,82 @@ def day1(env: dict[str, Any]) -> dict[str, Any]:
     return pub
 
 
+CHECK = ("rebuild", "--check", "--json", "--skip-source", "debian-security", "--skip-source",
+         "python-vuln", "--skip-source", "base-moved", "--skip-source", "inputs-changed")
+
+
+def deb_in_sbom(reg: oci.Registry, repository: str, digest: str) -> tuple[str, str]:
+    """(name, version) of a Debian package the attached SBOM lists (one without an epoch)."""
+    doc = json.loads(reg.fetch_artifact(repository, digest, "sbom"))
+    debs = sorted((p.name, p.version) for p in (PackageURL.from_string(c["purl"])
+                                                for c in with_key(doc, "purl"))
+                  if p.type == "deb" and p.version and ":" not in p.version)
+    return next((d for d in debs if d[0] == "libc6"), debs[0])
+
+
+def audit_tags(env: dict[str, Any], *digests: str) -> dict[str, str | None]:
+    """`sha256-<hex>.audit` → the digest it points at, for each image digest."""
+    tags = [oci.artifact_tag(d, "audit") for d in digests]
+    return {tag: head(env, tag) for tag in tags}
+
+
+def test_the_daily_check_audits_afresh_and_the_catalog_shows_the_new_debian_row(
+        env, day1) -> None:
+    """Issue 41.7: `rebuild --check --key` audits the signed SBOM again; with a (stand-in)
+    security suite that has a newer version of one installed package, the findings changed:
+    the new report is attached to the image and its twin, attested with the key, and the
+    catalog shows its Debian row with the CVE ids from that package's changelog. A second check
+    finds the same findings and attaches nothing; without a key it says so and attaches nothing.
+    Before the rollback tests (the latest publication is day 1's); day 1's audit put back."""
+    reg, digest, twin_digest = env["reg"], day1["digest"], head(env, twin(OLD))
+    package, installed = deb_in_sbom(reg, env["repo"], digest)
+    saved = Saved(env["addr"])
+    for d in (digest, twin_digest):
+        saved.keep(env["repo"], oci.artifact_tag(d, "audit"))
+        saved.keep(env["repo"], sign.att_tag(d))
+    try:
+        with security_suite(package, installed) as suite:
+            mirror = {**env["env"], "BUILDER_DEBIAN_SECURITY_MIRROR": suite.url}
+            first = run_builder(*CHECK, "--key", str(env["key"]), matrix=env["matrix"],
+                                env=mirror)
+            [audit] = json.loads(first.stdout)["audits"]
+            print(audit["refresh"], audit["refresh_detail"], first.stderr[-500:], sep="\n")
+            assert audit["refresh"] == "attached", audit
+            [row] = [f for f in audit["fixes"] if f["package"] == package]
+            print(f"check: {row['id']} in {package} {installed}: {row['aliases']}")
+            assert row["aliases"] == list(FIXED) and row["fixed"] == [suite.newer], row
+            report = json.loads(reg.fetch_artifact(env["repo"], digest, "audit"))
+            attested, _ = sign.verified_attestations(reg, env["repo"], digest,
+                                                     [keypair.load_public(env["pub"])])
+            assert attested["audit"]["predicate"]["scanner"]["result"] == report
+            assert json.loads(reg.fetch_artifact(env["repo"], twin_digest, "audit")) == report
+            attached = audit_tags(env, digest, twin_digest)
+            site = env["tmp"] / "daily-site"
+            run_builder("catalog", f"{env['addr']}/{env['repo']}", "--out", str(site), "--key",
+                        str(env["pub"]), env=env["env"])
+            doc = json.loads((site / "catalog.json").read_text())
+            [entry] = [e for e in with_key(doc, "fixes") if e.get("tag") == OLD]
+            [shown] = [f for f in entry["fixes"] if f["package"] == package]
+            print(f"catalog ({OLD}): {shown}")
+            assert shown["aliases"] == list(FIXED) and OLDER not in shown["aliases"], shown
+            page = (site / "tags" / f"{OLD}.html").read_text()
+            assert f'<small class="cves">{" ".join(FIXED)}</small>' in page
+            again = json.loads(run_builder(*CHECK, "--key", str(env["key"]),
+                                           matrix=env["matrix"], env=mirror).stdout)
+            print("second check:", again["audits"][0]["refresh"], again["audits"][0]["refresh_detail"])
+            assert again["audits"][0]["refresh"] == "unchanged", again["audits"]
+            assert audit_tags(env, digest, twin_digest) == attached
+        closed = {**env["env"], "BUILDER_DEBIAN_SECURITY_MIRROR": f"http://127.0.0.1:{free_port()}"}
+        keyless = run_builder(*CHECK, "--trust-key", str(env["pub"]), matrix=env["matrix"],
+                              env=closed)
+        print(keyless.stderr[-500:])
+        assert json.loads(keyless.stdout)["audits"][0]["refresh"] == "not attached"
+        assert "fresh audits not attached: no signing key" in keyless.stderr
+        assert audit_tags(env, digest, twin_digest) == attached
+    finally:
+        saved.restore()
+
+
 def newer_publication(env: dict[str, Any], day1: dict[str, Any], dated: str,
                       content_hash: str) -> dict[str, str]:
     """A newer publication as the pipeline signs and tags it: other content (a tiny image with
@@ -102,6 +183,52 @@ def newer_publication(env: dict[str, Any], day1: dict[str, Any], dated: str,
             reg.tag(env["repo"], digest, tag)
         made[name] = digest
     return made
+
+
+def pullable_image(reg: oci.Registry, repository: str, found: dict[str, str]) -> str:
+    """A tiny image the engine can pull (one real gzip tar layer, a valid `created`) wearing
+    `found` labels: what `rebuild --check` reads a publication's content hash from."""
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w") as t:
+        info = tarfile.TarInfo("newer")
+        info.size = 3
+        t.addfile(info, io.BytesIO(b"new"))
+    layer = gzip.compress(tar.getvalue(), mtime=0)
+    config = json.dumps({"architecture": "amd64", "os": "linux", "created": DAY2,
+                         "config": {"Labels": found}, "rootfs": {
+                             "type": "layers", "diff_ids": [oci.sha256(tar.getvalue())]}}).encode()
+    body = json.dumps({"schemaVersion": 2, "mediaType": oci.OCI_MANIFEST,
+                       "config": {"mediaType": oci.OCI_CONFIG, "size": len(config),
+                                  "digest": reg.push_blob(repository, config)},
+                       "layers": [{"mediaType": oci.OCI_LAYER_GZIP, "size": len(layer),
+                                   "digest": reg.push_blob(repository, layer)}]}).encode()
+    return reg.put_manifest(repository, oci.sha256(body), body, oci.OCI_MANIFEST)
+
+
+def test_a_rebuild_from_a_checkout_behind_the_registry_moves_nothing(env, day1) -> None:
+    """Issue 41.1: the registry's newest signed publication (`OLD.1`, as a later rebuild's
+    publish signed and tagged it) is newer than what this checkout's lock builds (day 1's
+    content): `builder rebuild --key` rebuilds it, and its publish refuses with the
+    update-the-checkout hint, exit 1, no tag moved. Before the rollback tests: their newer
+    publication (`NEW`) comes after this one."""
+    behind = f"{OLD}.1"
+    found = real_labels(env["reg"], env["repo"], day1["digest"]) | {labels.CONTENT_HASH: "4" * 64}
+    digest = pullable_image(env["reg"], env["repo"], found)
+    tags = [behind, tag_rules.HASH_TAG_PREFIX + "4" * 20, *MOVING]
+    sign.sign_image(env["reg"], env["repo"], digest, ours(env), sign.tag_annotations(CPU, tags))
+    for tag in tags:  # as that rebuild's publish moved them
+        env["reg"].tag(env["repo"], digest, tag)
+    before = {tag: head(env, tag) for tag in env["reg"].tags(env["repo"])}
+    today = {k: v for k, v in env["env"].items() if k != "TORCH_IMAGES_NOW"}  # today's base
+    result = run_builder("rebuild", "--key", str(env["key"]), "--skip-source", "debian-security",
+                         "--skip-source", "python-vuln", "--skip-source", "base-moved",
+                         "--skip-source", "tag-drift", matrix=env["matrix"], env=today,
+                         check=False)
+    out = result.stdout + result.stderr
+    print(next((line for line in out.splitlines() if "update the checkout" in line), out[-3000:]))
+    assert result.returncode == 1 and "update the checkout" in out, out[-5000:]
+    assert f"`{behind}`" in out, out[-5000:]
+    assert {tag: head(env, tag) for tag in env["reg"].tags(env["repo"])} == before
 
 
 @pytest.fixture(scope="module")

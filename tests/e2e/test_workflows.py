@@ -1,8 +1,10 @@
-"""The GitHub Actions workflows: the three linters pass, actions are SHA-pinned, and every
-workflow declares its permissions (and build/rebuild their concurrency)."""
+"""The GitHub Actions workflows: the three linters pass, actions are SHA-pinned, every workflow
+declares its permissions (and build/rebuild their concurrency), and rebuild.yml's check step
+decides from `builder rebuild --check`'s exit and JSON as its contract says (run under bash)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -105,3 +107,65 @@ def test_the_catalog_is_regenerated_and_deployed_after_publishing(name: str, aft
     assert catalog["jobs"]["deploy"]["permissions"] == {"pages": "write", "id-token": "write"}
     assert any(s.get("uses", "").startswith("actions/deploy-pages@")
                for s in catalog["jobs"]["deploy"]["steps"])
+
+
+def check_step() -> str:
+    """rebuild.yml's `builder rebuild --check --json` step (its script)."""
+    steps = load(WORKFLOWS / "rebuild.yml")["jobs"]["check"]["steps"]
+    return next(s for s in steps if s.get("id") == "check")["run"]
+
+
+def run_check_step(tmp: Path, answer: dict[str, Any], rc: int) -> tuple[int, str, dict[str, str]]:
+    """The check step's script under bash as the runner runs it, with a stand-in `builder` on
+    PATH that prints `answer` and exits `rc`: (exit status, its log, its step outputs)."""
+    bin_dir, out = tmp / "bin", tmp / "output"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "builder").write_text(f"#!/bin/sh\ncat <<'JSON'\n{json.dumps(answer)}\nJSON\n"
+                                     f"exit {rc}\n")
+    (bin_dir / "builder").chmod(0o755)
+    out.write_text("")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "GITHUB_OUTPUT": str(out),
+           "GITHUB_STEP_SUMMARY": str(tmp / "summary"), "GITHUB_REPOSITORY": "o/torch-images",
+           "HOME": str(tmp)}
+    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", check_step()], cwd=tmp,
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode == 127 and "jq" in done.stderr:
+        missing("jq is not installed (on GitHub's runner image it is)")
+    outputs = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+    return done.returncode, done.stdout + done.stderr, outputs
+
+
+SOURCES = ("debian-security", "python-vuln", "base-moved", "inputs-changed", "tag-drift")
+
+
+def answer(statuses: dict[str, str], findings: list[dict[str, str]]) -> dict[str, Any]:
+    return {"sources": {s: statuses.get(s, "clean") for s in SOURCES}, "findings": findings,
+            "skipped": [], "audits": [{"variant": "v", "dated_tag": "v-20261206", "fixes": [],
+                                       "refresh": "unchanged",
+                                       "refresh_detail": "same findings as the signed audit"}]}
+
+
+def test_the_check_step_fails_only_when_nothing_could_be_checked(tmp_path: Path) -> None:
+    """Issue 41.3: a quiet day with one unreachable source is exit 0 with a warning naming it
+    (no rebuild, no tracking issue); a matrix change (torch CVE) is not rebuilt but opens the
+    tracking issue (`attention`); only a check where no source answered fails the job."""
+    (tmp_path / "tools").mkdir()
+    shutil.copy2(ROOT / "tools" / "trusted_identity.sh", tmp_path / "tools")
+    unknown = {"variant_id": "v", "reason": "python-vuln", "status": "unknown",
+               "detail": "pypi.org unreachable"}
+    rc, log, out = run_check_step(tmp_path, answer({"python-vuln": "unknown"}, [unknown]), 2)
+    print(log)
+    assert rc == 0 and (out["needed"], out["attention"]) == ("false", "false"), log
+    assert "::warning title=rebuild source unknown::v: python-vuln: pypi.org unreachable" in log
+    assert "::notice title=audit unchanged::v (v-20261206)" in log
+    rc, log, out = run_check_step(tmp_path, answer(dict.fromkeys(SOURCES, "unknown"),
+                                                   [unknown]), 2)
+    assert rc == 2 and "could check nothing" in log, log
+    torch = {"variant_id": "v", "reason": "python-vuln", "status": "matrix-change",
+             "detail": "torch 2.13.0: PYSEC-1"}
+    rc, log, out = run_check_step(tmp_path, answer({"python-vuln": "matrix-change"}, [torch]), 1)
+    assert rc == 0 and (out["needed"], out["attention"]) == ("false", "true"), log
+    debian = {"variant_id": "v", "reason": "debian-security", "status": "rebuild", "detail": "x"}
+    rc, log, out = run_check_step(tmp_path, answer({"debian-security": "rebuild"}, [debian]), 1)
+    assert rc == 0 and (out["needed"], out["attention"]) == ("true", "false"), log
+    assert json.loads(out["matrix"]) == {"include": [{"id": "v", "gpu": False}]}

@@ -58,7 +58,7 @@ def test_tag_drift_alone_is_a_warning_and_rebuilds_nothing() -> None:
     script = check_script()
     one = script[script.index("  1) "):script.index("  2) ")]
     assert 'jq -e "$rebuilds | length > 0"' in one and 'echo "needed=false"' in one
-    assert 'select(.status == "rebuild" or .status == "matrix-change")' in script
+    assert """rebuilds='[.findings[]? | select(.status == "rebuild")]'""" in script
     assert '. == "repair"' in script and "::warning title=tag drift::" in script
 
 
@@ -87,8 +87,34 @@ def test_the_daily_job_repairs_drifted_tags_with_the_key_on_a_hosted_runner() ->
 
 
 def test_the_daily_check_prints_each_vulnerability_with_a_fix_from_the_signed_audit() -> None:
-    """Issue 41.7: `rebuild --check --json` reports the latest signed audit of each image
-    (builder.flows.audit_check); each vulnerability with a fix becomes a warning annotation."""
+    """Issue 41.7: `rebuild --check --json` reports each image's fresh audit
+    (builder.flows.audit_daily); each vulnerability with a fix becomes a warning annotation."""
     script = check_script()
     assert "jq -r '.audits[]? |" in script and ".fixes[]?" in script
     assert "::warning title=vulnerability with a fix::" in script
+
+
+def test_the_tracking_issue_opens_on_a_failure_or_a_finding_for_a_person_only() -> None:
+    """Issue 41.3: a quiet day (an unreachable source included: a warning) opens nothing; a
+    failed job or a matrix-change finding (a torch CVE: no job here can rebuild it) does."""
+    wf = jobs("rebuild.yml")
+    script = check_script()
+    assert 'echo "attention=$(jq -c \'[.findings[]? | select(.status == "matrix-change")]' in script
+    assert wf["check"]["outputs"]["attention"] == "${{ steps.check.outputs.attention }}"
+    condition = " ".join(wf["report-failure"]["if"].split())
+    assert condition == ("always() && (needs.check.result == 'failure' || needs.rebuild.result "
+                         "== 'failure' || needs.repair.result == 'failure' || "
+                         "needs.check.outputs.attention == 'true')")
+    assert "unknown" not in condition and "skipped" not in condition
+
+
+def test_the_daily_check_attaches_each_fresh_audit_with_the_key_it_is_given() -> None:
+    """Issue 41.7: the check step signs the fresh audits whose findings changed with the job's
+    OIDC identity and the key (when the repository keeps one), and says per image what the
+    re-audit did."""
+    check = jobs("rebuild.yml")["check"]
+    step = next(s for s in check["steps"] if s.get("id") == "check")
+    assert step["env"]["COSIGN_PRIVATE_KEY"] == "${{ secrets.COSIGN_PRIVATE_KEY }}"
+    assert check["environment"] == "publish"
+    assert check["permissions"] == {"contents": "read", "id-token": "write"}  # keyless too
+    assert "::notice title=audit \\(.refresh)::" in step["run"]

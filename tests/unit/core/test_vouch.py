@@ -149,3 +149,20 @@ def test_the_catalog_shows_as_history_the_dated_tags_a_trusted_identity_signed(r
                                 Path("site"), [], ROOT, trusted.identities)
         reader.reg = reg
         assert catalog.signed_dated(reader, by_tag) == history
+
+
+def test_of_several_identity_attested_audits_the_newest_scan_is_read(monkeypatch) -> None:
+    """Bundles are only ever added (the daily check adds an audit when the findings change):
+    the newest audit by its scan time is the one read; of other kinds, the first listed."""
+    def audit(when: str) -> dict:
+        return {"predicateType": sign.ATTESTED["audit"],
+                "predicate": staging.vuln_predicate({"audited_at": when})}
+
+    sbom = {"predicateType": sign.PREDICATES["sbom"], "predicate": {"n": 1}}
+    listed = [audit("2026-12-01T04:17:00Z"), sbom, audit("2026-12-06T04:17:00Z"),
+              {**sbom, "predicate": {"n": 2}}, audit("2026-12-03T04:17:00Z")]
+    monkeypatch.setattr(vouch.keyless, "checked",
+                        lambda *a: ([(s, None) for s in listed], ["one refused"]))
+    found, problems = vouch.attestations(MemoryRegistry(), "torch", DIGEST, TRUSTED)
+    assert found["audit"]["predicate"]["metadata"]["scanFinishedOn"] == "2026-12-06T04:17:00Z"
+    assert found["sbom"]["predicate"] == {"n": 1} and "sbom" not in problems

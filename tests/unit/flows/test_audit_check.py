@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from memregistry import MemoryRegistry
 
@@ -26,13 +25,6 @@ REPORT = {"audited_at": "2026-12-06T04:17:00Z", "sources": {"debian-security": "
 
 def new_key() -> keypair.SigningKey:
     return keypair.SigningKey(ec.generate_private_key(ec.SECP256R1()))
-
-
-@pytest.fixture
-def reg(monkeypatch: pytest.MonkeyPatch) -> MemoryRegistry:
-    reg = MemoryRegistry()
-    monkeypatch.setattr(audit_check.oci, "Registry", lambda _addr: reg)
-    return reg
 
 
 def published(reg: MemoryRegistry, n: int = 0) -> SimpleNamespace:

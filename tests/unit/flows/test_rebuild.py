@@ -299,6 +299,18 @@ def test_failed_build_is_reported(clean) -> None:
     assert actions[0].state == "failed" and "engine gone" in actions[0].message
 
 
+def test_a_refused_publish_keeps_its_hint(clean) -> None:
+    """A checkout behind the registry (builder.flows.tag_repair.refuse_older): the action
+    fails with the refusal and keeps its hint, which the CLI prints (`hint:` on stderr)."""
+    findings = [checking.Finding(variant_id=VID, reason="inputs-changed", status="rebuild", detail="x")]
+
+    def build(*args):
+        raise BuilderError("older than the newest signed publication", hint="update the checkout")
+
+    actions = rebuild.rebuild(asked(findings=findings, build=build))
+    assert (actions[0].state, actions[0].hint) == ("failed", "update the checkout")
+
+
 # ---- the CLI ----------------------------------------------------------------------------------
 
 

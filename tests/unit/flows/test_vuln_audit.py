@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from builder.core import oci
+import sbom
+from builder.core import oci, settings
 from builder.core.errors import CommandFailed
 from builder.flows import vuln_audit
 from builder.model.staged import Staged
@@ -47,3 +48,17 @@ def test_the_attestation_is_cosign_s_vuln_predicate_around_the_report() -> None:
     pred = staging.predicate("audit", json.dumps(found).encode())
     assert pred["scanner"]["result"] == found
     assert pred["metadata"]["scanStartedOn"] == "2026-01-02T00:00:00Z"
+
+
+def test_the_debian_security_mirror_setting_reaches_every_audit(monkeypatch) -> None:
+    """$BUILDER_DEBIAN_SECURITY_MIRROR points publish's, the daily check's and `builder audit`'s
+    report at a mirror of the suite; `--debian-mirror` (a given mirror) still wins."""
+    asked: list[dict] = []
+    monkeypatch.setattr(sbom, "audit", lambda doc, **kw: asked.append(kw) or {"sources": {}})
+    env = settings.Settings.from_env({settings.DEBIAN_SECURITY_MIRROR_ENV: " http://m.example "})
+    with settings.applied(env):
+        vuln_audit.report({})
+        vuln_audit.report({}, debian_mirror="http://given.example")
+    vuln_audit.report({})
+    assert asked == [{"debian_mirror": "http://m.example"},
+                     {"debian_mirror": "http://given.example"}, {}]

@@ -391,12 +391,12 @@ def test_a_fix_available_row_links_to_the_rebuild_that_took_it(tmp_path: Path) -
     """Issue 41.7: a vulnerability with a fixed version in a dated build's audit names the first
     later dated build whose SBOM holds a fixed version; the page links to it."""
     audit = {"vulnerabilities": [{"id": "PYSEC-9", "name": "numpy", "version": "2.3.5",
-                                  "fix_versions": ["2.3.6"]},
+                                  "fix_versions": ["2.3.6"], "aliases": ["CVE-2026-0009"]},
                                  {"id": "PYSEC-8", "name": "six", "version": "1.16.0"}],
              "sources": {"pypi": "ok"}, "unknown": []}
     summary = catalog_doc.audit_summary(audit)
     assert summary["fixes"] == [{"id": "PYSEC-9", "package": "numpy", "version": "2.3.5",
-                                 "fixed": ["2.3.6"]}]
+                                 "fixed": ["2.3.6"], "aliases": ["CVE-2026-0009"]}]
     images = paged({D1: image(D1, {"numpy": "2.3.5"}, vulns=2),
                     D2: image(D2, {"numpy": "2.3.5", "six": "1.17.0"}, vulns=2),
                     D4: image(D4, {"numpy": "2.3.6"}, vulns=0)})
@@ -411,5 +411,6 @@ def test_a_fix_available_row_links_to_the_rebuild_that_took_it(tmp_path: Path) -
     page = (tmp_path / "tags" / "t-20261201.html").read_text()
     row = re.search(r'<tr class="fix">(.*?)</tr>', page, re.S)[1]  # type: ignore[index]
     assert "PYSEC-9" in row and "numpy 2.3.5" in row and "2.3.6" in row
+    assert '<small class="cves">CVE-2026-0009</small>' in row  # the CVE ids the fix names
     assert 'href="../tags/t-20261204.html">t-20261204</a> (the rebuild that took it)' in row
     assert '<tr class="fix">' not in (tmp_path / "tags" / "t.html").read_text()
