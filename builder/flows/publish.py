@@ -91,7 +91,7 @@ def publish_variants(matrix: Matrix, planned: list[PlannedVariant], *,
         for group in groups(planned):
             vid = group[0].variant.id
             if not dry_run and (again := resign.restore(matrix, group, known.get(vid),
-                                                        tags_of(matrix, group), trust)):
+                                                        trust.vouchers)):
                 known[vid], found[vid] = again, [again, *found.get(vid, [])]
             if held := already_published(known, group):
                 if not dry_run:
@@ -112,12 +112,6 @@ def publish_variants(matrix: Matrix, planned: list[PlannedVariant], *,
                     "smoke report; run `builder publish` again to finish")
         raise
     return results
-
-
-def tags_of(matrix: Matrix, group: list[PlannedVariant]) -> list[str]:
-    """The tags a variant's manifest or index carries after its dated tag (Going.tags)."""
-    first = group[0]
-    return [*([] if is_multi(matrix, first.variant) else [first.hash_tag]), *first.tags]
 
 
 def report(manifest: Path | None, publications: dict[str, Publication]) -> None:

@@ -18,10 +18,9 @@ for any publication it already holds (builder.flows.tag_repair); `rebuild --chec
 signature `lost` so (builder.flows.rebuild_check, `tag-drift`).
 
 A publication trusted by identity alone (no trusted key: no `.sig`, no copy) whose sigstore
-bundles were removed is signed again with an OIDC token (`resign_keyless`): a bundle of the
-image naming its dated tag and this checkout's tags, when its SBOM, smoke report and provenance
-attestations verify. That path still names a dated tag read off the registry (no signed copy
-of a bundle's tags is kept yet).
+bundles were removed is never signed again (`resign_keyless`): its only name left is a dated
+tag read off the registry, where a planted one cannot be told apart. It is said in one line,
+and `publish` publishes the content anew under a dated tag it assigns.
 """
 
 from __future__ import annotations
@@ -43,13 +42,13 @@ NOT_NAMED = ("the signed copy of its digest's signature does not name it: not si
 
 
 def restore(matrix: Matrix, group: Sequence[PlannedVariant], newest: Publication | None,
-            tags: Sequence[str], trust: keypair.Trust) -> Publication | None:
+            vouchers: keypair.Vouchers) -> Publication | None:
     """The group's publication whose signature was lost, its `.sig` put back from its signed
-    copy (and its twin's), or with identities alone signed again keylessly (`tags`: content
-    tag, floating, aliases); None when there is none."""
-    vouchers = trust.vouchers
+    copy (and its twin's); None when there is none, and always with identities alone
+    (resign_keyless: nothing is signed anew)."""
     if not vouchers.keys:
-        return resign_keyless.restore(matrix, group, newest, tags, trust)
+        resign_keyless.restore(matrix, group, newest, vouchers)
+        return None
     found = lost(matrix, group[0].floating_tag, group[0].variant.id, newest, vouchers)
     if found is None or not tag_repair.holds(found[0], group):
         return None

@@ -1,18 +1,16 @@
-"""`publish` signs a lost signature again with an OIDC token where only identities are trusted
-(builder.flows.resign: with a trusted key, the `.sig` is put back from its signed copy instead).
+"""`publish` never signs a lost keyless signature again (builder.flows.resign: with a trusted
+key, the `.sig` is put back from its signed copy instead).
 
 With identities alone there is no `.sig` and no signed copy of one: the digest's bundles were
-removed (the referrers index overwritten). It is signed again naming the dated tag found on it
-and this checkout's tags, only when no trusted signature verifies and its SBOM, smoke report and
-provenance attestations do, and it is newer than the newest signed publication. The dated tag is
-read off the registry: a tag planted on the digest could be the one named (issue 40.3's
-weakness, closed for key-signed publications only).
+removed (the referrers index overwritten). The only name for the publication left is its dated
+tag, read off the registry, where a tag planted on the digest cannot be told apart from the
+genuine one: signing it would sign the attacker's tag (issue 40.3's weakness). So the loss is
+said in one line and `publish` publishes the content anew, under a dated tag it assigns itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 
 from builder.core import clock, keypair, oci, sign, vouch
 from builder.core.output import step
@@ -21,28 +19,22 @@ from builder.model import catalog_doc
 from builder.model.matrix import Matrix
 from builder.model.planned import PlannedVariant
 from builder.model.publication import Publication
-from builder.stages import twin
-from builder.stages.publish import sign_image_as
 
 
 def restore(matrix: Matrix, group: Sequence[PlannedVariant], newest: Publication | None,
-            tags: Sequence[str], trust: keypair.Trust) -> Publication | None:
-    """With identities alone: the group's publication whose signature was lost, signed again
-    with the OIDC token naming its dated tag and `tags`; None when there is none, or no token."""
-    if not trust.signs:
-        return None
+            vouchers: keypair.Vouchers) -> None:
+    """With identities alone: say which publication of the group lost its signature (nothing is
+    signed: the caller then publishes the content anew). Nothing to say when nobody is trusted."""
+    if not vouchers.identities:
+        return
     reg = oci.Registry(matrix.registry)
     for vid, pub in newer(matrix, group[0].floating_tag, newest):
         if vid == group[0].variant.id and tag_repair.holds(pub, group) \
-                and attested_unsigned(reg, pub, trust.vouchers):
-            signed = [pub.dated_tag, *tags]
-            sign_image_as(reg, pub.repository, pub.digest, trust,
-                          sign.tag_annotations(vid, signed))
-            step(f"  [{vid}] signed {pub.digest[:19]} again as `{pub.dated_tag}`: its "
-                 "signature was missing or did not verify; its attested evidence does")
-            resign_twin(reg, pub, vid, signed, trust)
-            return replace(pub, signed=True)
-    return None
+                and attested_unsigned(reg, pub, vouchers):
+            step(f"  [{vid}] `{pub.dated_tag}` ({pub.digest[:19]}) lost its keyless signature: "
+                 "not signed again naming a tag read off the registry (a planted one cannot "
+                 "be told apart); publishing the content anew")
+            return
 
 
 def newer(matrix: Matrix, floating: str, newest: Publication | None
@@ -73,19 +65,3 @@ def unsigned(reg: oci.Registry, repository: str, digest: str, vouchers: keypair.
              ) -> bool:
     """Whether no signature of `digest` verifies against the trusted keys and identities."""
     return bool(record.signed_for(reg, repository, digest, vouchers)[2])
-
-
-def resign_twin(reg: oci.Registry, pub: Publication, vid: str, tags: Sequence[str],
-                trust: keypair.Trust) -> None:
-    """Sign the twin under the dated `-zstd` tag again when its signature is gone too and it is
-    the twin `twin.make` gives (nothing else is signed)."""
-    head = reg.head(pub.repository, twin.tag_of(pub.dated_tag))
-    if head is None or not trust.signs or \
-            not unsigned(reg, pub.repository, head.digest, trust.vouchers):
-        return
-    if twin.make(reg, pub.repository, pub.digest).digest != head.digest:
-        step(f"  [{vid}] `{twin.tag_of(pub.dated_tag)}` is not the twin of {pub.digest[:19]}: "
-             "not signed (the next publication makes a new one)")
-        return
-    sign_image_as(reg, pub.repository, head.digest, trust,
-                  sign.tag_annotations(vid, [twin.tag_of(t) for t in tags]))

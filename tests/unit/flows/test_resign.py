@@ -4,7 +4,6 @@ publication; a dated tag planted on the digest is never signed."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -79,8 +78,7 @@ def restore(newest: Any = None, content: str = CONTENT,
     group = [SimpleNamespace(variant=SimpleNamespace(id=VID), floating_tag=VID,
                              content_hash=content)]
     matrix = SimpleNamespace(registry="127.0.0.1:5000", repository="torch")
-    return resign.restore(matrix, group, newest, TAGS,  # type: ignore[arg-type]
-                          keypair.Trust(vouchers=vouchers))
+    return resign.restore(matrix, group, newest, vouchers)  # type: ignore[arg-type]
 
 
 def test_a_lost_signature_is_put_back_from_its_signed_copy_with_its_twin(world, capsys) -> None:
@@ -138,31 +136,23 @@ def test_rebuild_check_names_the_lost_signature(world) -> None:
     assert resign.lost_data(found[0]) == {"tag": sign.sig_tag(GOOD), "old": "", "new": GOOD}
 
 
-def test_an_oidc_token_signs_a_lost_signature_again_keylessly(world, monkeypatch) -> None:
-    """Identities alone (no key, no `.sig` copy: builder.flows.resign_keyless): with a token the
-    lost signature and its twin's come back as sigstore bundles of the image (no evidence
-    statements: that is attested already), naming the same tags; no `.sig` is written. (The
-    dated tag is read off the registry there: a planted one is not told apart.)"""
+def test_a_lost_keyless_signature_is_never_signed_again(world, monkeypatch, capsys) -> None:
+    """Identities alone (no key, no `.sig` copy: builder.flows.resign_keyless): the dated tag is
+    all that names the publication, read off the registry where a planted one cannot be told
+    apart, so nothing is signed (not even with a token); one line says so, and publish then
+    publishes the content anew under a dated tag it assigns."""
     for planted in (f"{TODAY}.3", f"{TODAY}.4"):
         del world["reg"].by_tag[planted]
     monkeypatch.setattr(resign_keyless.vouch, "attestations", lambda _r, _repo, digest, _k: (
         dict.fromkeys(("sbom", "smoke", "provenance"), 1) if digest == GOOD else {}, {}))
-    monkeypatch.setattr(resign_keyless.twin, "make", lambda _r, _repo, _d: oci.Descriptor(
-        TWIN, oci.OCI_MANIFEST, 1))
-    bundles = []
-    monkeypatch.setattr(keyless, "sign_and_attach", lambda _r, _repo, digest, token, config,
-                        statements, optional: bundles.append(
-                            (digest, token, config, statements, sign.signed_tags(optional))))
+    signed: list[str] = []
+    monkeypatch.setattr(keyless, "sign_and_attach", lambda *a, **k: signed.append("bundle"))
     group = [SimpleNamespace(variant=SimpleNamespace(id=VID), floating_tag=VID,
                              content_hash=CONTENT)]
     matrix = SimpleNamespace(registry="127.0.0.1:5000", repository="torch")
-    trust = keypair.Trust(keyless=keypair.KeylessSigner("TOKEN", Path("mock.json")),
-                          vouchers=keypair.Vouchers(identities=(IDENTITY,)))
-    again = resign.restore(matrix, group, pub(OLD, f"{VID}-20261201"), TAGS,  # type: ignore[arg-type]
-                           trust)
-    assert again.digest == GOOD and again.signed is True
-    assert bundles == [(GOOD, "TOKEN", Path("mock.json"), [], {TODAY, *TAGS}),
-                       (TWIN, "TOKEN", Path("mock.json"), [],
-                        {f"{t}-zstd" for t in (TODAY, *TAGS)})]
-    assert world["put_back"] == []
-    assert resign.restore(matrix, group, None, TAGS, keypair.Trust()) is None  # type: ignore[arg-type]
+    vouchers = keypair.Vouchers(identities=(IDENTITY,))
+    assert resign.restore(matrix, group, pub(OLD, f"{VID}-20261201"),  # type: ignore[arg-type]
+                          vouchers) is None
+    assert signed == [] and world["put_back"] == []
+    assert f"`{TODAY}` ({GOOD[:19]}) lost its keyless signature: not signed again" in \
+        capsys.readouterr().err
