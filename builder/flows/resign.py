@@ -18,20 +18,21 @@ for any publication it already holds (builder.flows.tag_repair); `rebuild --chec
 signature `lost` so (builder.flows.rebuild_check, `tag-drift`).
 
 A publication trusted by identity alone (no trusted key: no `.sig`, no copy) whose sigstore
-bundles were removed is never signed again (`resign_keyless`): its only name left is a dated
-tag read off the registry, where a planted one cannot be told apart. It is said in one line,
-and `publish` publishes the content anew under a dated tag it assigns.
+bundles were removed is never signed again (`say_lost_keyless`): its only name left is a
+dated tag read off the registry, where a planted one cannot be told apart. It is said in one
+line, and `publish` publishes the content anew under a dated tag it assigns.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
-from builder.core import keypair, oci, sign, vouch
+from builder.core import clock, keypair, oci, sign, vouch
 from builder.core.output import step
-from builder.flows import resign_keyless, tag_repair
+from builder.flows import record, tag_repair
+from builder.model import catalog_doc
 from builder.model.matrix import Matrix
 from builder.model.planned import PlannedVariant
 from builder.model.publication import Publication
@@ -45,9 +46,9 @@ def restore(matrix: Matrix, group: Sequence[PlannedVariant], newest: Publication
             vouchers: keypair.Vouchers) -> Publication | None:
     """The group's publication whose signature was lost, its `.sig` put back from its signed
     copy (and its twin's); None when there is none, and always with identities alone
-    (resign_keyless: nothing is signed anew)."""
+    (say_lost_keyless: nothing is signed anew)."""
     if not vouchers.keys:
-        resign_keyless.restore(matrix, group, newest, vouchers)
+        say_lost_keyless(matrix, group, newest, vouchers)
         return None
     found = lost(matrix, group[0].floating_tag, group[0].variant.id, newest, vouchers)
     if found is None or not tag_repair.holds(found[0], group):
@@ -68,9 +69,9 @@ def lost(matrix: Matrix, floating: str, vid: str, newest: Publication | None,
     if not vouchers.keys:
         return None
     reg = oci.Registry(matrix.registry)
-    for found, pub in resign_keyless.newer(matrix, floating, newest):
+    for found, pub in newer(matrix, floating, newest):
         if found != vid or \
-                not resign_keyless.unsigned(reg, pub.repository, pub.digest, vouchers):
+                not unsigned(reg, pub.repository, pub.digest, vouchers):
             continue
         layers = copied(reg, pub.repository, pub.digest, vouchers)
         if pub.dated_tag in named(layers):
@@ -111,7 +112,7 @@ def restore_twin(reg: oci.Registry, pub: Publication, vouchers: keypair.Vouchers
     when it is lost too and the copy names that tag (nothing else is put back)."""
     tag = twin.tag_of(pub.dated_tag)
     head = reg.head(pub.repository, tag)
-    if head is None or not resign_keyless.unsigned(reg, pub.repository, head.digest, vouchers):
+    if head is None or not unsigned(reg, pub.repository, head.digest, vouchers):
         return
     layers = copied(reg, pub.repository, head.digest, vouchers)
     if tag not in named(layers):
@@ -120,3 +121,51 @@ def restore_twin(reg: oci.Registry, pub: Publication, vouchers: keypair.Vouchers
         return
     sign.reattach(reg, pub.repository, head.digest, layers)
     step(f"  re-attached the signature of {head.digest[:19]} as `{tag}` from its signed copy")
+
+
+def say_lost_keyless(matrix: Matrix, group: Sequence[PlannedVariant], newest: Publication | None,
+                     vouchers: keypair.Vouchers) -> None:
+    """With identities alone: say which publication of the group lost its signature. Nothing is
+    signed (its only name left is a dated tag read off the registry, where a planted one cannot
+    be told apart): the caller publishes the content anew. Nothing to say when nobody is
+    trusted."""
+    if not vouchers.identities:
+        return
+    reg = oci.Registry(matrix.registry)
+    for vid, pub in newer(matrix, group[0].floating_tag, newest):
+        if vid == group[0].variant.id and tag_repair.holds(pub, group) \
+                and attested_unsigned(reg, pub, vouchers):
+            step(f"  [{vid}] `{pub.dated_tag}` ({pub.digest[:19]}) lost its keyless signature: "
+                 "not signed again naming a tag read off the registry (a planted one cannot "
+                 "be told apart); publishing the content anew")
+            return
+
+
+def newer(matrix: Matrix, floating: str, newest: Publication | None
+          ) -> Iterator[tuple[str, Publication]]:
+    """(variant id, publication) of each dated tag of `floating` after `newest` and not after
+    today, newest first, as the tag reads: nothing about its signature is checked here."""
+    reg = oci.Registry(matrix.registry)
+    all_tags = reg.tags(matrix.repository)
+    floor = (catalog_doc.dated_key(newest.dated_tag) if newest else None) or ("", "", -1)
+    for dated in record.dated_tags(all_tags):
+        if dated.floating == floating and dated.date <= clock.stamp() \
+                and dated.order > floor[1:]:
+            vid, pub = record.read_publication(reg, matrix, dated, all_tags)
+            if pub is not None:
+                yield vid, pub
+
+
+def attested_unsigned(reg: oci.Registry, pub: Publication, vouchers: keypair.Vouchers) -> bool:
+    """Whether the digest has no valid signature by the trusted keys and identities while its
+    SBOM, smoke report and provenance attestations are vouched for by them."""
+    if not unsigned(reg, pub.repository, pub.digest, vouchers):
+        return False
+    found, _ = vouch.attestations(reg, pub.repository, pub.digest, vouchers)
+    return set(sign.PREDICATES) <= set(found)
+
+
+def unsigned(reg: oci.Registry, repository: str, digest: str, vouchers: keypair.Vouchers
+             ) -> bool:
+    """Whether no signature of `digest` verifies against the trusted keys and identities."""
+    return bool(record.signed_for(reg, repository, digest, vouchers)[2])

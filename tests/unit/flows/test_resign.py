@@ -11,7 +11,7 @@ import pytest
 from records import publication  # type: ignore[import-not-found]
 
 from builder.core import keyless, keypair, oci, sign
-from builder.flows import resign, resign_keyless
+from builder.flows import resign
 
 VID = "2.13.0-py3.11-cpu-runtime"
 GOOD, OLD, DECOY, TWIN = ("sha256:" + c * 64 for c in "1234")
@@ -60,11 +60,11 @@ def world(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
               TWIN: [layer(TWIN, [f"{t}-zstd" for t in (TODAY, *TAGS)])]}
     w: dict[str, Any] = {"reg": reg, "put_back": [], "unsigned": {GOOD, DECOY, TWIN},
                          "copies": copies}
-    monkeypatch.setattr(resign_keyless.oci, "Registry", lambda _addr: reg)
-    monkeypatch.setattr(resign_keyless.clock, "stamp", lambda: "20261206")
-    monkeypatch.setattr(resign_keyless.record, "read_publication", lambda _r, _m, dated, _t: (
+    monkeypatch.setattr(resign.oci, "Registry", lambda _addr: reg)
+    monkeypatch.setattr(resign.clock, "stamp", lambda: "20261206")
+    monkeypatch.setattr(resign.record, "read_publication", lambda _r, _m, dated, _t: (
         VID, pub(reg.by_tag[dated.tag], dated.tag)))
-    monkeypatch.setattr(resign_keyless.record, "signed_for", lambda _r, _repo, digest, _k: (
+    monkeypatch.setattr(resign.record, "signed_for", lambda _r, _repo, digest, _k: (
         set(), set(), "no signature" if digest in w["unsigned"] else ""))
     monkeypatch.setattr(resign, "copied", lambda _r, _repo, digest, _v: w["copies"].get(
         digest, []))
@@ -137,13 +137,13 @@ def test_rebuild_check_names_the_lost_signature(world) -> None:
 
 
 def test_a_lost_keyless_signature_is_never_signed_again(world, monkeypatch, capsys) -> None:
-    """Identities alone (no key, no `.sig` copy: builder.flows.resign_keyless): the dated tag is
+    """Identities alone (no key, no `.sig` copy: resign.say_lost_keyless): the dated tag is
     all that names the publication, read off the registry where a planted one cannot be told
     apart, so nothing is signed (not even with a token); one line says so, and publish then
     publishes the content anew under a dated tag it assigns."""
     for planted in (f"{TODAY}.3", f"{TODAY}.4"):
         del world["reg"].by_tag[planted]
-    monkeypatch.setattr(resign_keyless.vouch, "attestations", lambda _r, _repo, digest, _k: (
+    monkeypatch.setattr(resign.vouch, "attestations", lambda _r, _repo, digest, _k: (
         dict.fromkeys(("sbom", "smoke", "provenance"), 1) if digest == GOOD else {}, {}))
     signed: list[str] = []
     monkeypatch.setattr(keyless, "sign_and_attach", lambda *a, **k: signed.append("bundle"))
