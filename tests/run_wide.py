@@ -20,7 +20,7 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -135,17 +135,37 @@ def remove_images(reference: str) -> None:
     (a moved tag) leaves the older build unnamed, with only its title label to say whose."""
     from builder.core import engine
 
+    remove_named(reference)
+    if repository := reference.rsplit("/", 1)[-1].rstrip("*"):
+        dangling = engine.docker("images", "--quiet", "--no-trunc", "--filter", "dangling=true",
+                                 check=False).stdout.split()
+        for image_id in dangling:
+            if built_for(image_id, [repository]):
+                engine.remove_image(image_id)
+
+
+def remove_named(reference: str) -> None:
+    """Remove every local image reference matching `reference` (docker's reference filter)."""
+    from builder.core import engine
+
     refs = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
                          "--filter", f"reference={reference}").stdout.split()
     for ref in refs:
         engine.remove_image(ref)
-    repository = reference.rsplit("/", 1)[-1].rstrip("*")
-    dangling = engine.docker("images", "--quiet", "--no-trunc", "--filter", "dangling=true",
-                             check=False).stdout.split()
-    for image_id in dangling:
-        labels = ((engine.inspect_image(image_id) or {}).get("Config") or {}).get("Labels") or {}
-        if repository and labels.get(TITLE, "").startswith(repository):
-            engine.remove_image(image_id)
+
+
+def labels_of(image_id: str) -> dict[str, str]:
+    """The image's labels ({} for an image gone or without any)."""
+    from builder.core import engine
+
+    return ((engine.inspect_image(image_id) or {}).get("Config") or {}).get("Labels") or {}
+
+
+def built_for(image_id: str, repositories: Iterable[str]) -> bool:
+    """Whether the builder made the image for one of `repositories` (its title label,
+    `repository:variant`, starts with one)."""
+    title = labels_of(image_id).get(TITLE, "")
+    return bool(title) and title.startswith(tuple(r for r in repositories if r))
 
 
 TITLE = "org.opencontainers.image.title"  # `repository:variant` on every image the builder makes

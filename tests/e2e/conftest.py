@@ -44,7 +44,6 @@ def _engine(request: pytest.FixtureRequest) -> None:
 
 
 LOOPBACK_REGISTRY = re.compile(r"127\.0\.0\.1:(\d+)/")
-TITLE = run_wide.TITLE
 
 
 def answers(port: int) -> bool:
@@ -72,11 +71,10 @@ class Made:
         loopback = LOOPBACK_REGISTRY.match(ref)
         return bool(loopback) and int(loopback[1]) in self.ports and not answers(int(loopback[1]))
 
-    def unnamed(self, labels: dict[str, str]) -> bool:
+    def unnamed(self, image_id: str) -> bool:
         """A dangling image of the module's: built for one of its private repositories (a tag
         moved to a newer build). Others' dangling images are theirs to remove."""
-        repository = labels.get(TITLE, "").rsplit(":", 1)[0]
-        return bool(repository) and repository.startswith(tuple(self.repositories))
+        return run_wide.built_for(image_id, self.repositories)
 
 
 def local_images() -> dict[str, list[str]]:
@@ -113,13 +111,8 @@ def _remove_images_made_by_the_module() -> Iterator[None]:
         elif mine:
             for ref in mine:  # another's name keeps the image
                 engine.remove_image(ref)
-        elif not refs and image_id not in before and made.unnamed(labels_of(image_id)):
+        elif not refs and image_id not in before and made.unnamed(image_id):
             engine.remove_image(image_id)
-
-
-def labels_of(image_id: str) -> dict[str, str]:
-    info = engine.inspect_image(image_id) or {}
-    return (info.get("Config") or {}).get("Labels") or {}
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -36,7 +36,7 @@ import run_wide
 import yaml
 from helpers import cosign_env, cpu_alias_matrix, free_port, remove_images_at, run_builder
 
-from builder.core import engine, registry
+from builder.core import registry
 
 CPU = "2.13.0-py3.11-cpu-runtime"
 ALIAS = "latest-cpu-runtime"
@@ -202,7 +202,4 @@ def own_staging(shared: Publication, name: str) -> Iterator[str]:
     try:
         yield ref
     finally:
-        names = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}",
-                              "--filter", f"reference={ref}").stdout.split()
-        for local in names:
-            engine.remove_image(local)
+        run_wide.remove_named(ref)

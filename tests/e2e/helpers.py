@@ -111,7 +111,7 @@ def cpu_alias_matrix(folder: Path, addr: str, alias: str, **changes: object) -> 
 
 def remove_images_at(addr: str) -> None:
     """Remove every local image named after the registry at `addr` (a module's own)."""
-    run_wide.remove_images(f"{addr}/*")
+    run_wide.remove_named(f"{addr}/*")
 
 
 def smoke_with_fake_docker(tmp_path: Path, script: str, log: Path) -> subprocess.Popen[str]:
