@@ -1,8 +1,9 @@
 """A private containerd, pulled from as a kubelet pulls: over CRI's `ImageService.PullImage`.
 
-dockerd's containerd has its CRI plugin disabled, so the bench starts its own: Debian's
-`containerd` binary (the one dockerd runs) with its own root, state and socket and the CRI
-plugin on, started and stopped by `PrivateContainerd` (a context manager that leaves no
+dockerd's containerd has its CRI plugin disabled, so the bench starts its own: a containerd
+binary (bench/containerds.py: the system's, Debian 13's or a folder given; the system's by
+default) with its own root, state and socket and the CRI plugin on, started and stopped by
+`PrivateContainerd` (a context manager that leaves no
 process, mount or folder behind, also when interrupted: its exit runs on `Interrupted`).
 
 The CRI messages are encoded by hand: the few fields used here, from the CRI v1 API,
@@ -31,7 +32,8 @@ from typing import Any
 
 import grpc
 
-from bench import workingset
+from bench import containerds, workingset
+from bench.varint import read_varint, varint
 from builder.core import proc
 
 PULL = "/runtime.v1.ImageService/PullImage"
@@ -41,15 +43,6 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # ---- protobuf wire format: length-delimited string fields only ---------------------------------
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def field(number: int, data: bytes) -> bytes:
@@ -72,16 +65,6 @@ def strings(message: bytes) -> dict[int, str]:
         else:
             i += {1: 8, 5: 4}[kind]
     return out
-
-
-def read_varint(data: bytes, i: int) -> tuple[int, int]:
-    n = shift = 0
-    while True:
-        byte = data[i]
-        n |= (byte & 0x7F) << shift
-        i, shift = i + 1, shift + 7
-        if not byte & 0x80:
-            return n, i
 
 
 def pull_request(ref: str) -> bytes:
@@ -109,7 +92,9 @@ def config_text(root: Path, state: Path, sock: Path, registries: list[str]) -> s
 class PrivateContainerd:
     """`with PrivateContainerd([registry]) as c: c.pull(ref)`: a containerd of the bench's own."""
 
-    def __init__(self, registries: list[str], base: Path = Path("/var/tmp")) -> None:
+    def __init__(self, registries: list[str], base: Path = Path("/var/tmp"),
+                 node: containerds.Containerd | None = None) -> None:
+        self.node = node
         self.home = Path(tempfile.mkdtemp(prefix="bench-cri-", dir=base))
         self.state = Path(tempfile.mkdtemp(prefix="bench-cri-", dir="/run"))
         self.sock = self.state / "containerd.sock"
@@ -129,13 +114,14 @@ class PrivateContainerd:
         self.close()
 
     def start(self, timeout: float = 30) -> None:
-        binary = proc.which("containerd", hint="apt-get install containerd")
+        node = self.node = self.node or containerds.system()
         config = self.home / "config.toml"
         config.write_text(config_text(self.home / "root", self.state, self.sock,
                                       self.registries))
         log = (self.home / "containerd.log").open("wb")
-        self.child = subprocess.Popen([binary, "--config", str(config)], stdout=log,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+        self.child = subprocess.Popen([node.containerd, "--config", str(config)], stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True,
+                                      env=node.env())
         self.channel = grpc.insecure_channel(f"unix://{self.sock}")
         deadline = time.monotonic() + timeout
         while True:
@@ -154,26 +140,33 @@ class PrivateContainerd:
                                        response_deserializer=None)
         return rpc(request, timeout=timeout)
 
-    def cpu_seconds(self) -> float:
-        """containerd's user + system CPU seconds so far, with its waited-for children
-        (`unpigz`) — /proc/<pid>/stat fields 14-17."""
+    def cpu_seconds(self) -> tuple[float, float]:
+        """containerd's own user + system CPU seconds so far (utime + stime), and its
+        waited-for children's (cutime + cstime: `unpigz`, when on its PATH) —
+        /proc/<pid>/stat fields 14-17."""
         assert self.child is not None
         fields = Path(f"/proc/{self.child.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return sum(int(x) for x in fields[11:15]) / TICKS
+        ticks = [int(x) for x in fields[11:15]]
+        return (ticks[0] + ticks[1]) / TICKS, (ticks[2] + ticks[3]) / TICKS
 
     def pull(self, ref: str) -> dict[str, Any]:
-        """One CRI pull: wall seconds, containerd CPU-seconds over it, the image id."""
-        cpu, start = self.cpu_seconds(), time.monotonic()
+        """One CRI pull: wall seconds, containerd CPU-seconds over it (its own and its
+        children's, and their sum), the image id."""
+        (own, kids), start = self.cpu_seconds(), time.monotonic()
         image_id = strings(self.call(PULL, pull_request(ref))).get(1, "")
-        return {"s": round(time.monotonic() - start, 2),
-                "cpu_s": round(self.cpu_seconds() - cpu, 2), "image": image_id}
+        seconds = round(time.monotonic() - start, 2)
+        own_after, kids_after = self.cpu_seconds()
+        return {"s": seconds, "cpu_s": round(own_after + kids_after - own - kids, 2),
+                "cpu_own_s": round(own_after - own, 2),
+                "cpu_children_s": round(kids_after - kids, 2), "image": image_id}
 
     def snapshots(self) -> Path:
         """Where the overlayfs snapshotter keeps the unpacked layers (`<n>/fs`)."""
         return self.home / "root" / "io.containerd.snapshotter.v1.overlayfs" / "snapshots"
 
     def ctr(self, *args: str, timeout: float = 600) -> str:
-        argv = ["ctr", "--address", str(self.sock), "-n", NAMESPACE, *args]
+        assert self.node is not None
+        argv = [self.node.ctr, "--address", str(self.sock), "-n", NAMESPACE, *args]
         return proc.run(argv, timeout=timeout).stdout
 
     def close(self) -> None:
@@ -227,21 +220,21 @@ FIRST_STEP = ("import time; t = time.monotonic(); import torch; "
               "print(round(time.monotonic() - t, 2))")
 
 
-def cold_start(registry: str, ref: str, argv: tuple[str, ...] = ("python", "-c", FIRST_STEP)
-               ) -> dict[str, Any]:
+def cold_start(registry: str, ref: str, argv: tuple[str, ...] = ("python", "-c", FIRST_STEP),
+               node: containerds.Containerd | None = None) -> dict[str, Any]:
     """On a fresh private containerd (an empty content store and snapshotter): the CRI pull,
     then `ctr run` of a container that imports torch and runs a 2048² matmul, started cold
     (the image's files evicted from the page cache, as on a node whose cache the pull did not
     fill: bench/workingset.py). Seconds of each, containerd's CPU-seconds over the pull, the
     bytes it fetched, the load before, and the working set the start read."""
     load = round(os.getloadavg()[0], 2)
-    with PrivateContainerd([registry]) as node:
+    with PrivateContainerd([registry], node=node) as private:
         proc.run(["sync"])
-        pulled = node.pull(ref)
-        fetched = folder_bytes(node.home / "root" / "io.containerd.content.v1.content")
-        cold = workingset.Measure(node.snapshots())
+        pulled = private.pull(ref)
+        fetched = folder_bytes(private.home / "root" / "io.containerd.content.v1.content")
+        cold = workingset.Measure(private.snapshots())
         start = time.monotonic()
-        out = node.ctr("run", "--rm", ref, f"bench-{os.getpid()}-{time.monotonic_ns()}",
+        out = private.ctr("run", "--rm", ref, f"bench-{os.getpid()}-{time.monotonic_ns()}",
                        *argv, timeout=1800)
         started = round(time.monotonic() - start, 2)
         touched = cold.done()

@@ -8,7 +8,10 @@ Per variant (default: the CPU runtime and the CUDA 13.2 slim), in one run:
   cri      as a kubelet pulls (bench/cri.py): a private containerd with its CRI plugin, fresh each
            run (empty content store and snapshotter), `ImageService.PullImage` over gRPC, then
            `ctr run` (k8s.io) of `import torch` + a 2048² matmul; pull seconds, containerd
-           CPU-seconds, time to the first matmul, bytes fetched, load; alternating, min of 3
+           CPU-seconds (its own and its children's), time to the first matmul, bytes fetched,
+           load; alternating, min of 3; on each containerd of --containerd (bench/containerds.py;
+           default both: this machine's Go 1.19 build and Debian 13's Go 1.24 one, since the
+           ratio a node sees depends on which it runs)
   pull     `ctr images pull` against dockerd's own containerd, as a Kubernetes node pulls: a
            fresh namespace each time, the image and its content removed after (`--sync`),
            `sync` before each; gzip and zstd alternate (gz,zs then zs,gz …), min of --runs
@@ -37,8 +40,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import cri, promote, pullreport
+from bench import containerds, cri, promote, pullreport
 from builder.core import oci, proc, registry, zstd
+from builder.core.errors import BuilderError
 from builder.stages import twin
 
 HERE = Path(__file__).resolve().parent
@@ -80,9 +84,14 @@ def alternating(runs: int, measure: Callable[[str, int], dict[str, Any]]
     neither always goes first onto a machine the other warmed)."""
     timings: dict[str, list[dict[str, Any]]] = {"gzip": [], "zstd": []}
     for n in range(runs):
-        for kind in ("gzip", "zstd") if n % 2 == 0 else ("zstd", "gzip"):
+        for kind in turns(n, ["gzip", "zstd"]):
             timings[kind].append(measure(kind, n))
     return timings
+
+
+def turns(n: int, items: list[Any]) -> list[Any]:
+    """`items` in order on even runs, reversed on odd ones: none always goes first."""
+    return items if n % 2 == 0 else items[::-1]
 
 
 # ---- containerd -------------------------------------------------------------------------------
@@ -236,19 +245,28 @@ def parts(gz: list[Path], zs: list[Path], work: Path, runs: int) -> dict[str, An
     return out
 
 
-def cri_runs(vetted: str, refs: dict[str, str], runs: int, variant_id: str
-             ) -> dict[str, Any]:
-    """As a kubelet pulls (bench/cri.py): each run a fresh containerd, a CRI pull, the first
-    matmul; gzip and zstd alternate; the run with the least time to the first matmul is kept."""
-    def one(kind: str, n: int) -> dict[str, Any]:
-        log(f"{variant_id}: CRI pull + first matmul, {kind} (run {n + 1}/{runs}, load {load()})")
-        return cri.cold_start(vetted, refs[kind])
-
-    return {kind: best(v, key="to_matmul_s") for kind, v in alternating(runs, one).items()}
+def cri_runs(vetted: str, refs: dict[str, str], runs: int, variant_id: str,
+             nodes: list[containerds.Containerd]) -> dict[str, Any]:
+    """As a kubelet pulls (bench/cri.py), on each containerd: each run a fresh one, a CRI
+    pull, the first matmul; within a run the containerds take turns going first, and so do
+    gzip and zstd; per containerd the run with the least time to the first matmul is kept."""
+    timings: dict[str, dict[str, list[dict[str, Any]]]] = {
+        node.name: {"gzip": [], "zstd": []} for node in nodes}
+    for n in range(runs):
+        for node in turns(n, nodes):
+            for kind in turns(n, ["gzip", "zstd"]):
+                log(f"{variant_id}: CRI pull + first matmul on {node.name}, {kind} "
+                    f"(run {n + 1}/{runs}, load {load()})")
+                timings[node.name][kind].append(cri.cold_start(vetted, refs[kind], node=node))
+    return {node.name: {"containerd": node.facts(),
+                        **{kind: best(v, key="to_matmul_s")
+                           for kind, v in timings[node.name].items()}} for node in nodes}
 
 
 def variant(variant_id: str, source: str, vetted: str, work: Path, runs: int,
-            run_check: list[str] | None, cri_n: int = 3) -> dict[str, Any]:
+            run_check: list[str] | None, nodes: list[containerds.Containerd],
+            cri_n: int = 3) -> dict[str, Any]:
+    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     local = image_of(variant_id)
     log(f"{variant_id}: docker push {local} into {source} (kept between runs)")
     digest = promote.push_local_image(source, SOURCE_REPO, local)
@@ -261,7 +279,7 @@ def variant(variant_id: str, source: str, vetted: str, work: Path, runs: int,
         return pull(gz_ref if kind == "gzip" else zs_ref)
 
     timings = alternating(runs, one)
-    by_cri = cri_runs(vetted, {"gzip": gz_ref, "zstd": zs_ref}, cri_n, variant_id)
+    by_cri = cri_runs(vetted, {"gzip": gz_ref, "zstd": zs_ref}, cri_n, variant_id, nodes)
     split = {kind: fetch_then_unpack(gz_ref if kind == "gzip" else zs_ref)
              for kind in ("gzip", "zstd")}
     reg = oci.Registry(vetted)
@@ -272,10 +290,10 @@ def variant(variant_id: str, source: str, vetted: str, work: Path, runs: int,
     shutil.rmtree(work / "gzip", ignore_errors=True)
     shutil.rmtree(work / "zstd", ignore_errors=True)
     ran = check_runs(zs_ref, run_check) if run_check else ""
-    return {"id": variant_id, "local_image": local, "gzip_digest": digest, "twin": made,
-            "pull": {k: best(v) for k, v in timings.items()}, "split": split,
-            "parts": alone, "twin_runs": ran, "cri": by_cri,
-            "working_set": by_cri["zstd"].get("working_set")}
+    return {"id": variant_id, "started": started, "local_image": local, "gzip_digest": digest,
+            "twin": made, "pull": {k: best(v) for k, v in timings.items()}, "split": split,
+            "parts": alone, "twin_runs": ran, "cri": by_cri, "cri_runs": cri_n,
+            "working_set": by_cri[nodes[0].name]["zstd"].get("working_set")}
 
 
 def image_of(variant_id: str) -> str:
@@ -290,14 +308,32 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--variant", action="append", help=f"default: {', '.join(VARIANTS)}")
     parser.add_argument("--runs", type=int, default=2, help="pulls of each tag (min is kept)")
     parser.add_argument("--work", type=Path, default=Path("/var/tmp/bench-pull"),
-                        help="the source registry's folder (kept) and scratch space")
+                        help="the source registry's folder (kept), the containerd cache "
+                        "(`containerd/<deb sha256>`, kept) and scratch space")
     parser.add_argument("--source-port", type=int, default=5035)
     parser.add_argument("--cri-runs", type=int, default=3,
                         help="CRI pulls + first matmul of each tag (min is kept)")
+    parser.add_argument("--containerd", action="append", metavar="|".join(containerds.CHOICES),
+                        help="a containerd the CRI runs measure (repeat for several; default: "
+                        "system and debian-13)")
     parser.add_argument("--quick", action="store_true",
                         help=f"the CPU runtime only ({VARIANTS[1]})")
     args = parser.parse_args(argv)
-    proc.which("ctr")
+    try:
+        proc.which("ctr")
+        nodes = [containerds.resolve(spec, args.work / "containerd")
+                 for spec in args.containerd or ["system", "debian-13"]]
+        for node in nodes:
+            log(f"containerd `{node.name}`: {node.version}, {node.go}; {node.source}")
+        run(args, nodes)
+    except BuilderError as exc:
+        print(f"error: {exc}" + (f"\n\nhint: {exc.hint}" if exc.hint else ""), file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+def run(args: argparse.Namespace, nodes: list[containerds.Containerd]) -> None:
+    """Each variant in turn, bench/PULL.md and results.json rewritten after each."""
     source = f"127.0.0.1:{args.source_port}"
     registry.start(source, args.work / "src")
     vetted = f"127.0.0.1:{pullreport.free_port()}"
@@ -308,10 +344,9 @@ def main(argv: list[str]) -> int:
     try:
         for vid in args.variant or (VARIANTS[1:] if args.quick else VARIANTS):
             check = ["python", "-c", "import torch; print(torch.__version__)"]
-            results.append(variant(vid, source, vetted, scratch, args.runs, check,
+            results.append(variant(vid, source, vetted, scratch, args.runs, check, nodes,
                                    args.cri_runs))
             pullreport.write(results, started, args.runs, HERE)  # each variant as it is done
     finally:
         registry.stop(scratch / "vetted")
         shutil.rmtree(scratch, ignore_errors=True)
-    return 0

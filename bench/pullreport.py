@@ -31,25 +31,37 @@ def _at(t: dict[str, Any]) -> str:
     return f"load {t['load']:.1f}; runs {runs} s"
 
 
-def cri_figures(v: dict[str, Any]) -> list[Figure]:
-    """As a kubelet pulls: time to the first matmul and containerd's CPU-seconds, zstd / gzip."""
-    if "cri" not in v:
+def cri_figures(v: dict[str, Any], name: str) -> list[Figure]:
+    """As a kubelet pulls, on containerd `name`: time to the first matmul and containerd's
+    CPU-seconds (its own, and its children's: `unpigz`), zstd / gzip."""
+    run = v.get("cri", {}).get(name)
+    if not run:
         return []
-    name, gz, zs = v["id"], v["cri"]["gzip"], v["cri"]["zstd"]
-    goal = name == CUDA_SLIM
+    variant, gz, zs = v["id"], run["gzip"], run["zstd"]
+    goal = variant == CUDA_SLIM
     return [
-        Figure(f"CRI pull + first matmul, zstd / gzip ({name})", zs["to_matmul_s"], "s",
-               gz["to_matmul_s"], _ratio(zs["to_matmul_s"], gz["to_matmul_s"]),
+        Figure(f"CRI pull + first matmul, zstd / gzip ({variant}, {name})", zs["to_matmul_s"],
+               "s", gz["to_matmul_s"], _ratio(zs["to_matmul_s"], gz["to_matmul_s"]),
                f"zstd: pull {zs['s']:.1f} + start {zs['start_s']:.1f} s, load {zs['load']:.1f}; "
                f"gzip: pull {gz['s']:.1f} + start {gz['start_s']:.1f} s, load {gz['load']:.1f}"
                + (f"; goal ≤ {GOALS['cri_wall']}" if goal else "")),
-        Figure(f"CRI pull: containerd CPU-seconds, zstd / gzip ({name})", zs["cpu_s"], "s",
-               gz["cpu_s"], _ratio(zs["cpu_s"], gz["cpu_s"]),
-               f"/proc/<pid>/stat utime+stime (+ waited children); bytes fetched "
+        Figure(f"CRI pull: containerd CPU-seconds, zstd / gzip ({variant}, {name})",
+               zs["cpu_s"], "s", gz["cpu_s"], _ratio(zs["cpu_s"], gz["cpu_s"]),
+               f"{cpu_parts(zs, gz, run['containerd'])}; bytes fetched "
                f"{zs['bytes'] / 1e6:.1f} / {gz['bytes'] / 1e6:.1f} MB"
                + (f"; goal ≤ {GOALS['cri_cpu']}" if goal else "")),
-        *working_set_figures(name, zs.get("working_set")),
     ]
+
+
+def cpu_parts(zs: dict[str, Any], gz: dict[str, Any], facts: dict[str, Any]) -> str:
+    """The CPU figure's two halves: containerd's own (utime+stime) and its waited-for
+    children's (cutime+cstime: `unpigz` decompresses gzip there when it is on the PATH)."""
+    if "cpu_own_s" not in zs:
+        return "/proc/<pid>/stat utime+stime (+ waited children)"
+    unpigz = "on its PATH" if facts.get("unpigz") else "not on its PATH"
+    return (f"containerd's own (utime+stime) {zs['cpu_own_s']:.1f} / {gz['cpu_own_s']:.1f} s "
+            f"({_ratio(zs['cpu_own_s'], gz['cpu_own_s'])}), its children (cutime+cstime) "
+            f"{zs['cpu_children_s']:.1f} / {gz['cpu_children_s']:.1f} s; unpigz {unpigz}")
 
 
 def working_set_figures(name: str, ws: dict[str, Any] | None) -> list[Figure]:
@@ -67,12 +79,12 @@ def working_set_figures(name: str, ws: dict[str, Any] | None) -> list[Figure]:
 
 
 def figures(v: dict[str, Any]) -> list[Figure]:
-    """The headline figures of one variant: the CRI pull, then the `ctr` pull's seconds,
-    ratio, each against the floor."""
+    """The figures of one variant besides the CRI pull: the startup working set, the `ctr`
+    pull's seconds and ratio, each against the floor, and what the twin costs promotion."""
     name, pull, floor = v["id"], v["pull"], v["parts"]["floor_tar_x"]
     gz, zs, fl = pull["gzip"]["s"], pull["zstd"]["s"], floor["s"]
     twin = v["twin"]
-    out = [*cri_figures(v),
+    return [*working_set_figures(name, v.get("working_set")),
         Figure(f"`ctr` pull+unpack, zstd twin / gzip tag ({name})", zs, "s", gz, _ratio(zs, gz),
                f"zstd {_at(pull['zstd'])}; gzip {_at(pull['gzip'])}"
                + (f"; goal ≤ {GOALS['ratio']}" if name == CUDA_SLIM else "")),
@@ -96,7 +108,6 @@ def figures(v: dict[str, Any]) -> list[Figure]:
                + (f", {twin['twin_cpu_s']} CPU-s in the twin process (all its threads)"
                   if "twin_cpu_s" in twin else "") + f"; goal ≤ {GOALS['added_s']:.0f} s"),
     ]
-    return out
 
 
 def floor_gb(v: dict[str, Any]) -> str:
@@ -128,37 +139,61 @@ def breakdown(v: dict[str, Any]) -> list[str]:
 
 
 def write(results: list[dict[str, Any]], started: str, runs: int, here: Path) -> None:
-    figs = [f for v in results for f in figures(v)]
-    for f in figs:
+    """bench/PULL.md from every variant results.json holds (this run's replacing the same
+    variant's, per containerd), and the `pull` entry of results.json, other entries kept."""
+    path = here / "results.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    held = data.get("pull") or {}
+    merged = merge(held.get("results") or [], results, held.get("started"))
+    cri = [f for v in merged for name in containerds_of(merged) for f in cri_figures(v, name)]
+    rest = [f for v in merged for f in figures(v)]
+    for f in [*cri, *rest]:
         print(f.line(), flush=True)
+    (here / "PULL.md").write_text("\n".join(report(merged, runs, here)))
+    data["pull"] = {"started": started, "runs": runs, "results": merged,
+                    "figures": [f.__dict__ for f in [*cri, *rest]]}
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def report(merged: list[dict[str, Any]], runs: int, here: Path) -> list[str]:
+    """bench/PULL.md's lines: a CRI table per containerd, its goals, the rest, the history."""
     lines = ["# Bytes to a node: containerd pulls of the gzip tag and its zstd twin", "",
              "`python -m bench pull` — generated by bench/pull.py; do not edit.", "",
-             f"Run {started} on {os.cpu_count()} cores (shared with other work: the load "
-             f"average is beside every timing); min of {runs} pulls per tag, alternating; "
-             "loopback registry (docker-registry 2.8), dockerd's containerd "
-             f"({containerd_version()}).", "", *figure_table(figs, value=_value), "",
-             "## Where the time goes", "",
-             "Each part measured alone (the pull overlaps download and unpack, so the parts "
-             "do not add up to the whole).", ""]
-    for v in results:
+             f"On {os.cpu_count()} cores (shared with other work: the load average is beside "
+             f"every timing); loopback registry (docker-registry 2.8); `ctr` pulls min of "
+             f"{runs} per tag, gzip and zstd alternating. Measured: "
+             + "; ".join(f"{v['id']} {v.get('started', '?')} (CRI: min of "
+                         f"{v.get('cri_runs', 3)})" for v in merged) + ".", "",
+             "## As a kubelet pulls: CRI `PullImage`, then the first matmul, per containerd", ""]
+    for name in containerds_of(merged):
+        lines += [*containerd_heading(merged, name), "",
+                  *figure_table([f for v in merged for f in cri_figures(v, name)],
+                                value=_value), ""]
+    lines += ["## Goals", "", *goal_lines(merged), "",
+              f"## Working set, the `ctr` path (dockerd's containerd, {containerd_version()}) "
+              "and the twin's cost", "",
+              *figure_table([f for v in merged for f in figures(v)], value=_value), "",
+              "## Where the time goes (`ctr` path)", "",
+              "Each part measured alone (the pull overlaps download and unpack, so the parts "
+              "do not add up to the whole).", ""]
+    for v in merged:
         lines += [*breakdown(v), ""]
-    lines += ["## Goals", "", *goal_lines(results), "", "## The twins", ""]
-    for v in results:
+    lines += ["## The twins", ""]
+    for v in merged:
         lines.append(f"- {v['id']}: gzip {v['gzip_digest']} → zstd twin {v['twin']['twin']} "
                      f"({v['twin']['layers']} layers)"
                      + (f"; containerd ran it: `python -c \"import torch; "
                         f"print(torch.__version__)\"` → `{v['twin_runs']}`"
                         if v.get("twin_runs") else ""))
-    lines.append("")
-    history = here / "PULL-ctr.md"
-    if history.exists():
-        lines.append(history.read_text())
-    (here / "PULL.md").write_text("\n".join(lines))
-    path = here / "results.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data["pull"] = {"started": started, "runs": runs, "results": results,
-                    "figures": [f.__dict__ for f in figs]}
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    history = here / "PULL-earlier.md"
+    return [*lines, "", history.read_text()] if history.exists() else lines
+
+
+def containerd_heading(merged: list[dict[str, Any]], name: str) -> list[str]:
+    facts = next(v["cri"][name]["containerd"] for v in merged if name in v.get("cri", {}))
+    unpigz = facts.get("unpigz") or "not on its PATH"
+    return [f"### containerd {facts['version']}, built with {facts['go']} (`--containerd "
+            f"{name}`)", "", f"From {facts['source']}; unpigz: {unpigz}."]
 
 
 def _value(v: Any) -> str:
@@ -166,20 +201,67 @@ def _value(v: Any) -> str:
 
 
 def goal_lines(results: list[dict[str, Any]]) -> list[str]:
+    """The goals, judged on the CUDA slim: the CRI ratios per containerd, then the `ctr`
+    path's and the twin's."""
     out = []
-    for v in results:
-        if v["id"] != CUDA_SLIM:
-            continue
-        ratio = v["pull"]["zstd"]["s"] / v["pull"]["gzip"]["s"]
+    for v in (v for v in results if v["id"] == CUDA_SLIM):
+        for name, run in v.get("cri", {}).items():
+            facts, gz, zs = run["containerd"], run["gzip"], run["zstd"]
+            wall = zs["to_matmul_s"] / gz["to_matmul_s"]
+            cpu = zs["cpu_s"] / gz["cpu_s"]
+            own = (f" (containerd's own CPU alone: {zs['cpu_own_s'] / gz['cpu_own_s']:.2f})"
+                   if gz.get("cpu_own_s") else "")
+            out.append(f"- containerd {facts['version']} ({facts['go']}, `{name}`): time to "
+                       f"the first matmul {wall:.2f} (goal ≤ {GOALS['cri_wall']}): "
+                       f"{judged(wall, GOALS['cri_wall'])}; containerd CPU-seconds {cpu:.2f} "
+                       f"(goal ≤ {GOALS['cri_cpu']}): {judged(cpu, GOALS['cri_cpu'])}{own}")
         twin = v["twin"]
-        for what, have, goal in (("zstd/gzip pull ratio", ratio, GOALS["ratio"]),
+        for what, have, goal in (("`ctr` path: zstd/gzip pull ratio",
+                                  v["pull"]["zstd"]["s"] / v["pull"]["gzip"]["s"],
+                                  GOALS["ratio"]),
                                  ("peak RSS of promotion with the twin, MB", twin["hwm_mb"],
                                   GOALS["rss_mb"]),
                                  ("seconds the twin adds to promotion", twin["twin_s"],
                                   GOALS["added_s"])):
-            state = "met" if have <= goal else "NOT met"
-            out.append(f"- {what}: {have:.2f} (goal ≤ {goal}): {state}")
+            out.append(f"- {what}: {have:.2f} (goal ≤ {goal}): {judged(have, goal)}")
     return out or ["- the CUDA slim image was not measured in this run"]
+
+
+def judged(have: float, goal: float) -> str:
+    return "met" if have <= goal else "NOT met"
+
+
+# ---- results.json: one variant's run never drops another's ---------------------------------
+
+# What a record written before the bench measured several containerds ran on.
+LEGACY = {"name": "system", "version": "1.6.20~ds1", "go": "go1.19.8",
+          "source": "/usr/bin/containerd (Debian 12; recorded before the bench named it)"}
+
+
+def normalized(v: dict[str, Any], started: str | None) -> dict[str, Any]:
+    """A record in today's shape: `cri` keyed by containerd, `started` on the record."""
+    cri = v.get("cri") or {}
+    if "gzip" in cri:  # one containerd, before --containerd
+        cri = {"system": {**cri, "containerd": LEGACY}}
+    return {**v, "cri": cri, "started": v.get("started") or started}
+
+
+def merge(held: list[dict[str, Any]], new: list[dict[str, Any]], held_started: str | None
+          ) -> list[dict[str, Any]]:
+    """`held` with `new` laid over it: a variant measured now replaces its record, keeping
+    the CRI runs of containerds this run did not measure; other variants are kept as they
+    were (in their order, new variants after)."""
+    out = {v["id"]: normalized(v, held_started) for v in held}
+    for v in new:
+        old = out.get(v["id"], {}).get("cri", {})
+        out[v["id"]] = {**normalized(v, None), "cri": {**old, **(v.get("cri") or {})}}
+    return list(out.values())
+
+
+def containerds_of(results: list[dict[str, Any]]) -> list[str]:
+    """Every containerd measured, the system's first."""
+    names = dict.fromkeys(n for v in results for n in v.get("cri", {}))
+    return sorted(names, key=lambda n: n != "system")
 
 
 def containerd_version() -> str:

@@ -43,7 +43,8 @@ def load(path: Path | None) -> list[dict[str, Any]]:
         raise BuilderError(f"cannot read the bench results `{path}`: {exc}",
                            hint="run `python -m bench pull --quick` again, or pass "
                            "`--startup` another file") from exc
-    return [record(v, pull.get("started")) for v in pull.get("results") or []
+    return [record(v, v.get("started") or pull.get("started"))
+            for v in pull.get("results") or []
             if v.get("working_set")]
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import cri
+from bench import containerds, cri
 from builder.core import oci, rootfs_image
 
 pytestmark = pytest.mark.docker
@@ -73,6 +73,23 @@ def test_a_cri_pull_then_a_run_leaves_nothing_behind(registry_addr, tmp_path):
     assert left_behind(home, state, pid) == []
 
 
+def test_debian_13s_containerd_pulls_and_runs_and_leaves_nothing_behind(registry_addr, tmp_path):
+    """`--containerd debian-13`: trixie's package through Debian's signature chain (the real
+    deb.debian.org), its own daemon, ctr and shim with the system's runc."""
+    node = containerds.resolve("debian-13", tmp_path / "containerd")
+    assert node.version.startswith("1.7.") and node.go.startswith("go1.2"), node
+    assert node.facts()["unpigz"] == "/usr/bin/unpigz"
+    ref = small_image(registry_addr, tmp_path)
+    with cri.PrivateContainerd([registry_addr], node=node) as private:
+        pulled = private.pull(ref)
+        assert pulled["image"].startswith("sha256:") and pulled["cpu_own_s"] >= 0
+        out = private.ctr("run", "--rm", ref, f"t-{uuid.uuid4().hex[:6]}", "/bin/bash", "-c",
+                          "echo ran")
+        assert out.strip() == "ran"
+        home, state, pid = private.home, private.state, private.child.pid
+    assert left_behind(home, state, pid) == []
+
+
 def test_the_working_set_is_what_the_start_read_of_the_evicted_image(registry_addr, tmp_path):
     """cold_start's whole path on a small image: pull, evict, run, residency. The start reads
     bash, its libraries and one data file (bash's `$(< file)`: the image has no `cat`); the
@@ -93,7 +110,7 @@ def test_the_working_set_is_what_the_start_read_of_the_evicted_image(registry_ad
 
 INTERRUPTED = """
 import sys, time
-from bench import cri
+from bench import containerds, cri
 with cri.PrivateContainerd([sys.argv[1]]) as node:
     print(node.home, node.state, node.child.pid, flush=True)
     time.sleep(600)

@@ -28,14 +28,19 @@ def test_the_config_keeps_containerd_to_its_own_folders(tmp_path: Path) -> None:
 
 
 def test_the_cri_figures_are_zstd_over_gzip_with_the_goals_on_the_cuda_slim() -> None:
-    run = {"s": 10.0, "start_s": 4.0, "to_matmul_s": 14.0, "cpu_s": 20.0, "bytes": 2e9,
-           "load": 1.0}
-    v = {"id": pullreport.CUDA_SLIM,
-         "cri": {"gzip": run, "zstd": {**run, "to_matmul_s": 7.0, "cpu_s": 10.0}}}
-    wall, cpu = pullreport.cri_figures(v)
+    run = {"s": 10.0, "start_s": 4.0, "to_matmul_s": 14.0, "cpu_s": 20.0, "cpu_own_s": 12.0,
+           "cpu_children_s": 8.0, "bytes": 2e9, "load": 1.0}
+    v = {"id": pullreport.CUDA_SLIM, "cri": {"system": {
+        "containerd": {"unpigz": "/usr/bin/unpigz"}, "gzip": run,
+        "zstd": {**run, "to_matmul_s": 7.0, "cpu_s": 10.0, "cpu_own_s": 10.0,
+                 "cpu_children_s": 0.0}}}}
+    wall, cpu = pullreport.cri_figures(v, "system")
     assert (wall.ratio, cpu.ratio) == (0.5, 0.5)
     assert "goal ≤ 0.7" in wall.note and "goal ≤ 0.55" in cpu.note
-    assert pullreport.cri_figures({"id": "x"}) == []
+    assert "own (utime+stime) 10.0 / 12.0 s (0.833)" in cpu.note
+    assert "children (cutime+cstime) 0.0 / 8.0 s; unpigz on its PATH" in cpu.note
+    assert pullreport.cri_figures(v, "debian-13") == pullreport.cri_figures({"id": "x"}, "s")
+    assert pullreport.cri_figures({"id": "x"}, "s") == []
 
 
 WS = {"bytes": 1_180_000_000, "files": 3400, "image_bytes": 4_540_000_000, "image_files": 5000,
@@ -48,11 +53,3 @@ def test_the_working_set_figure_is_bytes_read_against_the_unpacked_image() -> No
     assert (fig.value, fig.baseline, fig.ratio) == (1180.0, 4540.0, 0.2599)
     assert "files 3400 of 5000 (68%)" in fig.note and "libtorch_cpu.so 900 MB" in fig.note
     assert pullreport.working_set_figures("cpu", None) == []
-
-
-def test_the_cri_figures_carry_the_working_set_of_the_zstd_run() -> None:
-    run = {"s": 10.0, "start_s": 4.0, "to_matmul_s": 14.0, "cpu_s": 20.0, "bytes": 2e9,
-           "load": 1.0}
-    v = {"id": "x", "cri": {"gzip": run, "zstd": {**run, "working_set": WS}}}
-    assert [f.name for f in pullreport.cri_figures(v)][-1] \
-        == "startup working set: bytes a cold start read (x)"

@@ -1,0 +1,111 @@
+"""Which containerd the pull bench measures: `--containerd system|debian-13|PATH`.
+
+  system     the containerd on PATH (this machine's: Debian 12's 1.6.20, built with Go 1.19,
+             whose sha256 is about a third as fast as than Go ≥ 1.21's; bench/PULL.md)
+  debian-13  the containerd a current Debian node runs: trixie's `containerd` package, fetched
+             from deb.debian.org and trusted only through Debian's signature chain
+             (bench/debian.py), extracted under the bench's folder, keyed by the .deb's sha256
+  PATH       a folder holding `containerd`, `ctr` and `containerd-shim-runc-v2` (or the
+             `containerd` binary in such a folder): a build of your own
+runc, unpigz and every other helper stay the system's: the daemon's PATH gets the chosen folder
+first, so its own shim is the one started. Each is shown with its version and the Go that built
+it, read from the binary's Go build info, not from a name.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import debian
+from bench.varint import read_varint
+from builder.core import proc
+from builder.core.errors import BuilderError
+
+BINARIES = ("containerd", "ctr", "containerd-shim-runc-v2")
+GO_BUILDINFO = b"\xff Go buildinf:"  # Go ≥ 1.18: 32-byte header, then the version inline
+DEBIAN = {"debian-13": "trixie"}
+CHOICES = ("system", *DEBIAN, "PATH")
+
+
+@dataclass(frozen=True)
+class Containerd:
+    """One containerd to measure: its binaries and what it is."""
+
+    name: str  # system, debian-13, or the folder given
+    containerd: str
+    ctr: str
+    bin_dir: str  # first on the daemon's PATH ("" for the system's own)
+    version: str  # `containerd --version`
+    go: str  # the Go release that built the daemon
+    source: str  # where it came from and how it was trusted
+
+    def facts(self) -> dict[str, Any]:
+        """What the report shows of it, with the `unpigz` its PATH finds ("" for none):
+        containerd decompresses gzip in that child process when there is one."""
+        return {**asdict(self), "unpigz": shutil.which("unpigz", path=self.env()["PATH"]) or ""}
+
+    def env(self) -> dict[str, str]:
+        """The daemon's environment: its own folder first on PATH (its shim), the rest kept."""
+        path = os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        return {**os.environ, "PATH": f"{self.bin_dir}:{path}" if self.bin_dir else path}
+
+
+def go_version(binary: Path) -> str:
+    """The Go release a binary was built with, from its build info (`go version FILE` reads
+    the same bytes); "unknown" for a binary without it (Go < 1.18 or not Go)."""
+    data = binary.read_bytes()
+    at = data.find(GO_BUILDINFO)
+    if at < 0 or not data[at + 15] & 2:
+        return "unknown"
+    size, start = read_varint(data, at + 32)
+    return data[start:start + size].decode(errors="replace")
+
+
+def version(containerd: str) -> str:
+    """`containerd --version`'s version fields (upstream and, for a distribution, its own)."""
+    out = proc.run([containerd, "--version"], timeout=60).stdout.split()
+    return " ".join(out[2:]) or "unknown"
+
+
+def in_folder(name: str, folder: Path, source: str) -> Containerd:
+    """The three binaries in `folder`, each required."""
+    paths = {b: folder / b for b in BINARIES}
+    absent = [str(p) for p in paths.values() if not os.access(p, os.X_OK)]
+    if absent:
+        raise BuilderError(f"no executable `{absent[0]}`",
+                           hint=f"--containerd PATH names a folder holding {', '.join(BINARIES)}")
+    daemon = str(paths["containerd"])
+    return Containerd(name=name, containerd=daemon, ctr=str(paths["ctr"]),
+                      bin_dir=str(folder), version=version(daemon),
+                      go=go_version(paths["containerd"]), source=source)
+
+
+def system() -> Containerd:
+    daemon = proc.which("containerd", hint="apt-get install containerd")
+    return Containerd(name="system", containerd=daemon, ctr=proc.which("ctr"), bin_dir="",
+                      version=version(daemon), go=go_version(Path(daemon)),
+                      source=f"{daemon} on PATH")
+
+
+def from_debian(name: str, cache: Path) -> Containerd:
+    package, root = debian.unpacked("containerd", DEBIAN[name], cache)
+    source = (f"deb.debian.org {DEBIAN[name]} {Path(package.filename).name}, sha256 "
+              f"{package.sha256} (InRelease signature, Packages.xz and .deb hashes checked)")
+    return in_folder(name, root / "usr" / "bin", source)
+
+
+def resolve(spec: str, cache: Path) -> Containerd:
+    """`system`, `debian-13` or a folder (or a containerd binary in one)."""
+    if spec == "system":
+        return system()
+    if spec in DEBIAN:
+        return from_debian(spec, cache)
+    path = Path(spec).resolve()
+    if not path.exists():
+        raise BuilderError(f"--containerd `{spec}`: no such folder",
+                           hint=f"one of {', '.join(CHOICES)}")
+    return in_folder(spec, path if path.is_dir() else path.parent, f"{path} (given)")
