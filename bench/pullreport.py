@@ -190,8 +190,12 @@ def report(merged: list[dict[str, Any]], runs: int, here: Path) -> list[str]:
 
 
 def containerd_heading(merged: list[dict[str, Any]], name: str) -> list[str]:
-    facts = next(v["cri"][name]["containerd"] for v in merged if name in v.get("cri", {}))
-    unpigz = facts.get("unpigz") or "not on its PATH"
+    """Which containerd a table is: as the newest run recorded it."""
+    newest = sorted((v for v in merged if name in v.get("cri", {})),
+                    key=lambda v: v.get("started") or "", reverse=True)
+    facts = newest[0]["cri"][name]["containerd"]
+    unpigz = {None: "not recorded", "": "not on its PATH"}.get(facts.get("unpigz"),
+                                                                facts.get("unpigz"))
     return [f"### containerd {facts['version']}, built with {facts['go']} (`--containerd "
             f"{name}`)", "", f"From {facts['source']}; unpigz: {unpigz}."]
 
@@ -234,7 +238,7 @@ def judged(have: float, goal: float) -> str:
 # ---- results.json: one variant's run never drops another's ---------------------------------
 
 # What a record written before the bench measured several containerds ran on.
-LEGACY = {"name": "system", "version": "1.6.20~ds1", "go": "go1.19.8",
+LEGACY = {"name": "system", "version": "1.6.20~ds1", "go": "go1.19.8", "unpigz": None,
           "source": "/usr/bin/containerd (Debian 12; recorded before the bench named it)"}
 
 
