@@ -39,6 +39,7 @@ from helpers import cosign_env, cpu_alias_matrix, free_port, remove_images_at, r
 from builder.core import registry
 
 CPU = "2.13.0-py3.11-cpu-runtime"
+SLIM = "2.13.0-py3.11-cpu-slim"  # a prefix of CPU's layers: built from the build cache
 ALIAS = "latest-cpu-runtime"
 PASSWORD = "correct horse"
 
@@ -82,11 +83,13 @@ class Publication:
         return self.record.get("zstd", {}).get("digest", "")
 
 
-def publish(matrix: Path, key: Path, env: dict[str, str], out: Path) -> dict[str, Any]:
-    """`builder publish --key` of the CPU runtime; its publication from `out` (published.json)."""
-    run_builder("publish", "--select", f"id={CPU}", "--key", str(key), "--manifest", str(out),
+def publish(matrix: Path, key: Path, env: dict[str, str], out: Path, vid: str = CPU
+            ) -> dict[str, Any]:
+    """`builder publish --key` of variant `vid` (the CPU runtime); its publication from `out`
+    (published.json)."""
+    run_builder("publish", "--select", f"id={vid}", "--key", str(key), "--manifest", str(out),
                 matrix=matrix, env=env)
-    [pub] = json.loads(out.read_text())["variants"][CPU]["publications"]
+    [pub] = json.loads(out.read_text())["variants"][vid]["publications"]
     assert pub["signed"] is True and pub["unsigned"] is False, pub
     return pub
 
@@ -181,6 +184,25 @@ def restage(shared: Publication, folder: Path, addr: str, **changes: object) -> 
     record = publish(matrix, shared.key, shared.env, folder / "published.json")
     assert record["digest"] == staged
     return replace(shared, addr=addr, matrix=matrix, built=built, staged=staged, record=record)
+
+
+def publish_slim(shared: Publication, folder: Path, addr: str, env: dict[str, str],
+                 **changes: object) -> tuple[Path, dict[str, Any]]:
+    """The CPU slim built (its steps the runtime's, from the build cache; its own smoke test
+    and SBOM), staged with signed evidence in a staging of its own (`own_staging`) and published
+    by the session's key into the registry at `addr`, under the shared repository name, as its
+    pipeline would. Its local images are removed afterwards (the registry holds it): a `plan`
+    then asks the registry. Returns its matrix (in `folder`) and its publication."""
+    folder.mkdir()
+    image = f"{addr}/{shared.repository}:{SLIM}"
+    try:
+        with own_staging(shared, "slim") as staging:
+            matrix = moved_matrix(shared, folder, addr, staging=staging, **changes)
+            run_builder("build", "--select", f"id={SLIM}", "--stage", "--key", str(shared.key),
+                        matrix=matrix, env=env)
+            return matrix, publish(matrix, shared.key, env, folder / "published.json", SLIM)
+    finally:
+        run_wide.remove_named(image)
 
 
 def evidence_state(shared: Publication, folder: Path) -> Path:

@@ -3,20 +3,25 @@
 that is the only thing their jobs share, each job with a PATH of the ubuntu-24.04 runner image's
 tools plus what its own steps install (tests/e2e/runner_image.py).
 
-  0. A planted build.yml whose build job does not install mmdebstrap fails there.
+  0. A planted build.yml whose build job does not install mmdebstrap fails there (after the
+     shipped plan job, which the plant leaves as it is).
   1. build.yml (dispatched with `select: id=<CPU runtime>`): plan → build --stage → smoke →
      publish → catalog, with numpy one patch release older in the lock, keyless: the smoke job
      attests the staged evidence and publish signs with the job's OIDC token, trusting the
      workflows' identity (tools/trusted_identity.sh). Then, from a fresh clone, `builder verify
      --certificate-identity …/build.yml@refs/heads/main --certificate-oidc-issuer …` is ok on
      the published tag, and one trusting a pull-request ref identity is refused in one line.
-  2. A fresh clone with no published.json and an empty state folder: `rebuild --check` names
-     the variant, `catalog` lists it, a second `publish` says "already published as …".
-  3. A planted `contents: read` publish job that commits its record is refused (re-run).
-  4. numpy bumped in the lock (the shipped lock): a planted rebuild.yml that logs in after the
-     rebuild fails; the shipped one runs check → rebuild (publishes `-YYYYMMDD.1`) → catalog.
+  2. The registry is the record: the catalog job (a fresh clone with no published.json and an
+     empty state folder, as every job) lists the variant.
+  3. A planted `contents: read` publish job that commits its record is refused (re-run); its
+     `builder publish` says "already published as …".
+  4. numpy bumped in the lock (the shipped lock): rebuild.yml's check job names the variant; a
+     planted rebuild.yml that logs in after the rebuild fails (after that check job); the
+     shipped one runs check → rebuild (publishes `-YYYYMMDD.1`) → catalog.
   5. `builder verify --certificate-identity …/rebuild.yml@refs/heads/main` of the new dated
      tag, from a fresh clone.
+A job is run once per phase: a planted workflow runs the job it changes after the shipped
+workflow's earlier jobs, whose records it is given as GitHub's re-run gives a finished job's.
 The relock-pr job runs after the rebuild (no relock here: python-vuln is unreachable); given
 a relock report it is rehearsed alone by test_relock_pr_job.py.
 
@@ -49,10 +54,10 @@ import pytest
 import yaml
 from actions_runner import REPOSITORY, JobRecord, Runner, make_origin, make_shims
 from helpers import free_port, missing, remove_images_of
-from keyless_mock import ISSUER, by, oidc_endpoint, token
+from keyless_mock import by, oidc_endpoint
 
 from builder.commands.options import SIGSTORE_CONFIG_ENV, TRUSTED_ROOT_ENV
-from builder.core import clock, oci
+from builder.core import clock, oci, twin_cache
 
 pytestmark = pytest.mark.docker
 
@@ -145,10 +150,14 @@ def stage(tmp_path_factory: pytest.TempPathFactory, mock: Path) -> Iterator[dict
         f"rehearsal: the CPU runtime with {OLD_NUMPY}")
     git(tree, "push", "-q", str(origin), "main", REHEARSAL_CONTENTS="write")
     make_shims(tmp / "runs")
+    # The machine's zstd twin cache (conftest's, one for the run), kept between jobs as a
+    # self-hosted runner keeps its ~/.cache: a publish twins only layers no job twinned before.
+    twins = {twin_cache.ENV: os.environ[twin_cache.ENV]} if twin_cache.ENV in os.environ else {}
     with oidc_endpoint() as oidc:
         runner = Runner(origin=origin, root=tmp / "runs", secrets={
             "REGISTRY_USERNAME": USER, "REGISTRY_PASSWORD": PASSWORD},
-            runner_env={"REBUILD_SKIP_SOURCES": "python-vuln", clock.ENV: NOW, **sigstore},
+            runner_env={"REBUILD_SKIP_SOURCES": "python-vuln", clock.ENV: NOW, **sigstore,
+                        **twins},
             oidc=oidc.grant)
         yield {"tmp": tmp, "addr": addr, "repository": repository, "tree": tree,
                "origin": origin, "runner": runner, "sigstore": sigstore}
@@ -168,6 +177,19 @@ def workflow(stage: dict[str, Any], name: str, plant: Any = None) -> Path:
         plant(doc)
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+def jobs_after(path: Path) -> set[str]:
+    """The jobs of the workflow at `path` but its first (run once, its record passed on as
+    GitHub's re-run passes a finished job's)."""
+    return set(list(yaml.safe_load(path.read_text())["jobs"])[1:])
+
+
+def printed(runner: Runner, text: str) -> str:
+    """The last line a job's steps printed that holds `text` ("" when none did)."""
+    found = [line for log in sorted(runner.root.glob("job*/runner/steps.log"))
+             for line in log.read_text().splitlines() if text in line]
+    return found[-1] if found else ""
 
 
 def results(done: dict[str, JobRecord]) -> dict[str, str]:
@@ -250,19 +272,22 @@ def plant_no_mmdebstrap(doc: dict[str, Any]) -> None:
 def test_the_workflows_rehearsed(stage: dict[str, Any]) -> None:
     runner: Runner = stage["runner"]
     today = NOW[:10].replace("-", "")  # every job's day: the one clock, fixed for the run
+    build_yml = workflow(stage, "build.yml")
+    inputs = {"select": f"id={CPU}", "arm64_emulated": False}
+    runner.log.append("== build.yml (workflow_dispatch, select: id=" + CPU + "): plan")
+    planned = runner.run(build_yml, inputs=inputs, only={"plan"})
     # 0. planted: a job that runs a tool no step installed fails on the runner image's PATH
+    # (after the same plan job: the plant changes the build job alone)
     runner.log.append("== planted build.yml: the build job does not install mmdebstrap")
-    planted = runner.run(workflow(stage, "build.yml", plant_no_mmdebstrap),
-                         inputs={"select": f"id={CPU}", "arm64_emulated": False},
-                         only={"plan", "build"})
+    planted = runner.run(workflow(stage, "build.yml", plant_no_mmdebstrap), inputs=inputs,
+                         rerun=planned, only={"build"})
     assert (planted["plan"].result, planted["build"].result) == ("success", "failure")
     assert any("mmdebstrap: command not found" in line for line in runner.log), runner.log
     assert not (runner.root / "runner-bin" / "mmdebstrap").exists()
     assert tags(stage) == []
-    # 1. build.yml
-    runner.log.append("== build.yml (workflow_dispatch, select: id=" + CPU + ")")
-    built = runner.run(workflow(stage, "build.yml"),
-                       inputs={"select": f"id={CPU}", "arm64_emulated": False})
+    # 1. build.yml: the jobs after its plan
+    runner.log.append("== build.yml: the jobs after the plan")
+    built = runner.run(build_yml, inputs=inputs, rerun=planned, only=jobs_after(build_yml))
     assert results(built) == {"plan": "success", "build": "success", "smoke-gpu": "skipped",
                               "smoke-cpu": "success", "publish": "success",
                               "catalog": "success"}, runner.log
@@ -282,37 +307,22 @@ def test_the_workflows_rehearsed(stage: dict[str, Any]) -> None:
     errors = [x for x in refused.stderr.splitlines() if x.startswith("error:")]
     assert refused.returncode == 1 and len(errors) == 1, refused.stdout + refused.stderr
     assert f"another identity: signed by {BUILD}" in errors[0], errors
+    # 2. the registry is the record: the catalog job (a fresh clone, no published.json, an
+    # empty state) listed it from the registry alone
+    site = runner.root / "artifacts" / "github-pages" / "site" / "catalog.json"
+    assert CPU in site.read_text(), site
 
-    # 2. a fresh clone: the registry is the record
-    runner.log.append("== fresh clone, no published.json, empty state")
-    trusted = ("--certificate-oidc-issuer", ISSUER, "--certificate-identity-regexp",
-               trusted_identity())
-    check = in_fresh_clone(stage, "rebuild", "--check", "--json", *trusted, "--skip-source",
-                           "python-vuln")
-    runner.log.append(f"rebuild --check --json (trusting the workflows' identity): exit "
-                      f"{check.returncode}")
-    assert check.returncode in (0, 1), check.stderr[-3000:]
-    assert json.loads(check.stdout)["checked"] == [CPU]
-    site = stage["tmp"] / "site"
-    catalog = in_fresh_clone(stage, "catalog", "--out", str(site), "--json")
-    listed = (site / "catalog.json").read_text() if catalog.returncode == 0 else ""
-    runner.log.append(f"catalog: exit {catalog.returncode}, lists {CPU}: {CPU in listed}")
-    assert catalog.returncode == 0 and CPU in listed, catalog.stderr[-3000:]
-    again = in_fresh_clone(stage, "publish", *trusted, SIGSTORE_ID_TOKEN=token(BUILD))
-    runner.log.append(f"publish (same content): exit {again.returncode}: "
-                      + " ".join(re.findall(r"already published as \S+ \(dated \S+\)",
-                                            again.stdout + again.stderr)[:1]))
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"already published as {stage['addr']}/{stage['repository']}@sha256:" in (
-        again.stdout + again.stderr) and f"(dated {CPU}-{today})" in again.stdout + again.stderr
-
-    # 3. planted: a contents: read publish job that commits (GitHub's re-run of that job)
+    # 3. planted: a contents: read publish job that commits (GitHub's re-run of that job); its
+    # `builder publish`, in a fresh clone with an empty state, finds the content published
     runner.log.append("== planted build.yml: publish (contents: read) commits its record")
     planted = runner.run(workflow(stage, "build.yml", plant_commit),
                          inputs={"select": f"id={CPU}"}, rerun=built, only={"publish"})
     assert planted["publish"].result == "failure"
     assert ("Record the publication in git", "failure") in planted["publish"].steps
     assert any("Permission to rehearsal/torch-images denied" in line for line in runner.log)
+    again = printed(runner, "already published as ")
+    assert f"already published as {stage['addr']}/{stage['repository']}@sha256:" in again \
+        and f"(dated {CPU}-{today})" in again, again
 
     # 4. numpy bumped in the lock (the shipped lock)
     tree = stage["tree"]
@@ -324,12 +334,19 @@ def test_the_workflows_rehearsed(stage: dict[str, Any]) -> None:
         "lock: numpy bumped")
     git(tree, "push", "-q", str(stage["origin"]), "main", REHEARSAL_CONTENTS="write")
     before = tags(stage)
+    rebuild_yml = workflow(stage, "rebuild.yml")
+    runner.log.append("== rebuild.yml (schedule): check")
+    checked = runner.run(rebuild_yml, only={"check"})
+    report = runner.root / "artifacts" / "rebuild-check" / "rebuild-check.json"
+    assert json.loads(report.read_text())["checked"] == [CPU], report.read_text()[-3000:]
+    # (after the same check job: the plant changes the rebuild job alone)
     runner.log.append("== planted rebuild.yml: log in after the rebuild")
-    planted = runner.run(workflow(stage, "rebuild.yml", plant_login_after_rebuild))
+    planted = runner.run(workflow(stage, "rebuild.yml", plant_login_after_rebuild),
+                         rerun=checked, only={"rebuild"})
     assert planted["check"].result == "success" and planted["rebuild"].result == "failure"
     assert tags(stage) == before
-    runner.log.append("== rebuild.yml (schedule)")
-    rebuilt = runner.run(workflow(stage, "rebuild.yml"))
+    runner.log.append("== rebuild.yml: the jobs after the check")
+    rebuilt = runner.run(rebuild_yml, rerun=checked, only=jobs_after(rebuild_yml))
     assert results(rebuilt) == {"check": "success", "rebuild": "success", "repair": "skipped",
                                 "relock-pr": "success", "catalog": "success",
                                 "report-failure": "skipped"}, runner.log
@@ -343,4 +360,3 @@ def test_the_workflows_rehearsed(stage: dict[str, Any]) -> None:
     # 5. the new dated tag verifies by rebuild.yml's identity
     verify = verify_by(stage, f"{stage['addr']}/{stage['repository']}:{dated}", REBUILD)
     assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
-
