@@ -157,8 +157,9 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
                          hint="it checks an image before it is staged: add --stage")
     return BuildOptions(locks=args.locks, force=args.force, relock=args.relock,
                         fail_fast=args.fail_fast, smoke=not args.no_smoke, sbom=not args.no_sbom,
-                        resmoke=args.resmoke, stage=args.stage, require_gpu=args.require_gpu,
-                        apt_refresh=args.apt_refresh, registry_cache=not args.no_registry_cache,
+                        resmoke=args.resmoke or args.force, stage=args.stage,
+                        require_gpu=args.require_gpu, apt_refresh=args.apt_refresh,
+                        registry_cache=not args.no_registry_cache,
                         verify_reproducible=args.verify_reproducible,
                         key=keypair.signing_key(args.key) if args.stage or args.key else None,
                         keyless=keyless_signer(args) if args.stage else None)

@@ -8,8 +8,8 @@
     build      to build: BuildKit, from the registry's cache only when its signature verified
                (builder.stages.signed_cache) → image id, size
     evidence   which of smoke report and SBOM this image id still lacks in the state folder (a
-               reproducible rebuild gives the same id: its evidence is reused); --force and
-               --resmoke make them again
+               reproducible rebuild gives the same id: its evidence is reused, by `rebuild`
+               too); --resmoke (and `builder build --force`) make them again
     smoke      the smoke suite (an image whose id has no passing report)
     sbom       the SBOM (likewise)
     same_again --stage --verify-reproducible: a new image built again with no cache must give
@@ -54,7 +54,7 @@ class BuildOptions:
     (commands/build.py), `rebuild` passes its own."""
 
     locks: Path = Path("locks")
-    force: bool = False
+    force: bool = False  # build even up-to-date variants (evidence by id still reused)
     relock: bool = False
     fail_fast: bool = False
     smoke: bool = True
@@ -290,11 +290,12 @@ def evidence(run: Run, o: Outcome) -> Outcome:
     """Which evidence to make for the image id: what this state folder holds for it (a smoke
     report that passes under this run's --require-gpu, a readable SBOM) describes these very
     bytes, so a rebuild that gave the same id (builds are reproducible) reuses it instead of
-    smoking the image twice; --force and --resmoke make it all again."""
+    smoking the image twice (`rebuild`, which forces the build, too); --resmoke makes it all
+    again (`builder build --force` asks for it)."""
     if o.state not in OK or not o.image_id:
         return o
     wanted = tuple(k for k in EVIDENCE if getattr(run.options, k))
-    again = run.options.resmoke or run.options.force
+    again = run.options.resmoke
     missing = wanted if again else tuple(k for k in wanted if not held(run, k, o.image_id))
     reused = tuple(k for k in wanted if k not in missing) if o.state == "built" else ()
     named = " and ".join(EVIDENCE[k] for k in (reused or missing))

@@ -152,7 +152,8 @@ def rebuild_one(run: Run, a: Action) -> None:
     group = [v for v in opts.variants if v.id == a.variant_id]
     if a.upgrade and not relocked(opts, a, group):
         return
-    # the registry's build cache only as signed by a trusted key (builder.stages.signed_cache)
+    # the registry's build cache only as signed by a trusted key (builder.stages.signed_cache);
+    # forced, never `up to date`, but an image id this state folder has evidence for reuses it
     build_options = build_flow.BuildOptions(locks=opts.locks_dir, force=True, fail_fast=True,
                                            apt_refresh=a.apt_refresh,
                                            trusted=opts.trust.vouchers)

@@ -214,6 +214,22 @@ def evidence_state(shared: Publication, folder: Path) -> Path:
     return folder
 
 
+def lend_evidence(shared: Publication, state: Path, image: str, image_id: str) -> None:
+    """The session image's smoke report (made out to `image`, `image_id`) and SBOM, where the
+    state folder `state` keeps evidence by image id: for a module whose proof is not the smoke
+    test (`reproduce`, the build cache) and whose image differs from the session's only in what
+    neither looks at (a label, a file of its own), so that its build reuses them instead of
+    smoking a CPU torch again. Publish's gate on them is test_publish's proof."""
+    hex_id, shared_hex = (i.removeprefix("sha256:") for i in (image_id, shared.built["image_id"]))
+    report = json.loads((shared.state / "reports" / f"{shared_hex}.json").read_text())
+    report["image"] = {"ref": image, "id": image_id, "digest": None}
+    for part in ("reports", "sbom"):
+        (state / part).mkdir(parents=True, exist_ok=True)
+    (state / "reports" / f"{hex_id}.json").write_text(json.dumps(report))
+    shutil.copy(shared.state / "sbom" / f"{shared_hex}.cdx.json",
+                state / "sbom" / f"{hex_id}.cdx.json")
+
+
 @contextlib.contextmanager
 def own_staging(shared: Publication, name: str) -> Iterator[str]:
     """`registry/repository` of a staging repository of the caller's own in the session's

@@ -13,7 +13,10 @@ brand-new engine did not reproduce bit for bit); its layer records are what forg
 The planted image is built and published on the shared engine (every step before the planted
 one is the session image's, cached there), so the private engine never ran the planted step: its
 rebuild takes the other steps from the first test's rebuild (or the warm build), runs the
-planted one afresh, and that layer alone differs. Needs the worktree committed, and unchanged
+planted one afresh, and that layer alone differs. Its smoke report and SBOM, which publish's gate
+asks for (test_publish proves that gate) and `reproduce` never reads, are the session image's
+made out to the planted image's id: the planted step adds one file the smoke suite and the SBOM
+do not look at, and smoking a CPU torch again was most of this module's time. Needs the worktree committed, and unchanged
 while the run lasts: the session's image is labelled dirty when built from a tree that differs
 from its commit, and the rebuild checks out that commit.
 """
@@ -28,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fixtures_published import Publication
+from fixtures_published import Publication, lend_evidence
 from helpers import amd64_matrix, free_port, private_matrix, run_builder
 from private_engine import private_engine
 
@@ -107,13 +110,19 @@ def test_a_published_image_is_rebuilt_bit_for_bit(env, shared_publication: Publi
 
 
 def publish_planted(shared: Publication, folder: Path, templates: Path) -> tuple[str, Path]:
-    """The CPU runtime from `templates`, built, smoked, SBOM'd, staged and published (unsigned)
-    on the shared engine under a repository of its own in the session's registry (its push
-    mounts the session image's layers); returns its reference and matrix."""
+    """The CPU runtime from `templates`, built, given the session image's evidence
+    (lend_evidence), staged and published (unsigned) on the shared engine under a repository of
+    its own in the session's registry (its push mounts the session image's layers); returns its
+    reference and matrix."""
     matrix = private_matrix(folder, source=shared.matrix, compression=["gzip"])
     environ = shared_engine_env(BUILDER_TEMPLATES=str(templates),
                                 BUILDER_STATE=str(folder / "state"))
-    run_builder("build", "--select", f"id={CPU}", "--stage", matrix=matrix, env=environ)
+    [built] = json.loads(run_builder("build", "--select", f"id={CPU}", "--no-smoke", "--no-sbom",
+                                     "--json", matrix=matrix, env=environ).stdout)
+    lend_evidence(shared, folder / "state", built["image"], built["image_id"])
+    [staged] = json.loads(run_builder("build", "--select", f"id={CPU}", "--stage", "--json",
+                                      matrix=matrix, env=environ).stdout)
+    assert staged["image_id"] == built["image_id"] and staged["smoke"].startswith("pass"), staged
     manifest = folder / "published.json"
     run_builder("publish", "--select", f"id={CPU}", "--manifest", str(manifest), "--unsigned",
                 matrix=matrix, env=environ)

@@ -208,7 +208,8 @@ def pullable_image(reg: oci.Registry, repository: str, found: dict[str, str]) ->
 def test_a_rebuild_from_a_checkout_behind_the_registry_moves_nothing(env, day1) -> None:
     """Issue 41.1: the registry's newest signed publication (`OLD.1`, as a later rebuild's
     publish signed and tagged it) is newer than what this checkout's lock builds (day 1's
-    content): `builder rebuild --key` rebuilds it, and its publish refuses with the
+    content): `builder rebuild --key` rebuilds it (the session image's id: the shared state's
+    smoke report and SBOM are reused, never made twice), and its publish refuses with the
     update-the-checkout hint, exit 1, no tag moved. Before the rollback tests: their newer
     publication (`NEW`) comes after this one."""
     behind = f"{OLD}.1"
@@ -229,6 +230,7 @@ def test_a_rebuild_from_a_checkout_behind_the_registry_moves_nothing(env, day1) 
     assert result.returncode == 1 and "update the checkout" in out, out[-5000:]
     assert f"`{behind}`" in out, out[-5000:]
     assert {tag: head(env, tag) for tag in env["reg"].tags(env["repo"])} == before
+    assert "reused the smoke report and SBOM" in result.stderr, result.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ likewise"): the scheduled path, which publishes, decides through the same functi
 
 The session's CPU runtime (fixtures_published) is staged (its cache image pushed and signed by
 the `builder keygen` key) into a staging repository of this module's own in the session's
-registry (`own_staging`: the push mounts the session's layers) and published into a registry of
-this module's own (`restage`: the build is the build cache's). A rebuild needs a reason that leaves the cached steps valid: a
+registry (`own_staging`: the push mounts the session's layers) and published, without zstd
+twins, into a registry of this module's own (`restage`: the build is the build cache's). A rebuild needs a reason that leaves the cached steps valid: a
 moved base misses the cache for every step, so the lock gains a comment line (recorded in its
 `.json` as `builder lock` would): the content hash moves (`inputs-changed`), the Dockerfile and
 every mounted input do not. Then:
@@ -17,7 +17,9 @@ every mounted input do not. Then:
     line that the cache was not used and why, never offers it, and the `.pth` file is not in the
     built image (its files listed).
 The sources that need the network or a base (debian-security, python-vuln, base-moved) are
-skipped: `inputs-changed` alone decides. First, on the restaged publication, the daily
+skipped: `inputs-changed` alone decides. The smoke test is not this module's proof: each rebuilt
+image is built once first without one and given the session image's smoke report and SBOM
+(fixtures_published.lend_evidence), which the rebuild reuses by image id. First, on the restaged publication, the daily
 `rebuild --check` reports the audit `publish --key` attested (issue 41.7).
 """
 
@@ -32,7 +34,7 @@ from typing import Any
 
 import pytest
 from cache_poison import EVIL, build_log, cache_line, image_files, poison, shown
-from fixtures_published import CPU, Publication, own_registry, own_staging, restage
+from fixtures_published import CPU, Publication, lend_evidence, own_registry, own_staging, restage
 from helpers import run_builder
 
 from builder.core import keypair, oci, sign
@@ -53,7 +55,8 @@ def env(shared_publication: Publication,
     shared one is only read)."""
     tmp = tmp_path_factory.mktemp("signed-cache-rebuild")
     with own_registry(tmp) as addr, own_staging(shared_publication, "cache-rebuild") as ref:
-        pub = restage(shared_publication, tmp, addr, staging=ref)
+        # no zstd twins (each a recompression of the whole image): test_zstd_twins proves them
+        pub = restage(shared_publication, tmp, addr, staging=ref, compression=["gzip"])
         staging_addr, staging = ref.split("/", 1)
         tag = "cache-" + pub.image.rsplit(":", 1)[1]
         yield {"pub": pub, "tmp": tmp, "reg": oci.Registry(staging_addr), "staging": staging,
@@ -75,10 +78,23 @@ def relocked(env: dict[str, Any], comment: str) -> Path:
     return folder
 
 
+def lent(env: dict[str, Any], locks: Path) -> None:
+    """The image those locks build (`build --no-smoke --no-sbom`: the build cache's but its
+    facts layer), given the session image's evidence (fixtures_published.lend_evidence): the
+    rebuild gives that image id again and reuses them, as it would a smoke report of its own."""
+    pub: Publication = env["pub"]
+    [built] = json.loads(run_builder("build", "--select", f"id={CPU}", "--no-smoke", "--no-sbom",
+                                     "--locks", str(locks), "--json", matrix=pub.matrix,
+                                     env=env["env"]).stdout)
+    lend_evidence(pub, env["tmp"] / "state", built["image"], built["image_id"])
+
+
 def rebuild(env: dict[str, Any], comment: str) -> subprocess.CompletedProcess[str]:
     pub: Publication = env["pub"]
+    locks = relocked(env, comment)
+    lent(env, locks)
     return run_builder("rebuild", "--select", f"id={CPU}", *SKIP, "--key", str(pub.key),
-                       "--locks", str(relocked(env, comment)), "--json",
+                       "--locks", str(locks), "--json",
                        "--manifest", str(env["tmp"] / f"rebuilt-{comment}.json"),
                        matrix=pub.matrix, env=env["env"], check=False)
 
@@ -89,6 +105,7 @@ def published(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     [action] = json.loads(result.stdout)["actions"]
     assert action["reasons"] == ["inputs-changed"], action
     assert action["state"] == "published", action
+    assert "reused the smoke report and SBOM" in result.stderr, result.stderr[-3000:]
     return action
 
 

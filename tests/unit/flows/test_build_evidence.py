@@ -1,7 +1,8 @@
 """Evidence by image id: a build that gives an image id this state folder already holds a
 passing smoke report and an SBOM for (a reproducible rebuild after `docker image rm`) reuses
-them and says so; --force and --resmoke make them again; a report that would not pass this
-run (failed, or made without a GPU under --require-gpu) is made again."""
+them and says so, and so does `rebuild`, which forces the build; --resmoke (which `builder
+build --force` asks for) makes them again; a report that would not pass this run (failed, or
+made without a GPU under --require-gpu) is made again."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 from matrix_files import CPU, LOCKS
 
+from builder import cli
+from builder.commands import build as build_command
 from builder.core import state
 from builder.flows import build as build_flow
 from builder.model import smokereport
@@ -77,11 +80,26 @@ def test_a_rebuild_that_gave_the_same_image_id_reuses_its_evidence_and_says_so(m
             f"{IMAGE_ID[:19]} (again with --resmoke)") in err
 
 
-@pytest.mark.parametrize("flag", ["force", "resmoke"])
-def test_force_and_resmoke_make_the_evidence_again(made, flag):
+def test_resmoke_makes_the_evidence_again(made):
     store({"status": "pass", "require_gpu": False})
-    o = built(**{flag: True})
+    o = built(resmoke=True)
     assert made == ["smoke", "sbom"] and o.reused == ()
+
+
+def test_a_forced_build_as_rebuild_asks_reuses_the_evidence_of_the_same_id(made):
+    """`rebuild` forces the build (never `up to date`) but not the smoke test: a rebuild that
+    gave an image id this state folder has evidence for (a checkout behind the registry
+    rebuilding what it published) does not smoke those bytes twice."""
+    store({"status": "pass", "require_gpu": False})
+    o = built(force=True)
+    assert made == [] and o.reused == ("smoke", "sbom")
+
+
+@pytest.mark.parametrize(("argv", "resmoke"), [((), False), (("--force",), True),
+                                               (("--resmoke",), True)])
+def test_build_force_on_the_command_line_makes_the_evidence_again(argv, resmoke):
+    args = cli.build_parser("build").parse_args(["build", *argv])
+    assert build_command.build_options(args).resmoke is resmoke
 
 
 @pytest.mark.parametrize(("report", "options"), [
