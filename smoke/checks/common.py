@@ -64,12 +64,6 @@ def native_bf16() -> bool:
         return bool(torch.cuda.is_bf16_supported())
 
 
-NO_DEVICE_NODES = (
-    "no GPU visible: /dev/nvidia* is absent (container started without `--gpus all`, "
-    "the NVIDIA Container Toolkit is missing, or this host has no NVIDIA GPU)"
-)
-
-
 def no_gpu_reason() -> str:
     """Why CUDA is unusable here, phrased as what the user should do."""
     import torch
@@ -77,7 +71,10 @@ def no_gpu_reason() -> str:
     if not torch.version.cuda:
         return f"this torch ({torch.__version__}) was built without CUDA"
     if not gpu_device_nodes():
-        return NO_DEVICE_NODES
+        return (
+            "no GPU visible: /dev/nvidia* is absent (container started without `--gpus all`, "
+            "the NVIDIA Container Toolkit is missing, or this host has no NVIDIA GPU)"
+        )
     try:
         torch.cuda.init()
     except Exception as exc:  # the driver's own words are the useful part

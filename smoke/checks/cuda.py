@@ -11,13 +11,10 @@ from typing import Any
 
 from smoke import FAIL, PASS, SKIP
 from smoke.checks.common import (
-    NO_DEVICE_NODES,
     accelerator,
     cuda_cannot_start,
     errors,
-    facts,
     gpu_available,
-    gpu_device_nodes,
     no_gpu_reason,
     result,
 )
@@ -88,11 +85,6 @@ def probe_device(index: int, arch_list: list[str]) -> tuple[dict[str, Any], str 
 def run(ctx: dict[str, Any]) -> dict[str, Any]:
     if accelerator(ctx) == "cpu":
         return result(SKIP, "cpu image: no CUDA to check")
-    if facts(ctx).get("accelerator") == "cuda" and not gpu_device_nodes():
-        # A CUDA image given no GPU (a CPU host, a build runner): CUDA cannot see one, so the
-        # skip is said without loading torch's CUDA libraries (10-15 s on a busy runner, in
-        # every build's smoke); whether the torch is the CUDA build is the `env` check's.
-        return result(SKIP, NO_DEVICE_NODES, {"device_count": 0})
     if not gpu_available():
         broken = cuda_cannot_start(ctx)
         if broken:
