@@ -39,7 +39,8 @@ def _mb(n: int) -> float:
 
 
 def _ratio(a: float, b: float) -> float | None:
-    return round(a / b, 3) if b else None
+    """a / b to 4 places: tables print 2, and 0.5851 must print 0.59, not 0.585's 0.58."""
+    return round(a / b, 4) if b else None
 
 
 @dataclass

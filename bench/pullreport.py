@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from bench.figures import Figure, figure_table
+from bench.figures import Figure, _ratio, figure_table
 from builder.core import zstd
 
 GOALS = {"ratio": 0.7, "rss_mb": 250.0, "added_s": 60.0, "cri_wall": 0.7, "cri_cpu": 0.55}
@@ -19,10 +19,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _ratio(a: float, b: float) -> float | None:
-    return round(a / b, 3) if b else None
 
 
 def _at(t: dict[str, Any]) -> str:
@@ -211,8 +207,9 @@ def goal_lines(results: list[dict[str, Any]]) -> list[str]:
     for v in (v for v in results if v["id"] == CUDA_SLIM):
         for name, run in v.get("cri", {}).items():
             facts, gz, zs = run["containerd"], run["gzip"], run["zstd"]
-            wall = zs["to_matmul_s"] / gz["to_matmul_s"]
-            cpu = zs["cpu_s"] / gz["cpu_s"]
+            # the table's own ratios, so the two never round differently
+            wall = _ratio(zs["to_matmul_s"], gz["to_matmul_s"]) or 0.0
+            cpu = _ratio(zs["cpu_s"], gz["cpu_s"]) or 0.0
             own = (f" (containerd's own CPU alone: {zs['cpu_own_s'] / gz['cpu_own_s']:.2f})"
                    if gz.get("cpu_own_s") else "")
             out.append(f"- containerd {facts['version']} ({facts['go']}, `{name}`): time to "

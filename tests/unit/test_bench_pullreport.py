@@ -96,3 +96,13 @@ def test_the_working_set_is_the_first_figure_beside_the_ctr_path() -> None:
     figs = pullreport.figures({**record("x", "now", system=(0.8, 0.7)), "working_set": WS})
     assert figs[0].name == "startup working set: bytes a cold start read (x)"
     assert figs[1].name.startswith("`ctr` pull+unpack")
+
+
+def test_the_goal_line_and_the_table_print_one_ratio(here: Path) -> None:
+    """29.9 / 51.1 = 0.5851: both print 0.59 (a ratio kept to 3 places, 0.585, printed 0.58)."""
+    run = record(pullreport.CUDA_SLIM, "now", system=(0.8, 0.5))
+    run["cri"]["system"]["gzip"]["cpu_s"], run["cri"]["system"]["zstd"]["cpu_s"] = 51.1, 29.9
+    pullreport.write([run], "now", 2, here)
+    text = (here / "PULL.md").read_text()
+    assert "containerd CPU-seconds 0.59 (goal ≤ 0.55): NOT met" in text
+    assert "| 29.9 s | 51.1 s | 0.59 |" in text
