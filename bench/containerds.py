@@ -8,15 +8,18 @@
   PATH       a folder holding `containerd`, `ctr` and `containerd-shim-runc-v2` (or the
              `containerd` binary in such a folder): a build of your own
 runc, unpigz and every other helper stay the system's: the daemon's PATH gets the chosen folder
-first, so its own shim is the one started. Each is shown with its version and the Go that built
-it, read from the binary's Go build info, not from a name.
+first, so its own shim is the one started. Any of them with `:no-unpigz` (`debian-13:no-unpigz`)
+runs with CONTAINERD_DISABLE_PIGZ=1: containerd then inflates gzip in its own process, as on a
+node without pigz (Debian's containerd package depends on runc alone; pigz is optional, and
+tools/setup.sh installs it on this machine for dockerd's own pulls). Each is shown with its
+version and the Go that built it, read from the binary's Go build info, not from a name.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,7 @@ BINARIES = ("containerd", "ctr", "containerd-shim-runc-v2")
 GO_BUILDINFO = b"\xff Go buildinf:"  # Go ≥ 1.18: 32-byte header, then the version inline
 DEBIAN = {"debian-13": "trixie"}
 CHOICES = ("system", *DEBIAN, "PATH")
+NO_UNPIGZ = ":no-unpigz"  # containerd reads CONTAINERD_DISABLE_PIGZ (archive/compression)
 
 
 @dataclass(frozen=True)
@@ -42,16 +46,20 @@ class Containerd:
     version: str  # `containerd --version`
     go: str  # the Go release that built the daemon
     source: str  # where it came from and how it was trusted
+    unpigz: bool = True  # False: CONTAINERD_DISABLE_PIGZ=1, gzip inflated in-process
 
     def facts(self) -> dict[str, Any]:
-        """What the report shows of it, with the `unpigz` its PATH finds ("" for none):
-        containerd decompresses gzip in that child process when there is one."""
-        return {**asdict(self), "unpigz": shutil.which("unpigz", path=self.env()["PATH"]) or ""}
+        """What the report shows of it, with the `unpigz` it runs ("" for none, "disabled"
+        under CONTAINERD_DISABLE_PIGZ): containerd decompresses gzip in that child process."""
+        found = shutil.which("unpigz", path=self.env()["PATH"]) or ""
+        return {**asdict(self), "unpigz": found if self.unpigz or not found else "disabled"}
 
     def env(self) -> dict[str, str]:
         """The daemon's environment: its own folder first on PATH (its shim), the rest kept."""
         path = os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        return {**os.environ, "PATH": f"{self.bin_dir}:{path}" if self.bin_dir else path}
+        env = {**os.environ, "PATH": f"{self.bin_dir}:{path}" if self.bin_dir else path}
+        env.pop("CONTAINERD_DISABLE_PIGZ", None)
+        return env if self.unpigz else {**env, "CONTAINERD_DISABLE_PIGZ": "1"}
 
 
 def go_version(binary: Path) -> str:
@@ -99,7 +107,11 @@ def from_debian(name: str, cache: Path) -> Containerd:
 
 
 def resolve(spec: str, cache: Path) -> Containerd:
-    """`system`, `debian-13` or a folder (or a containerd binary in one)."""
+    """`system`, `debian-13` or a folder (or a containerd binary in one), each optionally
+    with `:no-unpigz`."""
+    if spec.endswith(NO_UNPIGZ):
+        node = resolve(spec.removesuffix(NO_UNPIGZ), cache)
+        return replace(node, name=spec, unpigz=False)
     if spec == "system":
         return system()
     if spec in DEBIAN:

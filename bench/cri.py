@@ -140,25 +140,27 @@ class PrivateContainerd:
                                        response_deserializer=None)
         return rpc(request, timeout=timeout)
 
-    def cpu_seconds(self) -> tuple[float, float]:
-        """containerd's own user + system CPU seconds so far (utime + stime), and its
-        waited-for children's (cutime + cstime: `unpigz`, when on its PATH) —
+    def cpu_seconds(self) -> dict[str, float]:
+        """containerd's CPU seconds so far: its own user and system time (utime, stime) and
+        its waited-for children's (cutime + cstime: `unpigz`, when it runs one) —
         /proc/<pid>/stat fields 14-17."""
         assert self.child is not None
         fields = Path(f"/proc/{self.child.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = [int(x) for x in fields[11:15]]
-        return (ticks[0] + ticks[1]) / TICKS, (ticks[2] + ticks[3]) / TICKS
+        user, system, c_user, c_system = (int(x) / TICKS for x in fields[11:15])
+        return {"user": user, "sys": system, "children": c_user + c_system}
 
     def pull(self, ref: str) -> dict[str, Any]:
-        """One CRI pull: wall seconds, containerd CPU-seconds over it (its own and its
-        children's, and their sum), the image id."""
-        (own, kids), start = self.cpu_seconds(), time.monotonic()
+        """One CRI pull: wall seconds, containerd CPU-seconds over it (its own, split into
+        user and system time, and its children's, and their sum), the image id."""
+        before, start = self.cpu_seconds(), time.monotonic()
         image_id = strings(self.call(PULL, pull_request(ref))).get(1, "")
         seconds = round(time.monotonic() - start, 2)
-        own_after, kids_after = self.cpu_seconds()
-        return {"s": seconds, "cpu_s": round(own_after + kids_after - own - kids, 2),
-                "cpu_own_s": round(own_after - own, 2),
-                "cpu_children_s": round(kids_after - kids, 2), "image": image_id}
+        after = self.cpu_seconds()
+        spent = {k: after[k] - before[k] for k in after}
+        return {"s": seconds, "cpu_s": round(sum(spent.values()), 2),
+                "cpu_own_s": round(spent["user"] + spent["sys"], 2),
+                "cpu_user_s": round(spent["user"], 2), "cpu_sys_s": round(spent["sys"], 2),
+                "cpu_children_s": round(spent["children"], 2), "image": image_id}
 
     def snapshots(self) -> Path:
         """Where the overlayfs snapshotter keeps the unpacked layers (`<n>/fs`)."""

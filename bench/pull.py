@@ -10,8 +10,9 @@ Per variant (default: the CPU runtime and the CUDA 13.2 slim), in one run:
            `ctr run` (k8s.io) of `import torch` + a 2048² matmul; pull seconds, containerd
            CPU-seconds (its own and its children's), time to the first matmul, bytes fetched,
            load; alternating, min of 3; on each containerd of --containerd (bench/containerds.py;
-           default both: this machine's Go 1.19 build and Debian 13's Go 1.24 one, since the
-           ratio a node sees depends on which it runs)
+           default: this machine's Go 1.19 build and Debian 13's Go 1.24 one, since the ratio a
+           node sees depends on which it runs, and Debian 13's again without unpigz, as a node
+           with only the containerd package has none)
   pull     `ctr images pull` against dockerd's own containerd, as a Kubernetes node pulls: a
            fresh namespace each time, the image and its content removed after (`--sync`),
            `sync` before each; gzip and zstd alternate (gz,zs then zs,gz …), min of --runs
@@ -49,6 +50,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SOCK = "/run/docker/containerd/containerd.sock"
 VARIANTS = ("2.15.0-py3.11-cuda-slim", "2.13.0-py3.11-cpu-runtime")
+DEFAULT_CONTAINERDS = ("system", "debian-13", "debian-13" + containerds.NO_UNPIGZ)
 SOURCE_REPO, REPO = "staging", "torch"
 
 
@@ -314,15 +316,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--cri-runs", type=int, default=3,
                         help="CRI pulls + first matmul of each tag (min is kept)")
     parser.add_argument("--containerd", action="append", metavar="|".join(containerds.CHOICES),
-                        help="a containerd the CRI runs measure (repeat for several; default: "
-                        "system and debian-13)")
+                        help="a containerd the CRI runs measure, `:no-unpigz` after it to "
+                        "disable unpigz (repeat for several; default: "
+                        f"{', '.join(DEFAULT_CONTAINERDS)})")
     parser.add_argument("--quick", action="store_true",
                         help=f"the CPU runtime only ({VARIANTS[1]})")
     args = parser.parse_args(argv)
     try:
         proc.which("ctr")
         nodes = [containerds.resolve(spec, args.work / "containerd")
-                 for spec in args.containerd or ["system", "debian-13"]]
+                 for spec in args.containerd or DEFAULT_CONTAINERDS]
         for node in nodes:
             log(f"containerd `{node.name}`: {node.version}, {node.go}; {node.source}")
         run(args, nodes)

@@ -54,9 +54,12 @@ def cpu_parts(zs: dict[str, Any], gz: dict[str, Any], facts: dict[str, Any]) -> 
     children's (cutime+cstime: `unpigz` decompresses gzip there when it is on the PATH)."""
     if "cpu_own_s" not in zs:
         return "/proc/<pid>/stat utime+stime (+ waited children)"
-    unpigz = "on its PATH" if facts.get("unpigz") else "not on its PATH"
+    unpigz = {"": "not on its PATH", "disabled": "disabled (CONTAINERD_DISABLE_PIGZ=1)"}.get(
+        facts.get("unpigz", ""), "on its PATH")
+    split = (f" (user {zs['cpu_user_s']:.1f} / {gz['cpu_user_s']:.1f}, system "
+             f"{zs['cpu_sys_s']:.1f} / {gz['cpu_sys_s']:.1f})" if "cpu_user_s" in zs else "")
     return (f"containerd's own (utime+stime) {zs['cpu_own_s']:.1f} / {gz['cpu_own_s']:.1f} s "
-            f"({_ratio(zs['cpu_own_s'], gz['cpu_own_s'])}), its children (cutime+cstime) "
+            f"({zs['cpu_own_s'] / gz['cpu_own_s']:.2f}){split}, its children (cutime+cstime) "
             f"{zs['cpu_children_s']:.1f} / {gz['cpu_children_s']:.1f} s; unpigz {unpigz}")
 
 
@@ -190,8 +193,10 @@ def containerd_heading(merged: list[dict[str, Any]], name: str) -> list[str]:
     newest = sorted((v for v in merged if name in v.get("cri", {})),
                     key=lambda v: v.get("started") or "", reverse=True)
     facts = newest[0]["cri"][name]["containerd"]
-    unpigz = {None: "not recorded", "": "not on its PATH"}.get(facts.get("unpigz"),
-                                                                facts.get("unpigz"))
+    unpigz = {None: "not recorded", "": "not on its PATH",
+              "disabled": "disabled (CONTAINERD_DISABLE_PIGZ=1: gzip is inflated in "
+                          "containerd's own process, as on a node without pigz)"}.get(
+        facts.get("unpigz"), facts.get("unpigz"))
     return [f"### containerd {facts['version']}, built with {facts['go']} (`--containerd "
             f"{name}`)", "", f"From {facts['source']}; unpigz: {unpigz}."]
 

@@ -46,3 +46,18 @@ def test_a_folder_without_the_three_binaries_is_refused(tmp_path: Path) -> None:
     assert "containerd-shim-runc-v2" in caught.value.hint
     with pytest.raises(BuilderError, match="no such folder"):
         containerds.resolve(str(tmp_path / "absent"), tmp_path / "cache")
+
+
+def test_no_unpigz_sets_containerds_own_switch_and_says_so(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setenv("CONTAINERD_DISABLE_PIGZ", "1")  # the bench's, not the node's choice
+    monkeypatch.setattr(containerds, "system", lambda: containerds.Containerd(
+        name="system", containerd="/usr/bin/containerd", ctr="/usr/bin/ctr", bin_dir="",
+        version="1.6", go="go1.19.8", source="t"))
+    plain = containerds.resolve("system", tmp_path)
+    off = containerds.resolve("system:no-unpigz", tmp_path)
+    assert "CONTAINERD_DISABLE_PIGZ" not in plain.env()
+    assert (off.name, off.unpigz, off.env()["CONTAINERD_DISABLE_PIGZ"]) == (
+        "system:no-unpigz", False, "1")
+    monkeypatch.setattr(containerds.shutil, "which", lambda *_a, **_k: "/usr/bin/unpigz")
+    assert (plain.facts()["unpigz"], off.facts()["unpigz"]) == ("/usr/bin/unpigz", "disabled")

@@ -37,7 +37,7 @@ def test_the_cri_figures_are_zstd_over_gzip_with_the_goals_on_the_cuda_slim() ->
     wall, cpu = pullreport.cri_figures(v, "system")
     assert (wall.ratio, cpu.ratio) == (0.5, 0.5)
     assert "goal ≤ 0.7" in wall.note and "goal ≤ 0.55" in cpu.note
-    assert "own (utime+stime) 10.0 / 12.0 s (0.833)" in cpu.note
+    assert "own (utime+stime) 10.0 / 12.0 s (0.83)" in cpu.note
     assert "children (cutime+cstime) 0.0 / 8.0 s; unpigz on its PATH" in cpu.note
     assert pullreport.cri_figures(v, "debian-13") == pullreport.cri_figures({"id": "x"}, "s")
     assert pullreport.cri_figures({"id": "x"}, "s") == []
