@@ -350,6 +350,7 @@ def run(args: argparse.Namespace, nodes: list[containerds.Containerd]) -> None:
             results.append(variant(vid, source, vetted, scratch, args.runs, check, nodes,
                                    args.cri_runs))
             pullreport.write(results, started, args.runs, HERE)  # each variant as it is done
-    finally:
+    finally:  # the source registry's folder is kept for the next run, its process is not
         registry.stop(scratch / "vetted")
+        registry.stop(args.work / "src")
         shutil.rmtree(scratch, ignore_errors=True)
