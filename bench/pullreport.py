@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 from pathlib import Path
@@ -213,8 +214,8 @@ def goal_lines(results: list[dict[str, Any]]) -> list[str]:
         for name, run in v.get("cri", {}).items():
             facts, gz, zs = run["containerd"], run["gzip"], run["zstd"]
             # the table's own ratios, so the two never round differently
-            wall = _ratio(zs["to_matmul_s"], gz["to_matmul_s"]) or 0.0
-            cpu = _ratio(zs["cpu_s"], gz["cpu_s"]) or 0.0
+            wall = goal_ratio(zs["to_matmul_s"], gz["to_matmul_s"])
+            cpu = goal_ratio(zs["cpu_s"], gz["cpu_s"])
             own = (f" (containerd's own CPU alone: {zs['cpu_own_s'] / gz['cpu_own_s']:.2f})"
                    if gz.get("cpu_own_s") else "")
             out.append(f"- containerd {facts['version']} ({facts['go']}, `{name}`): time to "
@@ -231,6 +232,12 @@ def goal_lines(results: list[dict[str, Any]]) -> list[str]:
                                   GOALS["added_s"])):
             out.append(f"- {what}: {have:.2f} (goal ≤ {goal}): {judged(have, goal)}")
     return out or ["- the CUDA slim image was not measured in this run"]
+
+
+def goal_ratio(a: float, b: float) -> float:
+    """The table's ratio; a zero baseline is infinite, so it can never meet a goal."""
+    ratio = _ratio(a, b)
+    return math.inf if ratio is None else ratio
 
 
 def judged(have: float, goal: float) -> str:

@@ -106,3 +106,8 @@ def test_the_goal_line_and_the_table_print_one_ratio(here: Path) -> None:
     text = (here / "PULL.md").read_text()
     assert "containerd CPU-seconds 0.59 (goal ≤ 0.55): NOT met" in text
     assert "| 29.9 s | 51.1 s | 0.59 |" in text
+
+
+def test_a_zero_baseline_never_meets_a_goal() -> None:
+    assert pullreport.judged(pullreport.goal_ratio(10.0, 0.0), 0.55) == "NOT met"
+    assert pullreport.goal_ratio(29.9, 51.1) == 0.5851
