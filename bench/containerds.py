@@ -1,10 +1,13 @@
-"""Which containerd the pull bench measures: `--containerd system|debian-13|PATH`.
+"""Which containerd the pull bench measures: `--containerd system|debian-13|debian-sid|PATH`.
 
   system     the containerd on PATH (this machine's: Debian 12's 1.6.20, built with Go 1.19,
              whose sha256 is about a third as fast as than Go ≥ 1.21's; bench/PULL.md)
   debian-13  the containerd a current Debian node runs: trixie's `containerd` package, fetched
              from deb.debian.org and trusted only through Debian's signature chain
              (bench/debian.py), extracted under the bench's folder, keyed by the .deb's sha256
+  debian-sid the same from Debian unstable: containerd 2.x (2.1.9 when measured), whose CRI
+             pulls through the transfer service; sid's index expires within a week, so a
+             frozen mirror needs `--allow-expired-index` (the report then says so)
   PATH       a folder holding `containerd`, `ctr` and `containerd-shim-runc-v2` (or the
              `containerd` binary in such a folder): a build of your own
 runc, unpigz and every other helper stay the system's: the daemon's PATH gets the chosen folder
@@ -30,7 +33,7 @@ from builder.core.errors import BuilderError
 
 BINARIES = ("containerd", "ctr", "containerd-shim-runc-v2")
 GO_BUILDINFO = b"\xff Go buildinf:"  # Go ≥ 1.18: 32-byte header, then the version inline
-DEBIAN = {"debian-13": "trixie"}
+DEBIAN = {"debian-13": "trixie", "debian-sid": "sid"}
 CHOICES = ("system", *DEBIAN, "PATH")
 NO_UNPIGZ = ":no-unpigz"  # containerd reads CONTAINERD_DISABLE_PIGZ (archive/compression)
 
@@ -99,23 +102,27 @@ def system() -> Containerd:
                       source=f"{daemon} on PATH")
 
 
-def from_debian(name: str, cache: Path) -> Containerd:
-    package, root = debian.unpacked("containerd", DEBIAN[name], cache)
+def from_debian(name: str, cache: Path, allow_expired: bool = False) -> Containerd:
+    package, root = debian.unpacked("containerd", DEBIAN[name], cache,
+                                    allow_expired=allow_expired)
+    stale = (f"; the index's Valid-Until ({package.expired}) had passed, accepted by "
+             "--allow-expired-index" if package.expired else "")
     source = (f"deb.debian.org {DEBIAN[name]} {Path(package.filename).name}, sha256 "
-              f"{package.sha256} (InRelease signature, Packages.xz and .deb hashes checked)")
+              f"{package.sha256} (InRelease signature, Packages.xz and .deb hashes "
+              f"checked{stale})")
     return in_folder(name, root / "usr" / "bin", source)
 
 
-def resolve(spec: str, cache: Path) -> Containerd:
-    """`system`, `debian-13` or a folder (or a containerd binary in one), each optionally
-    with `:no-unpigz`."""
+def resolve(spec: str, cache: Path, allow_expired: bool = False) -> Containerd:
+    """`system`, `debian-13`, `debian-sid` or a folder (or a containerd binary in one), each
+    optionally with `:no-unpigz`."""
     if spec.endswith(NO_UNPIGZ):
-        node = resolve(spec.removesuffix(NO_UNPIGZ), cache)
+        node = resolve(spec.removesuffix(NO_UNPIGZ), cache, allow_expired)
         return replace(node, name=spec, unpigz=False)
     if spec == "system":
         return system()
     if spec in DEBIAN:
-        return from_debian(spec, cache)
+        return from_debian(spec, cache, allow_expired)
     path = Path(spec).resolve()
     if not path.exists():
         raise BuilderError(f"--containerd `{spec}`: no such folder",

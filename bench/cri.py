@@ -74,19 +74,25 @@ def pull_request(ref: str) -> bytes:
 # ---- the private containerd -------------------------------------------------------------------
 
 
-def config_text(root: Path, state: Path, sock: Path, registries: list[str]) -> str:
-    """containerd 1.6's config: own root, state and socket; CRI on, no TCP stream server; each
-    loopback registry reached over plain HTTP."""
-    mirrors = "".join(
-        f'[plugins."io.containerd.grpc.v1.cri".registry.mirrors."{r}"]\n'
-        f'  endpoint = ["http://{r}"]\n' for r in registries)
+def config_text(root: Path, state: Path, sock: Path, hosts: Path) -> str:
+    """containerd's config (version 2, which 2.x migrates on load): own root, state and
+    socket; CRI on, no TCP stream server; registries as `hosts` (`config_path`) describes
+    them. Not the deprecated `registry.mirrors`: on 2.x that turns CRI's transfer service
+    off, and a node's default pull path is what is measured."""
     return (f'version = 2\nroot = "{root}"\nstate = "{state}"\n'
             f'[grpc]\n  address = "{sock}"\n[ttrpc]\n  address = "{sock}.ttrpc"\n'
             '[debug]\n  address = ""\n[metrics]\n  address = ""\n'
             f'[plugins."io.containerd.internal.v1.opt"]\n  path = "{root}/opt"\n'
             '[plugins."io.containerd.grpc.v1.cri"]\n  disable_tcp_service = true\n'
             '  stream_server_address = "127.0.0.1"\n  stream_server_port = "0"\n'
-            f'{mirrors}')
+            '[plugins."io.containerd.grpc.v1.cri".registry]\n'
+            f'  config_path = "{hosts}"\n')
+
+
+def hosts_toml(registry: str) -> str:
+    """A loopback registry's `hosts.toml` (containerd's hosts directory format): plain HTTP."""
+    return (f'server = "http://{registry}"\n[host."http://{registry}"]\n'
+            '  capabilities = ["pull", "resolve"]\n')
 
 
 class PrivateContainerd:
@@ -115,9 +121,12 @@ class PrivateContainerd:
 
     def start(self, timeout: float = 30) -> None:
         node = self.node = self.node or containerds.system()
+        hosts = self.home / "certs.d"
+        for registry in self.registries:
+            (hosts / registry).mkdir(parents=True)
+            (hosts / registry / "hosts.toml").write_text(hosts_toml(registry))
         config = self.home / "config.toml"
-        config.write_text(config_text(self.home / "root", self.state, self.sock,
-                                      self.registries))
+        config.write_text(config_text(self.home / "root", self.state, self.sock, hosts))
         log = (self.home / "containerd.log").open("wb")
         self.child = subprocess.Popen([node.containerd, "--config", str(config)], stdout=log,
                                       stderr=subprocess.STDOUT, start_new_session=True,
@@ -223,15 +232,17 @@ FIRST_STEP = ("import time; t = time.monotonic(); import torch; "
 
 
 def cold_start(registry: str, ref: str, argv: tuple[str, ...] = ("python", "-c", FIRST_STEP),
-               node: containerds.Containerd | None = None) -> dict[str, Any]:
-    """On a fresh private containerd (an empty content store and snapshotter): the CRI pull,
-    then `ctr run` of a container that imports torch and runs a 2048² matmul, started cold
-    (the image's files evicted from the page cache, as on a node whose cache the pull did not
-    fill: bench/workingset.py). Seconds of each, containerd's CPU-seconds over the pull, the
+               node: containerds.Containerd | None = None,
+               empty_cache: bool = True) -> dict[str, Any]:
+    """On a fresh private containerd (an empty content store and snapshotter) and, with
+    `empty_cache`, an emptied page cache (a freshly booted node: `fresh_page_cache`): the CRI
+    pull, then `ctr run` of a container that imports torch and runs a 2048² matmul, started
+    cold (the image's files evicted from the page cache, as on a node whose cache the pull did
+    not fill: bench/workingset.py). Seconds of each, containerd's CPU-seconds over the pull, the
     bytes it fetched, the load before, and the working set the start read."""
     load = round(os.getloadavg()[0], 2)
     with PrivateContainerd([registry], node=node) as private:
-        proc.run(["sync"])
+        fresh_page_cache() if empty_cache else proc.run(["sync"])
         pulled = private.pull(ref)
         fetched = folder_bytes(private.home / "root" / "io.containerd.content.v1.content")
         cold = workingset.Measure(private.snapshots())
@@ -242,7 +253,16 @@ def cold_start(registry: str, ref: str, argv: tuple[str, ...] = ("python", "-c",
         touched = cold.done()
     return {**pulled, "start_s": started, "in_container_s": float(out.split()[-1]),
             "to_matmul_s": round(pulled["s"] + started, 2), "bytes": fetched, "load": load,
-            "working_set": touched}
+            "page_cache": "emptied" if empty_cache else "kept", "working_set": touched}
+
+
+def fresh_page_cache() -> None:
+    """The memory of a freshly booted node: dirty pages written (`sync`), then the page cache
+    and reclaimable slab emptied (`echo 3 > /proc/sys/vm/drop_caches`; root, as containerd is).
+    Without it a pull's system time depends on what earlier runs left cached: measured here,
+    the same pull cost containerd 4-5 more system seconds after them, gzip and zstd alike."""
+    proc.run(["sync"])
+    Path("/proc/sys/vm/drop_caches").write_text("3")
 
 
 def folder_bytes(folder: Path) -> int:

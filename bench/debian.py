@@ -3,6 +3,7 @@
   dists/<codename>/InRelease   gpgv against a Debian archive keyring; only the signed text is
                                read (gpgv's --output: lines outside the signature never count),
                                and it must name <codename> and not be past its Valid-Until
+                               (unless asked: `allow_expired`, which the package then records)
   main/binary-<arch>/Packages.xz  its sha256 and size as that signed text lists them
   pool/…/<package>_….deb       its sha256 and size as the Packages entry lists them
 then `dpkg-deb -x` into `<cache>/<deb sha256>/root` (made in a scratch folder, renamed into place
@@ -46,6 +47,7 @@ class Package:
     sha256: str
     size: int
     built_using: str
+    expired: str = ""  # the index's Valid-Until, when it had passed and that was accepted
 
 
 def download(url: str, timeout: float = 600) -> bytes:
@@ -103,16 +105,23 @@ def stanzas(text: str) -> list[dict[str, str]]:
     return out
 
 
-def release(signed: bytes, codename: str, now: dt.datetime | None = None) -> dict[str, str]:
-    """The signed Release fields, checked to be `codename`'s and still valid."""
+def release(signed: bytes, codename: str, now: dt.datetime | None = None,
+            allow_expired: bool = False) -> dict[str, str]:
+    """The signed Release fields, checked to be `codename`'s and still valid. With
+    `allow_expired` (apt's Acquire::Check-Valid-Until=false) a Valid-Until that has passed is
+    kept as `Expired` instead of refused: the index is still Debian's, only maybe not its
+    newest."""
     fields = stanzas(signed.decode())[0]
     if fields.get("Codename") != codename:
         raise BuilderError(f"`InRelease`: signed for `{fields.get('Codename')}`, not "
                            f"`{codename}`", hint="a mirror served another release's index")
     until = fields.get("Valid-Until")
     if until and email.utils.parsedate_to_datetime(until) < (now or dt.datetime.now(dt.UTC)):
-        raise BuilderError(f"`InRelease`: expired (Valid-Until {until})",
-                               hint="the mirror is stale; try another")
+        if not allow_expired:
+            raise BuilderError(f"`InRelease`: expired (Valid-Until {until})",
+                               hint="the mirror is stale; try another, or accept it with "
+                               "--allow-expired-index")
+        return {**fields, "Expired": until}
     return fields
 
 
@@ -135,7 +144,7 @@ def check(data: bytes, sha256: str, size: int, name: str, source: str) -> bytes:
     return data
 
 
-def entry(packages: str, name: str, arch: str) -> Package:
+def entry(packages: str, name: str, arch: str, expired: str = "") -> Package:
     """The one Packages entry of `name` for `arch`."""
     found = [s for s in stanzas(packages)
              if s.get("Package") == name and s.get("Architecture") == arch]
@@ -144,27 +153,28 @@ def entry(packages: str, name: str, arch: str) -> Package:
                            "expected one", hint="name a package this release ships")
     s = found[0]
     return Package(name=name, version=s["Version"], filename=s["Filename"], sha256=s["SHA256"],
-                   size=int(s["Size"]), built_using=s.get("Built-Using", ""))
+                   size=int(s["Size"]), built_using=s.get("Built-Using", ""), expired=expired)
 
 
 def resolve(name: str, codename: str, *, arch: str = "amd64", mirror: str = MIRROR,
-            keyring: Path = KEYRING, fetch: Fetch = download, verify: Verify = gpgv
-            ) -> Package:
+            keyring: Path = KEYRING, fetch: Fetch = download, verify: Verify = gpgv,
+            allow_expired: bool = False) -> Package:
     """What Debian's signed index of `codename` says `name` is today."""
-    fields = release(verify(fetch(f"{mirror}/dists/{codename}/InRelease"), keyring), codename)
+    fields = release(verify(fetch(f"{mirror}/dists/{codename}/InRelease"), keyring), codename,
+                     allow_expired=allow_expired)
     index = f"main/binary-{arch}/Packages.xz"
     packed = check(fetch(f"{mirror}/dists/{codename}/{index}"), *listed(fields, index),
                    "Packages.xz", "InRelease")
-    return entry(lzma.decompress(packed).decode(), name, arch)
+    return entry(lzma.decompress(packed).decode(), name, arch, fields.get("Expired", ""))
 
 
 def unpacked(name: str, codename: str, cache: Path, *, mirror: str = MIRROR,
-             keyring: Path = KEYRING, fetch: Fetch = download, verify: Verify = gpgv
-             ) -> tuple[Package, Path]:
+             keyring: Path = KEYRING, fetch: Fetch = download, verify: Verify = gpgv,
+             allow_expired: bool = False) -> tuple[Package, Path]:
     """The package's files, extracted under `cache/<sha256>/root` (fetched and checked the
     first time), and its entry."""
     package = resolve(name, codename, mirror=mirror, keyring=keyring, fetch=fetch,
-                      verify=verify)
+                      verify=verify, allow_expired=allow_expired)
     home = cache / package.sha256
     if not (home / "root").is_dir():
         deb = check(fetch(f"{mirror}/{package.filename}"), package.sha256, package.size,

@@ -6,13 +6,15 @@ Per variant (default: the CPU runtime and the CUDA 13.2 slim), in one run:
   promote  into an empty registry by digest, then make the zstd twin there (builder.stages.twin),
            in a child process: the twin's added seconds and the process's peak RSS (VmHWM)
   cri      as a kubelet pulls (bench/cri.py): a private containerd with its CRI plugin, fresh each
-           run (empty content store and snapshotter), `ImageService.PullImage` over gRPC, then
+           run (empty content store and snapshotter, and the page cache emptied first, as on a
+           freshly booted node), `ImageService.PullImage` over gRPC, then
            `ctr run` (k8s.io) of `import torch` + a 2048² matmul; pull seconds, containerd
            CPU-seconds (its own and its children's), time to the first matmul, bytes fetched,
            load; alternating, min of 3; on each containerd of --containerd (bench/containerds.py;
            default: this machine's Go 1.19 build and Debian 13's Go 1.24 one, since the ratio a
-           node sees depends on which it runs, and Debian 13's again without unpigz, as a node
-           with only the containerd package has none)
+           node sees depends on which it runs, Debian 13's again without unpigz, as a node
+           with only the containerd package has none, and Debian unstable's containerd 2.x,
+           whose CRI pulls through its transfer service)
   pull     `ctr images pull` against dockerd's own containerd, as a Kubernetes node pulls: a
            fresh namespace each time, the image and its content removed after (`--sync`),
            `sync` before each; gzip and zstd alternate (gz,zs then zs,gz …), min of --runs
@@ -50,7 +52,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SOCK = "/run/docker/containerd/containerd.sock"
 VARIANTS = ("2.15.0-py3.11-cuda-slim", "2.13.0-py3.11-cpu-runtime")
-DEFAULT_CONTAINERDS = ("system", "debian-13", "debian-13" + containerds.NO_UNPIGZ)
+DEFAULT_CONTAINERDS = ("system", "debian-13", "debian-13" + containerds.NO_UNPIGZ, "debian-sid")
 SOURCE_REPO, REPO = "staging", "torch"
 
 
@@ -319,12 +321,16 @@ def main(argv: list[str]) -> int:
                         help="a containerd the CRI runs measure, `:no-unpigz` after it to "
                         "disable unpigz (repeat for several; default: "
                         f"{', '.join(DEFAULT_CONTAINERDS)})")
+    parser.add_argument("--allow-expired-index", action="store_true",
+                        help="accept a Debian index past its Valid-Until (a frozen mirror's "
+                        "sid; apt's Acquire::Check-Valid-Until=false): still signed by Debian, "
+                        "maybe not its newest; the report names the date")
     parser.add_argument("--quick", action="store_true",
                         help=f"the CPU runtime only ({VARIANTS[1]})")
     args = parser.parse_args(argv)
     try:
         proc.which("ctr")
-        nodes = [containerds.resolve(spec, args.work / "containerd")
+        nodes = [containerds.resolve(spec, args.work / "containerd", args.allow_expired_index)
                  for spec in args.containerd or DEFAULT_CONTAINERDS]
         for node in nodes:
             log(f"containerd `{node.name}`: {node.version}, {node.go}; {node.source}")

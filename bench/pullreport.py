@@ -40,7 +40,8 @@ def cri_figures(v: dict[str, Any], name: str) -> list[Figure]:
         Figure(f"CRI pull + first matmul, zstd / gzip ({variant}, {name})", zs["to_matmul_s"],
                "s", gz["to_matmul_s"], _ratio(zs["to_matmul_s"], gz["to_matmul_s"]),
                f"zstd: pull {zs['s']:.1f} + start {zs['start_s']:.1f} s, load {zs['load']:.1f}; "
-               f"gzip: pull {gz['s']:.1f} + start {gz['start_s']:.1f} s, load {gz['load']:.1f}"
+               f"gzip: pull {gz['s']:.1f} + start {gz['start_s']:.1f} s, load {gz['load']:.1f}; "
+               f"page cache before the pull: {zs.get('page_cache', 'kept')}"
                + (f"; goal ≤ {GOALS['cri_wall']}" if goal else "")),
         Figure(f"CRI pull: containerd CPU-seconds, zstd / gzip ({variant}, {name})",
                zs["cpu_s"], "s", gz["cpu_s"], _ratio(zs["cpu_s"], gz["cpu_s"]),
@@ -164,7 +165,11 @@ def report(merged: list[dict[str, Any]], runs: int, here: Path) -> list[str]:
              f"{runs} per tag, gzip and zstd alternating. Measured: "
              + "; ".join(f"{v['id']} {v.get('started', '?')} (CRI: min of "
                          f"{v.get('cri_runs', 3)})" for v in merged) + ".", "",
-             "## As a kubelet pulls: CRI `PullImage`, then the first matmul, per containerd", ""]
+             "## As a kubelet pulls: CRI `PullImage`, then the first matmul, per containerd", "",
+             "Each run on a fresh node: a new private containerd (empty content store and "
+             "snapshotter) and, where the note says `emptied`, an emptied page cache (`sync; "
+             "echo 3 > /proc/sys/vm/drop_caches`), as on a freshly booted node; `kept`: as "
+             "the earlier runs left it, which costs both formats more system time.", ""]
     for name in containerds_of(merged):
         lines += [*containerd_heading(merged, name), "",
                   *figure_table([f for v in merged for f in cri_figures(v, name)],

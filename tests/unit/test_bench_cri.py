@@ -22,9 +22,16 @@ def test_a_response_is_read_by_field_number_skipping_others() -> None:
 
 def test_the_config_keeps_containerd_to_its_own_folders(tmp_path: Path) -> None:
     text = cri.config_text(tmp_path / "root", tmp_path / "state", tmp_path / "s.sock",
-                           ["127.0.0.1:5035"])
+                           tmp_path / "certs.d")
     assert f'root = "{tmp_path}/root"' in text and f'address = "{tmp_path}/s.sock"' in text
-    assert 'endpoint = ["http://127.0.0.1:5035"]' in text and "disable_tcp_service = true" in text
+    assert f'config_path = "{tmp_path}/certs.d"' in text and "disable_tcp_service = true" in text
+    assert "mirrors" not in text  # containerd 2.x would fall back from its transfer service
+
+
+def test_a_loopback_registry_is_reached_over_plain_http() -> None:
+    assert cri.hosts_toml("127.0.0.1:5035").splitlines() == [
+        'server = "http://127.0.0.1:5035"', '[host."http://127.0.0.1:5035"]',
+        '  capabilities = ["pull", "resolve"]']
 
 
 def test_the_cri_figures_are_zstd_over_gzip_with_the_goals_on_the_cuda_slim() -> None:
@@ -37,6 +44,7 @@ def test_the_cri_figures_are_zstd_over_gzip_with_the_goals_on_the_cuda_slim() ->
     wall, cpu = pullreport.cri_figures(v, "system")
     assert (wall.ratio, cpu.ratio) == (0.5, 0.5)
     assert "goal ≤ 0.7" in wall.note and "goal ≤ 0.55" in cpu.note
+    assert "page cache before the pull: kept" in wall.note  # runs from before it was emptied
     assert "own (utime+stime) 10.0 / 12.0 s (0.83)" in cpu.note
     assert "children (cutime+cstime) 0.0 / 8.0 s; unpigz on its PATH" in cpu.note
     assert pullreport.cri_figures(v, "debian-13") == pullreport.cri_figures({"id": "x"}, "s")

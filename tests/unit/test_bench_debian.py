@@ -61,9 +61,11 @@ def vouching(signed: set[bytes]) -> debian.Verify:
 
 
 def unpack(tmp_path: Path, files: dict[str, bytes], signed: set[bytes],
-           asked: list[str] | None = None) -> tuple[debian.Package, Path]:
+           asked: list[str] | None = None, allow_expired: bool = False
+           ) -> tuple[debian.Package, Path]:
     return debian.unpacked("containerd", "trixie", tmp_path / "cache", mirror=MIRROR,
-                           fetch=served(files, asked), verify=vouching(signed))
+                           fetch=served(files, asked), verify=vouching(signed),
+                           allow_expired=allow_expired)
 
 
 @pytest.fixture
@@ -114,6 +116,24 @@ def test_an_index_signed_for_another_release_or_expired_is_refused(tmp_path, ext
         with pytest.raises(BuilderError, match=named):
             unpack(tmp_path, files, {inrelease})
     assert extracted == []
+
+
+def test_an_expired_index_is_used_only_when_asked_and_the_package_says_so(tmp_path, extracted):
+    """A frozen mirror's sid (its index lives a week): accepted only with `allow_expired`, and
+    the package records the Valid-Until that had passed; a wrong codename stays refused."""
+    files, _ = mirror()
+    packages = files[f"{MIRROR}/dists/trixie/main/binary-amd64/Packages.xz"]
+    until = "Sat, 01 Jan 2000 00:00:00 UTC"
+    files[f"{MIRROR}/dists/trixie/InRelease"] = stale = release(
+        packages, extra=f"Valid-Until: {until}\n")
+    with pytest.raises(BuilderError, match="expired") as caught:
+        unpack(tmp_path, files, {stale})
+    assert "--allow-expired-index" in caught.value.hint and extracted == []
+    package, _ = unpack(tmp_path, files, {stale}, allow_expired=True)
+    assert package.expired == until and len(extracted) == 1
+    files[f"{MIRROR}/dists/trixie/InRelease"] = other = release(packages, "bookworm")
+    with pytest.raises(BuilderError, match="signed for `bookworm`"):
+        unpack(tmp_path, files, {other}, allow_expired=True)
 
 
 def test_a_package_listed_no_times_or_twice_is_refused() -> None:
