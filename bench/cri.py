@@ -180,6 +180,13 @@ class PrivateContainerd:
         argv = [self.node.ctr, "--address", str(self.sock), "-n", NAMESPACE, *args]
         return proc.run(argv, timeout=timeout).stdout
 
+    def run(self, ref: str, *argv: str, timeout: float = 1800) -> str:
+        """`ctr run --rm` of `ref` in a new container; runc keeps its state under this
+        containerd's state folder (a shim's default, /run/containerd/runc/<namespace>, would
+        outlive it)."""
+        return self.ctr("run", "--rm", "--runc-root", str(self.state / "runc"), ref,
+                        f"bench-{os.getpid()}-{time.monotonic_ns()}", *argv, timeout=timeout)
+
     def close(self) -> None:
         """Stop containerd and its shims, unmount what is mounted under its folders, remove
         them. Safe to call twice."""
@@ -242,13 +249,15 @@ def cold_start(registry: str, ref: str, argv: tuple[str, ...] = ("python", "-c",
     bytes it fetched, the load before, and the working set the start read."""
     load = round(os.getloadavg()[0], 2)
     with PrivateContainerd([registry], node=node) as private:
-        fresh_page_cache() if empty_cache else proc.run(["sync"])
+        if empty_cache:
+            fresh_page_cache()
+        else:
+            proc.run(["sync"])
         pulled = private.pull(ref)
         fetched = folder_bytes(private.home / "root" / "io.containerd.content.v1.content")
         cold = workingset.Measure(private.snapshots())
         start = time.monotonic()
-        out = private.ctr("run", "--rm", ref, f"bench-{os.getpid()}-{time.monotonic_ns()}",
-                       *argv, timeout=1800)
+        out = private.run(ref, *argv)
         started = round(time.monotonic() - start, 2)
         touched = cold.done()
     return {**pulled, "start_s": started, "in_container_s": float(out.split()[-1]),
@@ -260,7 +269,7 @@ def fresh_page_cache() -> None:
     """The memory of a freshly booted node: dirty pages written (`sync`), then the page cache
     and reclaimable slab emptied (`echo 3 > /proc/sys/vm/drop_caches`; root, as containerd is).
     Without it a pull's system time depends on what earlier runs left cached: measured here,
-    the same pull cost containerd 4-5 more system seconds after them, gzip and zstd alike."""
+    the same pull cost containerd 3.7-5.0 more system seconds after them, gzip and zstd alike."""
     proc.run(["sync"])
     Path("/proc/sys/vm/drop_caches").write_text("3")
 

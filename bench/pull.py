@@ -37,6 +37,7 @@ import os
 import resource
 import shutil
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -145,13 +146,15 @@ def fetch_then_unpack(ref: str) -> dict[str, dict[str, float]]:
 def check_runs(ref: str, argv: list[str]) -> str:
     """What the image prints when containerd runs it (the twin must really be usable)."""
     namespace = fresh_namespace()
+    runc_root = tempfile.mkdtemp(prefix="bench-runc-", dir="/run")  # not the shim's default
     try:
         proc.run(ctr(namespace, "images", "pull", "--plain-http", ref))
-        out = proc.run(ctr(namespace, "run", "--rm", ref, f"bench-{uuid.uuid4().hex[:6]}",
-                           *argv), timeout=600)
+        out = proc.run(ctr(namespace, "run", "--rm", "--runc-root", runc_root, ref,
+                           f"bench-{uuid.uuid4().hex[:6]}", *argv), timeout=600)
         return out.stdout.strip()
     finally:
         remove_namespace(namespace, ref)
+        shutil.rmtree(runc_root, ignore_errors=True)
 
 
 # ---- registries and the twin ------------------------------------------------------------------

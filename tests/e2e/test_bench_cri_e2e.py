@@ -66,9 +66,9 @@ def test_a_cri_pull_then_a_run_leaves_nothing_behind(registry_addr, tmp_path):
         pulled = node.pull(ref)
         assert pulled["image"].startswith("sha256:") and pulled["s"] > 0
         assert pulled["cpu_s"] >= 0
-        out = node.ctr("run", "--rm", ref, f"t-{uuid.uuid4().hex[:6]}", "/bin/bash", "-c",
-                       "echo ran")
+        out = node.run(ref, "/bin/bash", "-c", "echo ran")
         assert out.strip() == "ran"
+        assert (node.state / "runc" / cri.NAMESPACE).is_dir()  # runc's state is the node's
         home, state, pid = node.home, node.state, node.child.pid
     assert left_behind(home, state, pid) == []
 
@@ -87,8 +87,7 @@ def test_debians_containerd_pulls_and_runs_and_leaves_nothing_behind(
     with cri.PrivateContainerd([registry_addr], node=node) as private:
         pulled = private.pull(ref)
         assert pulled["image"].startswith("sha256:") and pulled["cpu_own_s"] >= 0
-        out = private.ctr("run", "--rm", ref, f"t-{uuid.uuid4().hex[:6]}", "/bin/bash", "-c",
-                          "echo ran")
+        out = private.run(ref, "/bin/bash", "-c", "echo ran")
         assert out.strip() == "ran"
         log = (private.home / "containerd.log").read_text()
         assert "local image pull mode" not in log and "`mirrors` is deprecated" not in log

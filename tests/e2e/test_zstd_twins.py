@@ -129,7 +129,7 @@ def test_compression_gzip_writes_no_twin(env, published) -> None:
     assert not [t for t in tags if t.endswith(twin.SUFFIX)], tags
 
 
-def test_containerd_pulls_and_runs_the_twin(env, published) -> None:
+def test_containerd_pulls_and_runs_the_twin(env, published, tmp_path) -> None:
     if shutil.which("ctr") is None or not Path(SOCK).exists():
         missing("no ctr or no dockerd containerd socket")
     ref = f"{env['addrs']['a']}/{env['repo']}:" \
@@ -139,7 +139,8 @@ def test_containerd_pulls_and_runs_the_twin(env, published) -> None:
     try:
         subprocess.run([*ctr, "images", "pull", "--plain-http", ref], check=True,
                        capture_output=True, text=True, timeout=1200)
-        out = subprocess.run([*ctr, "run", "--rm", ref, f"zstd-{uuid.uuid4().hex[:6]}", "python",
+        out = subprocess.run([*ctr, "run", "--rm", "--runc-root", str(tmp_path / "runc"), ref,
+                              f"zstd-{uuid.uuid4().hex[:6]}", "python",
                               "-c", "import torch; print(torch.__version__)"],
                              capture_output=True, text=True, timeout=600, check=False)
         assert out.returncode == 0, out.stderr
