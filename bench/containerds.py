@@ -42,7 +42,7 @@ NO_UNPIGZ = ":no-unpigz"  # containerd reads CONTAINERD_DISABLE_PIGZ (archive/co
 class Containerd:
     """One containerd to measure: its binaries and what it is."""
 
-    name: str  # system, debian-13, or the folder given
+    name: str  # the spec: system, debian-13, debian-sid or the folder given, maybe :no-unpigz
     containerd: str
     ctr: str
     bin_dir: str  # first on the daemon's PATH ("" for the system's own)

@@ -1,10 +1,10 @@
 """A private containerd, pulled from as a kubelet pulls: over CRI's `ImageService.PullImage`.
 
 dockerd's containerd has its CRI plugin disabled, so the bench starts its own: a containerd
-binary (bench/containerds.py: the system's, Debian 13's or a folder given; the system's by
-default) with its own root, state and socket and the CRI plugin on, started and stopped by
-`PrivateContainerd` (a context manager that leaves no
-process, mount or folder behind, also when interrupted: its exit runs on `Interrupted`).
+binary (bench/containerds.py: the system's, Debian 13's, Debian unstable's or a folder given;
+the system's by default) with its own root, state and socket and the CRI plugin on, started and
+stopped by `PrivateContainerd` (a context manager that leaves no process, mount or folder
+behind, also when interrupted: its exit runs on `Interrupted`).
 
 The CRI messages are encoded by hand: the few fields used here, from the CRI v1 API,
 https://github.com/kubernetes/cri-api/blob/master/pkg/apis/runtime/v1/api.proto
@@ -27,6 +27,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ import grpc
 from bench import containerds, workingset
 from bench.varint import read_varint, varint
 from builder.core import proc
+from builder.core.errors import BuilderError
 
 PULL = "/runtime.v1.ImageService/PullImage"
 VERSION = "/runtime.v1.RuntimeService/Version"
@@ -90,9 +92,9 @@ def config_text(root: Path, state: Path, sock: Path, hosts: Path) -> str:
 
 
 def hosts_toml(registry: str) -> str:
-    """A loopback registry's `hosts.toml` (containerd's hosts directory format): plain HTTP."""
-    return (f'server = "http://{registry}"\n[host."http://{registry}"]\n'
-            '  capabilities = ["pull", "resolve"]\n')
+    """A loopback registry's `hosts.toml` (containerd's hosts directory format): the registry
+    itself, over plain HTTP."""
+    return f'server = "http://{registry}"\n'
 
 
 class PrivateContainerd:
@@ -188,11 +190,12 @@ class PrivateContainerd:
                         f"bench-{os.getpid()}-{time.monotonic_ns()}", *argv, timeout=timeout)
 
     def close(self) -> None:
-        """Stop containerd and its shims, unmount what is mounted under its folders, remove
-        them. Safe to call twice."""
+        """Stop any container still running (an interrupted `run`), containerd and its shims,
+        unmount what is mounted under its folders, remove them. Safe to call twice."""
         if self.channel is not None:
             self.channel.close()
             self.channel = None
+        remove_containers(self.state / "runc" / NAMESPACE)
         for pid in shims(str(self.sock)):
             kill(pid)
         if self.child is not None:
@@ -201,6 +204,16 @@ class PrivateContainerd:
             for target in mounts_under(folder):
                 subprocess.run(["umount", "-l", target], check=False)
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_containers(runc_root: Path) -> None:
+    """Every container runc keeps state for under `runc_root`, killed and deleted (`runc
+    delete --force`), so no process outlives the folder its state was in."""
+    if not runc_root.is_dir():
+        return
+    for entry in runc_root.iterdir():
+        subprocess.run(["runc", "--root", str(runc_root), "delete", "--force", entry.name],
+                       capture_output=True, check=False, timeout=60)
 
 
 def shims(address: str) -> list[int]:
@@ -239,20 +252,22 @@ FIRST_STEP = ("import time; t = time.monotonic(); import torch; "
 
 
 def cold_start(registry: str, ref: str, argv: tuple[str, ...] = ("python", "-c", FIRST_STEP),
-               node: containerds.Containerd | None = None,
-               empty_cache: bool = True) -> dict[str, Any]:
+               node: containerds.Containerd | None = None, empty_cache: bool = True,
+               served: Sequence[Path] = ()) -> dict[str, Any]:
     """On a fresh private containerd (an empty content store and snapshotter) and, with
-    `empty_cache`, an emptied page cache (a freshly booted node: `fresh_page_cache`): the CRI
-    pull, then `ctr run` of a container that imports torch and runs a 2048² matmul, started
-    cold (the image's files evicted from the page cache, as on a node whose cache the pull did
-    not fill: bench/workingset.py). Seconds of each, containerd's CPU-seconds over the pull, the
-    bytes it fetched, the load before, and the working set the start read."""
+    `empty_cache`, an emptied page cache (a freshly booted node: `fresh_page_cache`) into
+    which only the registry's `served` files are read back (a remote registry serves from its
+    own memory): the CRI pull, then `ctr run` of a container that imports torch and runs a
+    2048² matmul, started cold (the image's files evicted from the page cache, as on a node
+    whose cache the pull did not fill: bench/workingset.py). Seconds of each, containerd's
+    CPU-seconds over the pull, the bytes it fetched, the load before, and the working set the
+    start read."""
     load = round(os.getloadavg()[0], 2)
     with PrivateContainerd([registry], node=node) as private:
+        proc.run(["sync"])
         if empty_cache:
             fresh_page_cache()
-        else:
-            proc.run(["sync"])
+            read_through(served)
         pulled = private.pull(ref)
         fetched = folder_bytes(private.home / "root" / "io.containerd.content.v1.content")
         cold = workingset.Measure(private.snapshots())
@@ -265,13 +280,35 @@ def cold_start(registry: str, ref: str, argv: tuple[str, ...] = ("python", "-c",
             "page_cache": "emptied" if empty_cache else "kept", "working_set": touched}
 
 
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+
+def can_empty_page_cache() -> None:
+    """Refused up front, in one line, where the bench may not empty the page cache."""
+    if not os.access(DROP_CACHES, os.W_OK):
+        raise BuilderError(f"`{DROP_CACHES}` is not writable here: the CRI runs start each pull "
+                           "with an emptied page cache", hint="run the bench as root, as "
+                           "containerd needs anyway")
+
+
 def fresh_page_cache() -> None:
-    """The memory of a freshly booted node: dirty pages written (`sync`), then the page cache
-    and reclaimable slab emptied (`echo 3 > /proc/sys/vm/drop_caches`; root, as containerd is).
-    Without it a pull's system time depends on what earlier runs left cached: measured here,
-    the same pull cost containerd 3.7-5.0 more system seconds after them, gzip and zstd alike."""
-    proc.run(["sync"])
-    Path("/proc/sys/vm/drop_caches").write_text("3")
+    """The memory of a freshly booted node (after `sync`): the page cache and reclaimable
+    slab emptied (`echo 3 > /proc/sys/vm/drop_caches`; root, as containerd is). Without it a
+    pull's system time depends on what earlier runs left cached: measured here, the same pull
+    cost containerd 3.7-5.0 more system seconds after them, gzip and zstd alike."""
+    try:
+        DROP_CACHES.write_text("3")
+    except OSError as exc:
+        raise BuilderError(f"`{DROP_CACHES}`: {exc.strerror}",
+                           hint="run the bench as root") from exc
+
+
+def read_through(paths: Sequence[Path]) -> None:
+    """Each file read once, so its pages are cached."""
+    for path in paths:
+        with path.open("rb") as fh:
+            while fh.read(1 << 20):
+                pass
 
 
 def folder_bytes(folder: Path) -> int:

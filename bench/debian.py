@@ -3,7 +3,8 @@
   dists/<codename>/InRelease   gpgv against a Debian archive keyring; only the signed text is
                                read (gpgv's --output: lines outside the signature never count),
                                and it must name <codename> and not be past its Valid-Until
-                               (unless asked: `allow_expired`, which the package then records)
+                               (unless asked, up to MAX_STALE past it: `allow_expired`, which
+                               the package then records)
   main/binary-<arch>/Packages.xz  its sha256 and size as that signed text lists them
   pool/…/<package>_….deb       its sha256 and size as the Packages entry lists them
 then `dpkg-deb -x` into `<cache>/<deb sha256>/root` (made in a scratch folder, renamed into place
@@ -32,6 +33,7 @@ from builder.core.errors import BuilderError
 
 MIRROR = "https://deb.debian.org/debian"
 KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+MAX_STALE = dt.timedelta(days=90)  # the oldest expired index --allow-expired-index accepts
 REFUSED = ("BADSIG", "EXPKEYSIG", "REVKEYSIG", "EXPSIG")  # gpgv status words that refuse a file
 Fetch = Callable[[str], bytes]
 Verify = Callable[[bytes, Path], bytes]
@@ -106,23 +108,29 @@ def stanzas(text: str) -> list[dict[str, str]]:
 
 
 def release(signed: bytes, codename: str, now: dt.datetime | None = None,
-            allow_expired: bool = False) -> dict[str, str]:
-    """The signed Release fields, checked to be `codename`'s and still valid. With
-    `allow_expired` (apt's Acquire::Check-Valid-Until=false) a Valid-Until that has passed is
-    kept as `Expired` instead of refused: the index is still Debian's, only maybe not its
-    newest."""
+            allow_expired: bool = False) -> tuple[dict[str, str], str]:
+    """The signed Release fields, checked to be `codename`'s and still valid, and "" — or,
+    with `allow_expired` (apt's Acquire::Check-Valid-Until=false), the Valid-Until that had
+    passed, when it passed less than MAX_STALE ago: the index is still Debian's, only not its
+    newest, and an older one (a replay offering a package since fixed) is still refused."""
     fields = stanzas(signed.decode())[0]
     if fields.get("Codename") != codename:
         raise BuilderError(f"`InRelease`: signed for `{fields.get('Codename')}`, not "
                            f"`{codename}`", hint="a mirror served another release's index")
     until = fields.get("Valid-Until")
-    if until and email.utils.parsedate_to_datetime(until) < (now or dt.datetime.now(dt.UTC)):
-        if not allow_expired:
-            raise BuilderError(f"`InRelease`: expired (Valid-Until {until})",
-                               hint="the mirror is stale; try another, or accept it with "
-                               "--allow-expired-index")
-        return {**fields, "Expired": until}
-    return fields
+    late = (now or dt.datetime.now(dt.UTC)) - email.utils.parsedate_to_datetime(until) \
+        if until else dt.timedelta(0)
+    if late <= dt.timedelta(0):
+        return fields, ""
+    if not allow_expired:
+        raise BuilderError(f"`InRelease`: expired (Valid-Until {until})",
+                           hint="the mirror is stale; try another, or accept an index less "
+                           f"than {MAX_STALE.days} days past it with --allow-expired-index")
+    if late > MAX_STALE:
+        raise BuilderError(f"`InRelease`: expired more than {MAX_STALE.days} days ago "
+                           f"(Valid-Until {until})",
+                           hint="too old even for --allow-expired-index; try another mirror")
+    return fields, until
 
 
 def listed(fields: dict[str, str], path: str) -> tuple[str, int]:
@@ -160,12 +168,12 @@ def resolve(name: str, codename: str, *, arch: str = "amd64", mirror: str = MIRR
             keyring: Path = KEYRING, fetch: Fetch = download, verify: Verify = gpgv,
             allow_expired: bool = False) -> Package:
     """What Debian's signed index of `codename` says `name` is today."""
-    fields = release(verify(fetch(f"{mirror}/dists/{codename}/InRelease"), keyring), codename,
-                     allow_expired=allow_expired)
+    fields, expired = release(verify(fetch(f"{mirror}/dists/{codename}/InRelease"), keyring),
+                              codename, allow_expired=allow_expired)
     index = f"main/binary-{arch}/Packages.xz"
     packed = check(fetch(f"{mirror}/dists/{codename}/{index}"), *listed(fields, index),
                    "Packages.xz", "InRelease")
-    return entry(lzma.decompress(packed).decode(), name, arch, fields.get("Expired", ""))
+    return entry(lzma.decompress(packed).decode(), name, arch, expired)
 
 
 def unpacked(name: str, codename: str, cache: Path, *, mirror: str = MIRROR,

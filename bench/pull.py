@@ -44,7 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import containerds, cri, promote, pullreport
+from bench import containerds, cri, debian, promote, pullreport
 from builder.core import oci, proc, registry, zstd
 from builder.core.errors import BuilderError
 from builder.stages import twin
@@ -145,14 +145,17 @@ def fetch_then_unpack(ref: str) -> dict[str, dict[str, float]]:
 
 def check_runs(ref: str, argv: list[str]) -> str:
     """What the image prints when containerd runs it (the twin must really be usable)."""
-    namespace = fresh_namespace()
-    runc_root = tempfile.mkdtemp(prefix="bench-runc-", dir="/run")  # not the shim's default
+    namespace, name = fresh_namespace(), f"bench-{uuid.uuid4().hex[:6]}"
+    runc_root = Path(tempfile.mkdtemp(prefix="bench-runc-", dir="/run"))  # not the shim's
     try:
         proc.run(ctr(namespace, "images", "pull", "--plain-http", ref))
-        out = proc.run(ctr(namespace, "run", "--rm", "--runc-root", runc_root, ref,
-                           f"bench-{uuid.uuid4().hex[:6]}", *argv), timeout=600)
+        out = proc.run(ctr(namespace, "run", "--rm", "--runc-root", str(runc_root), ref, name,
+                           *argv), timeout=600)
         return out.stdout.strip()
-    finally:
+    finally:  # a run that timed out leaves its container: killed and deleted first
+        cri.remove_containers(runc_root / namespace)
+        proc.run(ctr(namespace, "tasks", "rm", "--force", name), check=False)
+        proc.run(ctr(namespace, "containers", "rm", name), check=False)
         remove_namespace(namespace, ref)
         shutil.rmtree(runc_root, ignore_errors=True)
 
@@ -205,9 +208,22 @@ def make_twin(source: str, target: str, digest: str) -> dict[str, Any]:
 # ---- one variant ------------------------------------------------------------------------------
 
 
+def manifest_of(reg: oci.Registry, ref: str) -> dict[str, Any]:
+    return json.loads(reg.manifest(REPO, ref)[0])  # type: ignore[index]
+
+
+def served_blobs(reg: oci.Registry, ref: str, storage: Path) -> list[Path]:
+    """The files the registry serves the image's config and layers from (distribution's
+    filesystem driver: `docker/registry/v2/blobs/sha256/<2 hex>/<hex>/data`)."""
+    doc = manifest_of(reg, ref)
+    root = storage / "docker" / "registry" / "v2" / "blobs" / "sha256"
+    return [root / d[7:9] / d[7:] / "data"
+            for d in (doc["config"]["digest"], *(layer["digest"] for layer in doc["layers"]))]
+
+
 def local_blobs(reg: oci.Registry, digest: str, folder: Path) -> list[Path]:
     """The image's layer blobs as local files (for the parts measured alone)."""
-    doc = json.loads(reg.manifest(REPO, digest)[0])  # type: ignore[index]
+    doc = manifest_of(reg, digest)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for n, layer in enumerate(doc["layers"]):
@@ -253,10 +269,15 @@ def parts(gz: list[Path], zs: list[Path], work: Path, runs: int) -> dict[str, An
 
 
 def cri_runs(vetted: str, refs: dict[str, str], runs: int, variant_id: str,
-             nodes: list[containerds.Containerd]) -> dict[str, Any]:
+             nodes: list[containerds.Containerd], storage: Path) -> dict[str, Any]:
     """As a kubelet pulls (bench/cri.py), on each containerd: each run a fresh one, a CRI
     pull, the first matmul; within a run the containerds take turns going first, and so do
-    gzip and zstd; per containerd the run with the least time to the first matmul is kept."""
+    gzip and zstd; per containerd the run with the least time to the first matmul is kept.
+    The registry (in `storage`) serves each pull from memory, as a remote one with the image
+    in its cache would: its files are read back after the node's page cache is emptied."""
+    reg = oci.Registry(vetted)
+    served = {kind: served_blobs(reg, ref.rsplit(":", 1)[1], storage)
+              for kind, ref in refs.items()}
     timings: dict[str, dict[str, list[dict[str, Any]]]] = {
         node.name: {"gzip": [], "zstd": []} for node in nodes}
     for n in range(runs):
@@ -264,7 +285,8 @@ def cri_runs(vetted: str, refs: dict[str, str], runs: int, variant_id: str,
             for kind in turns(n, ["gzip", "zstd"]):
                 log(f"{variant_id}: CRI pull + first matmul on {node.name}, {kind} "
                     f"(run {n + 1}/{runs}, load {load()})")
-                timings[node.name][kind].append(cri.cold_start(vetted, refs[kind], node=node))
+                timings[node.name][kind].append(
+                    cri.cold_start(vetted, refs[kind], node=node, served=served[kind]))
     return {node.name: {"containerd": node.facts(),
                         **{kind: best(v, key="to_matmul_s")
                            for kind, v in timings[node.name].items()}} for node in nodes}
@@ -286,7 +308,8 @@ def variant(variant_id: str, source: str, vetted: str, work: Path, runs: int,
         return pull(gz_ref if kind == "gzip" else zs_ref)
 
     timings = alternating(runs, one)
-    by_cri = cri_runs(vetted, {"gzip": gz_ref, "zstd": zs_ref}, cri_n, variant_id, nodes)
+    by_cri = cri_runs(vetted, {"gzip": gz_ref, "zstd": zs_ref}, cri_n, variant_id, nodes,
+                      work / "vetted" / "storage")
     split = {kind: fetch_then_unpack(gz_ref if kind == "gzip" else zs_ref)
              for kind in ("gzip", "zstd")}
     reg = oci.Registry(vetted)
@@ -323,18 +346,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--containerd", action="append", metavar="|".join(containerds.CHOICES),
                         help="a containerd the CRI runs measure, `:no-unpigz` after it to "
                         "disable unpigz (repeat for several; default: "
-                        f"{', '.join(DEFAULT_CONTAINERDS)})")
+                        f"{', '.join(DEFAULT_CONTAINERDS)}, each one that cannot be had here "
+                        "skipped with its reason)")
     parser.add_argument("--allow-expired-index", action="store_true",
-                        help="accept a Debian index past its Valid-Until (a frozen mirror's "
-                        "sid; apt's Acquire::Check-Valid-Until=false): still signed by Debian, "
-                        "maybe not its newest; the report names the date")
+                        help=f"accept a Debian index up to {debian.MAX_STALE.days} days past "
+                        "its Valid-Until (a "
+                        "frozen mirror's sid; apt's Acquire::Check-Valid-Until=false): still "
+                        "signed by Debian, not its newest; the report names the date. Without "
+                        "it a default containerd that needs it is skipped")
     parser.add_argument("--quick", action="store_true",
                         help=f"the CPU runtime only ({VARIANTS[1]})")
     args = parser.parse_args(argv)
     try:
         proc.which("ctr")
-        nodes = [containerds.resolve(spec, args.work / "containerd", args.allow_expired_index)
-                 for spec in args.containerd or DEFAULT_CONTAINERDS]
+        cri.can_empty_page_cache()
+        nodes = measured(args.containerd, args.work / "containerd", args.allow_expired_index)
         for node in nodes:
             log(f"containerd `{node.name}`: {node.version}, {node.go}; {node.source}")
         run(args, nodes)
@@ -342,6 +368,23 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc}" + (f"\n\nhint: {exc.hint}" if exc.hint else ""), file=sys.stderr)
         return exc.exit_code
     return 0
+
+
+def measured(specs: list[str] | None, cache: Path, allow_expired: bool
+             ) -> list[containerds.Containerd]:
+    """The containerds given, each required; without any, DEFAULT_CONTAINERDS, where one that
+    cannot be had here (sid on a frozen mirror) is skipped with its one-line reason."""
+    if specs:
+        return [containerds.resolve(spec, cache, allow_expired) for spec in specs]
+    nodes = []
+    for spec in DEFAULT_CONTAINERDS:
+        try:
+            nodes.append(containerds.resolve(spec, cache, allow_expired))
+        except BuilderError as exc:
+            log(f"containerd `{spec}` skipped: {exc}" + (f" ({exc.hint})" if exc.hint else ""))
+    if not nodes:
+        raise BuilderError("no containerd to measure", hint="name one with --containerd")
+    return nodes
 
 
 def run(args: argparse.Namespace, nodes: list[containerds.Containerd]) -> None:

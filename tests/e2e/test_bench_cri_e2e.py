@@ -61,6 +61,8 @@ def left_behind(home: Path, state: Path, pid: int) -> list[str]:
 
 
 def test_a_cri_pull_then_a_run_leaves_nothing_behind(registry_addr, tmp_path):
+    shim_default = Path("/run/containerd/runc") / cri.NAMESPACE  # where runc's state went
+    had_default = shim_default.exists()
     ref = small_image(registry_addr, tmp_path)
     with cri.PrivateContainerd([registry_addr]) as node:
         pulled = node.pull(ref)
@@ -71,6 +73,23 @@ def test_a_cri_pull_then_a_run_leaves_nothing_behind(registry_addr, tmp_path):
         assert (node.state / "runc" / cri.NAMESPACE).is_dir()  # runc's state is the node's
         home, state, pid = node.home, node.state, node.child.pid
     assert left_behind(home, state, pid) == []
+    assert had_default or not shim_default.exists()
+
+
+def test_a_container_still_running_when_the_node_closes_is_killed(registry_addr, tmp_path):
+    """An interrupted `run` leaves its container running: close() kills and deletes it
+    before its state folder goes."""
+    ref = small_image(registry_addr, tmp_path)
+    with cri.PrivateContainerd([registry_addr]) as node:
+        node.pull(ref)
+        node.ctr("run", "-d", "--runc-root", str(node.state / "runc"), ref, "busy",
+                 "/bin/bash", "-c", "while :; do :; done")
+        task = next(line.split() for line in node.ctr("tasks", "ls").splitlines()[1:])
+        assert task[0] == "busy" and task[2] == "RUNNING", task
+        home, state, pid = node.home, node.state, node.child.pid
+    assert left_behind(home, state, pid) == []
+    assert not Path(f"/proc/{task[1]}").exists() or "zombie" in \
+        Path(f"/proc/{task[1]}/status").read_text().lower()
 
 
 @pytest.mark.parametrize(("spec", "release"), [("debian-13", "1.7."), ("debian-sid", "2.")])

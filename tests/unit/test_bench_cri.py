@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import pytest
+
 from bench import cri, pullreport
+from builder.core.errors import BuilderError
 
 
 def test_a_pull_request_is_imagespec_image_in_field_one() -> None:
@@ -29,9 +33,17 @@ def test_the_config_keeps_containerd_to_its_own_folders(tmp_path: Path) -> None:
 
 
 def test_a_loopback_registry_is_reached_over_plain_http() -> None:
-    assert cri.hosts_toml("127.0.0.1:5035").splitlines() == [
-        'server = "http://127.0.0.1:5035"', '[host."http://127.0.0.1:5035"]',
-        '  capabilities = ["pull", "resolve"]']
+    assert cri.hosts_toml("127.0.0.1:5035") == 'server = "http://127.0.0.1:5035"\n'
+
+
+def test_a_page_cache_the_bench_may_not_empty_is_one_line_naming_the_file(
+        monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(cri, "DROP_CACHES", tmp_path / "absent" / "drop_caches")
+    for call in (cri.can_empty_page_cache, cri.fresh_page_cache):
+        with pytest.raises(BuilderError, match=re.escape(f"`{tmp_path}/absent/drop_caches`")) \
+                as caught:
+            call()
+        assert "\n" not in str(caught.value) and "root" in caught.value.hint
 
 
 def test_the_cri_figures_are_zstd_over_gzip_with_the_goals_on_the_cuda_slim() -> None:
@@ -45,6 +57,8 @@ def test_the_cri_figures_are_zstd_over_gzip_with_the_goals_on_the_cuda_slim() ->
     assert (wall.ratio, cpu.ratio) == (0.5, 0.5)
     assert "goal ≤ 0.7" in wall.note and "goal ≤ 0.55" in cpu.note
     assert "page cache before the pull: kept" in wall.note  # runs from before it was emptied
+    v["cri"]["system"]["zstd"]["page_cache"] = "emptied"
+    assert "page cache before the pull: emptied" in pullreport.cri_figures(v, "system")[0].note
     assert "own (utime+stime) 10.0 / 12.0 s (0.83)" in cpu.note
     assert "children (cutime+cstime) 0.0 / 8.0 s; unpigz on its PATH" in cpu.note
     assert pullreport.cri_figures(v, "debian-13") == pullreport.cri_figures({"id": "x"}, "s")

@@ -5,6 +5,8 @@ on a key of its own); here `verify` stands in for it: it vouches for the exact b
 
 from __future__ import annotations
 
+import datetime as dt
+import email.utils
 import hashlib
 import lzma
 import re
@@ -118,12 +120,17 @@ def test_an_index_signed_for_another_release_or_expired_is_refused(tmp_path, ext
     assert extracted == []
 
 
+def valid_until(days_ago: int) -> str:
+    return email.utils.format_datetime(dt.datetime.now(dt.UTC) - dt.timedelta(days=days_ago),
+                                       usegmt=True)
+
+
 def test_an_expired_index_is_used_only_when_asked_and_the_package_says_so(tmp_path, extracted):
-    """A frozen mirror's sid (its index lives a week): accepted only with `allow_expired`, and
-    the package records the Valid-Until that had passed; a wrong codename stays refused."""
+    """A frozen mirror's sid (its index lives a week), 30 days past its Valid-Until: accepted
+    only with `allow_expired`, and the package records the date that had passed."""
     files, _ = mirror()
     packages = files[f"{MIRROR}/dists/trixie/main/binary-amd64/Packages.xz"]
-    until = "Sat, 01 Jan 2000 00:00:00 UTC"
+    until = valid_until(30)
     files[f"{MIRROR}/dists/trixie/InRelease"] = stale = release(
         packages, extra=f"Valid-Until: {until}\n")
     with pytest.raises(BuilderError, match="expired") as caught:
@@ -131,9 +138,28 @@ def test_an_expired_index_is_used_only_when_asked_and_the_package_says_so(tmp_pa
     assert "--allow-expired-index" in caught.value.hint and extracted == []
     package, _ = unpack(tmp_path, files, {stale}, allow_expired=True)
     assert package.expired == until and len(extracted) == 1
-    files[f"{MIRROR}/dists/trixie/InRelease"] = other = release(packages, "bookworm")
-    with pytest.raises(BuilderError, match="signed for `bookworm`"):
-        unpack(tmp_path, files, {other}, allow_expired=True)
+
+
+@pytest.mark.parametrize(("inrelease", "named"), [
+    ({"days_ago": debian.MAX_STALE.days + 1}, "expired more than 90 days ago"),
+    ({"codename": "bookworm", "days_ago": 30}, "signed for `bookworm`"),
+    ({"days_ago": 30, "tampered": "Packages.xz"}, "`Packages.xz`: sha256"),
+    ({"days_ago": 30, "tampered": "_amd64.deb"}, "_amd64.deb`: sha256"),
+])
+def test_allowing_an_expired_index_relaxes_the_date_alone(tmp_path, extracted, inrelease, named):
+    """Even when asked: an index expired too long ago (a replay offering a package since
+    fixed), another release's, or a file its hashes do not vouch for is refused."""
+    files, _ = mirror()
+    packages = files[f"{MIRROR}/dists/trixie/main/binary-amd64/Packages.xz"]
+    signed = release(packages, inrelease.get("codename", "trixie"),
+                     f"Valid-Until: {valid_until(inrelease['days_ago'])}\n")
+    files[f"{MIRROR}/dists/trixie/InRelease"] = signed
+    if "tampered" in inrelease:
+        url = next(u for u in files if u.endswith(inrelease["tampered"]))
+        files[url] = files[url][:-1] + bytes([files[url][-1] ^ 1])
+    with pytest.raises(BuilderError, match=re.escape(named)):
+        unpack(tmp_path, files, {signed}, allow_expired=True)
+    assert extracted == []
 
 
 def test_a_package_listed_no_times_or_twice_is_refused() -> None:
