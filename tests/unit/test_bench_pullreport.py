@@ -111,3 +111,9 @@ def test_the_goal_line_and_the_table_print_one_ratio(here: Path) -> None:
 def test_a_zero_baseline_never_meets_a_goal() -> None:
     assert pullreport.judged(pullreport.goal_ratio(10.0, 0.0), 0.55) == "NOT met"
     assert pullreport.goal_ratio(29.9, 51.1) == 0.5851
+
+
+def test_containerds_own_cpu_over_a_zero_baseline_is_infinite_not_a_crash() -> None:
+    zs, gz = {"cpu_own_s": 15.0, "cpu_children_s": 0.0}, {"cpu_own_s": 0.0, "cpu_children_s": 17.0}
+    assert pullreport.own_cpu_ratio(zs, gz) == float("inf")
+    assert "(inf), its children" in pullreport.cpu_parts(zs, gz, {"unpigz": "/usr/bin/unpigz"})
